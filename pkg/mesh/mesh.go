@@ -1,0 +1,167 @@
+// Package mesh is the pod's internal gRPC fabric: unix sockets in one runtime
+// directory (0700, sockets 0600), a server with health and reflection, and the
+// one place where domain errors become gRPC statuses.
+package mesh
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"syscall"
+	"time"
+
+	"github.com/giantswarm/vm-manager/gen/apierr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+)
+
+// MaxSocketPath is the longest unix socket path Linux accepts (sun_path less NUL).
+const MaxSocketPath = 107
+
+// Socket names inside the runtime directory.
+const (
+	HypervisorSocket  = "hypervisor.sock"
+	AttestationSocket = "attestation.sock"
+)
+
+// DefaultRunDir is $XDG_RUNTIME_DIR/vm-manager, else /run/vm-manager for root,
+// else a per-user directory under the temp dir.
+func DefaultRunDir() string {
+	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
+		return filepath.Join(d, "vm-manager")
+	}
+	if os.Geteuid() == 0 {
+		return "/run/vm-manager"
+	}
+	return filepath.Join(os.TempDir(), fmt.Sprintf("vm-manager-%d", os.Geteuid()))
+}
+
+// Listen binds a unix socket at path: its directory is created (or narrowed)
+// to 0700, the socket is 0600, and a stale socket left by a dead process is
+// replaced while a live one is an error.
+func Listen(path string) (net.Listener, error) {
+	if len(path) > MaxSocketPath {
+		return nil, fmt.Errorf("socket path %s is %d bytes, the limit is %d", path, len(path), MaxSocketPath)
+	}
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("runtime directory: %w", err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("runtime directory: %w", err)
+	}
+	if _, err := os.Lstat(path); err == nil {
+		c, derr := net.DialTimeout("unix", path, time.Second)
+		if derr == nil {
+			c.Close()
+			return nil, fmt.Errorf("socket %s is in use by a running process", path)
+		}
+		if !errors.Is(derr, syscall.ECONNREFUSED) && !errors.Is(derr, syscall.ENOENT) {
+			return nil, fmt.Errorf("socket %s: %w", path, derr)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("remove stale socket: %w", err)
+		}
+	}
+	// The umask closes the window between bind and chmod.
+	old := syscall.Umask(0o177)
+	l, err := net.Listen("unix", path)
+	syscall.Umask(old)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// Server is a gRPC server with health and reflection.
+type Server struct {
+	*grpc.Server
+	Health *health.Server
+}
+
+// NewServer returns a server whose handlers may return domain errors: they are
+// converted to statuses with a google.rpc.ErrorInfo here, once. Panics become
+// internal errors instead of killing the process.
+func NewServer(log *slog.Logger, extra ...grpc.ServerOption) *Server {
+	opts := append([]grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(unaryErrors(log)),
+		grpc.ChainStreamInterceptor(streamErrors(log)),
+	}, extra...)
+	s := grpc.NewServer(opts...)
+	h := health.NewServer()
+	healthpb.RegisterHealthServer(s, h)
+	reflection.Register(s)
+	return &Server{Server: s, Health: h}
+}
+
+// SetServing marks every registered service, and the server as a whole, SERVING.
+func (s *Server) SetServing() {
+	for name := range s.GetServiceInfo() {
+		s.Health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
+	}
+	s.Health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+}
+
+func unaryErrors(log *slog.Logger) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				log.Error("panic in handler", "method", info.FullMethod, "panic", r, "stack", string(debug.Stack()))
+				err = apierr.Errorf(apierr.Internal, "internal error in %s", info.FullMethod)
+			}
+			err = convert(log, info.FullMethod, err)
+		}()
+		return handler(ctx, req)
+	}
+}
+
+func streamErrors(log *slog.Logger) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				log.Error("panic in handler", "method", info.FullMethod, "panic", r, "stack", string(debug.Stack()))
+				err = apierr.Errorf(apierr.Internal, "internal error in %s", info.FullMethod)
+			}
+			err = convert(log, info.FullMethod, err)
+		}()
+		return handler(srv, ss)
+	}
+}
+
+func convert(log *slog.Logger, method string, err error) error {
+	if err == nil {
+		return nil
+	}
+	st := apierr.ToStatus(err)
+	if c := apierr.CodeOf(err); c == apierr.Internal || c == apierr.VMFailed {
+		log.Error("request failed", "method", method, "code", c, "error", err)
+	}
+	return st.Err()
+}
+
+// Dial returns a client for a backend's unix socket. The connection is lazy
+// and retries with a short backoff, so a restarted backend is picked up within
+// about a second; calls fail fast with Unavailable while it is down.
+func Dial(path string, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
+	opts := append([]grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: 2 * time.Second,
+		}),
+	}, extra...)
+	return grpc.NewClient("unix://"+path, opts...)
+}

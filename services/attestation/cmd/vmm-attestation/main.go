@@ -1,0 +1,42 @@
+// Command vmm-attestation verifies TPM quotes against golden PCR policy kept
+// in bbolt, served as gRPC on a unix socket.
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+
+	"github.com/giantswarm/vm-manager/pkg/cli"
+	"github.com/giantswarm/vm-manager/pkg/logging"
+	"github.com/giantswarm/vm-manager/pkg/mesh"
+	"github.com/giantswarm/vm-manager/pkg/statedir"
+	"github.com/giantswarm/vm-manager/services/attestation/server"
+)
+
+func main() {
+	os.Exit(cli.Main("vmm-attestation", "vm-manager's attestation service (quotes, golden PCR policy)", os.Args[1:], os.Stderr, cli.Command{
+		Name:  "serve",
+		Usage: "serve the AttestationService and VerifierService on a unix socket",
+		Setup: func(fs *cli.FlagSet) func(context.Context) error {
+			stateDir := fs.String("state-dir", "VM_MANAGER_STATE_DIR", statedir.Default(), "state directory (attestation.db)")
+			runDir := fs.String("run-dir", "VM_MANAGER_RUN_DIR", mesh.DefaultRunDir(), "runtime directory for the unix sockets")
+			socket := fs.String("socket", "VM_MANAGER_ATTESTATION_SOCKET", "", "socket to serve on (default <run-dir>/"+mesh.AttestationSocket+")")
+			mode := fs.String("attestation", "VM_MANAGER_ATTESTATION", "verify", "verify quotes against policy, or noop (accept any quote with a valid nonce)")
+			learn := fs.Bool("attestation-learn-golden", "VM_MANAGER_ATTESTATION_LEARN_GOLDEN", false, "accept PCRs without a golden value and report them as learned")
+			logFormat := fs.String("log-format", "VM_MANAGER_LOG_FORMAT", "text", "log format: text or json")
+			logLevel := fs.String("log-level", "VM_MANAGER_LOG_LEVEL", "info", "log level: debug, info, warn, error")
+			return func(ctx context.Context) error {
+				log, err := logging.New(os.Stderr, *logFormat, *logLevel, "attestation")
+				if err != nil {
+					return err
+				}
+				sock := *socket
+				if sock == "" {
+					sock = filepath.Join(*runDir, mesh.AttestationSocket)
+				}
+				return server.Run(ctx, server.Config{StateDir: *stateDir, Socket: sock, Mode: *mode, LearnGolden: *learn}, log)
+			}
+		},
+	}))
+}

@@ -1,0 +1,191 @@
+// Package apiserver implements the public AttestationService and the
+// pod-internal VerifierService over the store.
+package apiserver
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"regexp"
+	"time"
+
+	"github.com/giantswarm/vm-manager/gen/apierr"
+	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
+	"github.com/giantswarm/vm-manager/services/attestation/internal/policy"
+	"github.com/giantswarm/vm-manager/services/attestation/internal/store"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// Options are how quotes are judged.
+type Options struct {
+	Mode        attestationv1.Mode
+	LearnGolden bool
+}
+
+// Server implements both services.
+type Server struct {
+	attestationv1.UnimplementedAttestationServiceServer
+	attestationv1.UnimplementedVerifierServiceServer
+	store *store.Store
+	opts  Options
+	now   func() time.Time
+}
+
+// New returns the services over a store.
+func New(st *store.Store, opts Options) *Server {
+	return &Server{store: st, opts: opts, now: time.Now}
+}
+
+var (
+	vmID     = regexp.MustCompile(`^[0-9a-f]{8}$`)
+	imageRef = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._+-]*_[A-Za-z0-9.+-]+$`)
+)
+
+func checkImage(ref string) error {
+	if !imageRef.MatchString(ref) {
+		return apierr.Invalidf("image", "image %q is not <id>_<version>", ref)
+	}
+	return nil
+}
+
+// Warnings are what an operator must know about the mode.
+func (o Options) Warnings() []string {
+	var w []string
+	if o.Mode == attestationv1.Mode_MODE_NOOP {
+		w = append(w, "attestation=noop: every quote with a valid nonce is accepted and releases user-data; nothing is verified")
+	}
+	if o.LearnGolden {
+		w = append(w, "learn mode: PCRs without a golden value are accepted and reported as learned; record golden values and turn it off")
+	}
+	return w
+}
+
+func (s *Server) GetAttestationStatus(context.Context, *attestationv1.GetAttestationStatusRequest) (*attestationv1.AttestationStatus, error) {
+	n, err := s.store.PolicyCount()
+	if err != nil {
+		return nil, err
+	}
+	return &attestationv1.AttestationStatus{Mode: s.opts.Mode, LearnGolden: s.opts.LearnGolden, Warnings: s.opts.Warnings(), PolicyCount: uint32(n)}, nil
+}
+
+func (s *Server) ListImagePolicies(context.Context, *attestationv1.ListImagePoliciesRequest) (*attestationv1.ListImagePoliciesResponse, error) {
+	ps, err := s.store.ListPolicies()
+	if err != nil {
+		return nil, err
+	}
+	return &attestationv1.ListImagePoliciesResponse{Policies: ps}, nil
+}
+
+func (s *Server) GetImagePolicy(_ context.Context, req *attestationv1.GetImagePolicyRequest) (*attestationv1.ImagePolicy, error) {
+	if err := checkImage(req.GetImage()); err != nil {
+		return nil, err
+	}
+	return s.store.GetPolicy(req.GetImage())
+}
+
+// ImportImagePolicy stores a policy.json. Golden values recorded (or cleared)
+// through the API since the last import survive an import whose document has
+// no golden section of its own, so re-importing a catalog file does not undo
+// RecordGolden.
+func (s *Server) ImportImagePolicy(_ context.Context, req *attestationv1.ImportImagePolicyRequest) (*attestationv1.ImagePolicy, error) {
+	if err := checkImage(req.GetImage()); err != nil {
+		return nil, err
+	}
+	doc := req.GetDocument()
+	if err := policy.Validate(req.GetImage(), doc); err != nil {
+		return nil, err
+	}
+	// encoding/json sorts map keys, so the digest is stable across builds
+	// (protojson's output deliberately is not).
+	raw, err := json.Marshal(doc.AsMap())
+	if err != nil {
+		return nil, apierr.Invalidf("document", "policy document: %v", err)
+	}
+	sum := sha256.Sum256(raw)
+	return s.store.UpdatePolicy(req.GetImage(), func(old *attestationv1.ImagePolicy) (*attestationv1.ImagePolicy, error) {
+		doc := proto.Clone(doc).(*structpb.Struct)
+		p := &attestationv1.ImagePolicy{
+			Image:        req.GetImage(),
+			Document:     doc,
+			SourceSha256: hex.EncodeToString(sum[:]),
+			ImportTime:   timestamppb.New(s.now()),
+		}
+		if old != nil && old.GetGoldenUpdateTime() != nil {
+			if _, own := doc.GetFields()["golden"]; !own {
+				if doc.Fields == nil {
+					doc.Fields = map[string]*structpb.Value{}
+				}
+				// Golden values and the firmware they were recorded on go together.
+				for _, k := range []string{"golden", "golden_firmware"} {
+					if v, ok := old.GetDocument().GetFields()[k]; ok {
+						doc.Fields[k] = v
+					} else {
+						delete(doc.Fields, k)
+					}
+				}
+				p.GoldenUpdateTime, p.GoldenFromVm, p.GoldenUpdatedBy = old.GoldenUpdateTime, old.GoldenFromVm, old.GoldenUpdatedBy
+			}
+		}
+		p.GoldenPcrs = policy.GoldenPCRs(doc)
+		return p, nil
+	})
+}
+
+func (s *Server) ClearGolden(_ context.Context, req *attestationv1.ClearGoldenRequest) (*attestationv1.ImagePolicy, error) {
+	if err := checkImage(req.GetImage()); err != nil {
+		return nil, err
+	}
+	return s.store.UpdatePolicy(req.GetImage(), func(old *attestationv1.ImagePolicy) (*attestationv1.ImagePolicy, error) {
+		if old == nil {
+			return nil, apierr.Errorf(apierr.NotFound, "no policy for image %q", req.GetImage())
+		}
+		delete(old.GetDocument().GetFields(), "golden")
+		delete(old.GetDocument().GetFields(), "golden_firmware")
+		old.GoldenPcrs = nil
+		old.GoldenFromVm = ""
+		old.GoldenUpdatedBy = "" // the caller's identity arrives with OIDC
+		old.GoldenUpdateTime = timestamppb.New(s.now())
+		return old, nil
+	})
+}
+
+func (s *Server) GetVirtualMachineAttestation(_ context.Context, req *attestationv1.GetVirtualMachineAttestationRequest) (*attestationv1.Attestation, error) {
+	if !vmID.MatchString(req.GetId()) {
+		return nil, apierr.Errorf(apierr.NotFound, "vm %q not found", req.GetId())
+	}
+	_, att, err := s.store.GetVM(req.GetId())
+	return att, err
+}
+
+// BeginBoot starts a new boot's verdicts; the pinned AK stays.
+func (s *Server) BeginBoot(_ context.Context, req *attestationv1.BeginBootRequest) (*attestationv1.Attestation, error) {
+	if !vmID.MatchString(req.GetVmId()) {
+		return nil, apierr.Invalidf("vm_id", "vm id %q is not 8 hex characters", req.GetVmId())
+	}
+	if err := checkImage(req.GetImage()); err != nil {
+		return nil, err
+	}
+	vm, att, err := s.store.GetVM(req.GetVmId())
+	if apierr.CodeOf(err) == apierr.NotFound {
+		vm, att, err = &store.VM{ID: req.GetVmId()}, &attestationv1.Attestation{}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	vm.Image, vm.KubernetesVersion = req.GetImage(), req.GetKubernetesVersion()
+	next := &attestationv1.Attestation{Required: req.GetRequired(), UserDataReleased: !req.GetRequired(), Boot: att.GetBoot() + 1}
+	if err := s.store.PutVM(vm, next); err != nil {
+		return nil, err
+	}
+	return next, nil
+}
+
+func (s *Server) ForgetVirtualMachine(_ context.Context, req *attestationv1.ForgetVirtualMachineRequest) (*attestationv1.ForgetVirtualMachineResponse, error) {
+	if err := s.store.DeleteVM(req.GetVmId()); err != nil {
+		return nil, err
+	}
+	return &attestationv1.ForgetVirtualMachineResponse{}, nil
+}

@@ -1,0 +1,544 @@
+package apiserver
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/giantswarm/vm-manager/gen/apierr"
+	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
+	"github.com/giantswarm/vm-manager/services/attestation/internal/store"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+const img = "flatcar_4230.2.0"
+
+var ctx = context.Background()
+
+func hex32(c byte) string { return strings.Repeat(string([]byte{c, c}), 32) }
+
+func policyDoc(t *testing.T, withGolden bool, goldenChar byte) *structpb.Struct {
+	t.Helper()
+	m := map[string]any{
+		"image_id":      "flatcar",
+		"image_version": "4230.2.0",
+		"pcr11": map[string]any{
+			"enter-initrd": hex32('a'),
+			"enter-initrd:leave-initrd:sysinit:ready": hex32('b'),
+		},
+		"pcr13": map[string]any{"v1.33.1": hex32('c')},
+	}
+	if withGolden {
+		m["golden"] = map[string]any{"sha256": map[string]any{
+			"13": hex32(goldenChar), "0": hex32(goldenChar), "7": hex32(goldenChar),
+		}}
+		m["golden_firmware"] = map[string]any{"sha256": hex32('f'), "package": "ovmf"}
+	}
+	s, err := structpb.NewStruct(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+type clock struct{ t time.Time }
+
+func (c *clock) now() time.Time { c.t = c.t.Add(time.Second); return c.t }
+
+func newServer(t *testing.T, path string, opts Options) (*Server, *store.Store, *clock) {
+	t.Helper()
+	st, err := store.Open(path)
+	if err != nil {
+		t.Fatalf("store.Open: %v", err)
+	}
+	t.Cleanup(func() { st.Close() })
+	s := New(st, opts)
+	c := &clock{t: time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)}
+	s.now = c.now
+	return s, st, c
+}
+
+func tempDB(t *testing.T) string { return filepath.Join(t.TempDir(), "attestation.db") }
+
+func wantCode(t *testing.T, err error, code apierr.Code) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("err = nil, want %s", code)
+	}
+	if got := apierr.CodeOf(err); got != code {
+		t.Fatalf("CodeOf(%v) = %q, want %q", err, got, code)
+	}
+}
+
+func TestStoreSchema(t *testing.T) {
+	st, err := store.Open(tempDB(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if store.Schema.Name != "attestation" || store.Schema.Latest() != 1 {
+		t.Errorf("schema = %s v%d", store.Schema.Name, store.Schema.Latest())
+	}
+}
+
+func TestImportThenGet(t *testing.T) {
+	s, _, _ := newServer(t, tempDB(t), Options{Mode: attestationv1.Mode_MODE_VERIFY})
+	doc := policyDoc(t, true, '1')
+	got, err := s.ImportImagePolicy(ctx, &attestationv1.ImportImagePolicyRequest{Image: img, Document: doc})
+	if err != nil {
+		t.Fatalf("Import: %v", err)
+	}
+	if got.GetImage() != img {
+		t.Errorf("image = %q", got.GetImage())
+	}
+	if !proto.Equal(got.GetDocument(), doc) {
+		t.Errorf("document changed on import")
+	}
+	if b, err := hex.DecodeString(got.GetSourceSha256()); err != nil || len(b) != 32 || strings.ToLower(got.GetSourceSha256()) != got.GetSourceSha256() {
+		t.Errorf("source sha256 = %q, want 64 lower-case hex", got.GetSourceSha256())
+	}
+	if want := []uint32{0, 7, 13}; !reflect.DeepEqual(got.GetGoldenPcrs(), want) {
+		t.Errorf("golden pcrs = %v, want %v", got.GetGoldenPcrs(), want)
+	}
+	if got.GetImportTime().AsTime() != time.Date(2025, 6, 1, 12, 0, 1, 0, time.UTC) {
+		t.Errorf("import time = %v", got.GetImportTime().AsTime())
+	}
+	if got.GetGoldenUpdateTime() != nil {
+		t.Errorf("golden update time set by a plain import: %v", got.GetGoldenUpdateTime())
+	}
+
+	// The stored document is a copy: changing the request afterwards does not change it.
+	doc.Fields["pcr13"] = structpb.NewStringValue("mutated")
+
+	read, err := s.GetImagePolicy(ctx, &attestationv1.GetImagePolicyRequest{Image: img})
+	if err != nil {
+		t.Fatalf("Get: %v", err)
+	}
+	if !proto.Equal(read, got) {
+		t.Errorf("Get = %v\nwant %v", read, got)
+	}
+	if read.GetDocument().GetFields()["pcr13"].GetStructValue() == nil {
+		t.Errorf("stored document aliased the request")
+	}
+
+	// The same document gives the same hash; a different one a different hash.
+	again, err := s.ImportImagePolicy(ctx, &attestationv1.ImportImagePolicyRequest{Image: img, Document: policyDoc(t, true, '1')})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.GetSourceSha256() != got.GetSourceSha256() {
+		t.Errorf("same document, different hash: %s vs %s", again.GetSourceSha256(), got.GetSourceSha256())
+	}
+	other, err := s.ImportImagePolicy(ctx, &attestationv1.ImportImagePolicyRequest{Image: img, Document: policyDoc(t, true, '2')})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if other.GetSourceSha256() == got.GetSourceSha256() {
+		t.Errorf("different documents, same hash")
+	}
+}
+
+func TestImportInvalid(t *testing.T) {
+	s, _, _ := newServer(t, tempDB(t), Options{})
+	for _, ref := range []string{"", "flatcar", "_1", "flatcar_", "../x_1", "a/b_1", "flat car_1", "-x_1"} {
+		_, err := s.ImportImagePolicy(ctx, &attestationv1.ImportImagePolicyRequest{Image: ref, Document: policyDoc(t, false, 0)})
+		wantCode(t, err, apierr.InvalidRequest)
+		var e *apierr.Error
+		if !errors.As(err, &e) || e.Metadata["field"] != "image" {
+			t.Errorf("ref %q: field = %v", ref, e)
+		}
+		_, err = s.GetImagePolicy(ctx, &attestationv1.GetImagePolicyRequest{Image: ref})
+		wantCode(t, err, apierr.InvalidRequest)
+	}
+
+	bad := policyDoc(t, false, 0)
+	delete(bad.Fields["pcr11"].GetStructValue().Fields, "enter-initrd")
+	_, err := s.ImportImagePolicy(ctx, &attestationv1.ImportImagePolicyRequest{Image: img, Document: bad})
+	wantCode(t, err, apierr.InvalidRequest)
+	_, err = s.GetImagePolicy(ctx, &attestationv1.GetImagePolicyRequest{Image: img})
+	wantCode(t, err, apierr.NotFound)
+
+	_, err = s.ImportImagePolicy(ctx, &attestationv1.ImportImagePolicyRequest{Image: img})
+	wantCode(t, err, apierr.InvalidRequest)
+
+	// A document for another image is refused.
+	_, err = s.ImportImagePolicy(ctx, &attestationv1.ImportImagePolicyRequest{Image: "flatcar_9999.0.0", Document: policyDoc(t, false, 0)})
+	wantCode(t, err, apierr.InvalidRequest)
+	_, err = s.GetImagePolicy(ctx, &attestationv1.GetImagePolicyRequest{Image: "flatcar_9999.0.0"})
+	wantCode(t, err, apierr.NotFound)
+
+	// An invalid re-import leaves the previous policy in place.
+	first, err := s.ImportImagePolicy(ctx, &attestationv1.ImportImagePolicyRequest{Image: img, Document: policyDoc(t, true, '1')})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.ImportImagePolicy(ctx, &attestationv1.ImportImagePolicyRequest{Image: img, Document: bad})
+	wantCode(t, err, apierr.InvalidRequest)
+	cur, err := s.GetImagePolicy(ctx, &attestationv1.GetImagePolicyRequest{Image: img})
+	if err != nil || !proto.Equal(cur, first) {
+		t.Errorf("policy after a refused re-import = %v, %v", cur, err)
+	}
+}
+
+func TestImageRefWithUnderscoreInID(t *testing.T) {
+	// The catalog splits <id>_<version> at the last '_' (contract §9), so an
+	// id may itself contain '_'.
+	s, _, _ := newServer(t, tempDB(t), Options{})
+	doc, _ := structpb.NewStruct(map[string]any{"image_id": "my_os", "image_version": "1.0"})
+	if _, err := s.ImportImagePolicy(ctx, &attestationv1.ImportImagePolicyRequest{Image: "my_os_1.0", Document: doc}); err != nil {
+		t.Fatalf("Import my_os_1.0: %v", err)
+	}
+	if _, err := s.BeginBoot(ctx, &attestationv1.BeginBootRequest{VmId: "0000abcd", Image: "my_os_1.0"}); err != nil {
+		t.Fatalf("BeginBoot my_os_1.0: %v", err)
+	}
+}
+
+func TestGetMissing(t *testing.T) {
+	s, _, _ := newServer(t, tempDB(t), Options{})
+	_, err := s.GetImagePolicy(ctx, &attestationv1.GetImagePolicyRequest{Image: img})
+	wantCode(t, err, apierr.NotFound)
+	_, err = s.ClearGolden(ctx, &attestationv1.ClearGoldenRequest{Image: img})
+	wantCode(t, err, apierr.NotFound)
+	if ps, err := s.ListImagePolicies(ctx, &attestationv1.ListImagePoliciesRequest{}); err != nil || len(ps.GetPolicies()) != 0 {
+		t.Errorf("list of empty store = %v %v", ps, err)
+	}
+}
+
+func TestClearGoldenAndReimport(t *testing.T) {
+	s, _, _ := newServer(t, tempDB(t), Options{})
+	if _, err := s.ImportImagePolicy(ctx, &attestationv1.ImportImagePolicyRequest{Image: img, Document: policyDoc(t, true, '1')}); err != nil {
+		t.Fatal(err)
+	}
+	cleared, err := s.ClearGolden(ctx, &attestationv1.ClearGoldenRequest{Image: img})
+	if err != nil {
+		t.Fatalf("ClearGolden: %v", err)
+	}
+	check := func(p *attestationv1.ImagePolicy, what string) {
+		t.Helper()
+		f := p.GetDocument().GetFields()
+		if _, ok := f["golden"]; ok {
+			t.Errorf("%s: golden still present", what)
+		}
+		if _, ok := f["golden_firmware"]; ok {
+			t.Errorf("%s: golden_firmware still present", what)
+		}
+		if _, ok := f["pcr11"]; !ok {
+			t.Errorf("%s: pcr11 lost", what)
+		}
+		if len(p.GetGoldenPcrs()) != 0 {
+			t.Errorf("%s: golden pcrs = %v", what, p.GetGoldenPcrs())
+		}
+		if p.GetGoldenUpdateTime() == nil {
+			t.Errorf("%s: golden update time not set", what)
+		}
+	}
+	check(cleared, "ClearGolden result")
+	if want := time.Date(2025, 6, 1, 12, 0, 2, 0, time.UTC); cleared.GetGoldenUpdateTime().AsTime() != want {
+		t.Errorf("golden update time = %v, want %v", cleared.GetGoldenUpdateTime().AsTime(), want)
+	}
+	stored, err := s.GetImagePolicy(ctx, &attestationv1.GetImagePolicyRequest{Image: img})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(stored, "stored after clear")
+	if !proto.Equal(stored, cleared) {
+		t.Errorf("stored %v != returned %v", stored, cleared)
+	}
+
+	// A re-import without golden keeps the cleared state and its time.
+	re, err := s.ImportImagePolicy(ctx, &attestationv1.ImportImagePolicyRequest{Image: img, Document: policyDoc(t, false, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(re, "re-import without golden")
+	if !proto.Equal(re.GetGoldenUpdateTime(), cleared.GetGoldenUpdateTime()) {
+		t.Errorf("golden update time changed: %v -> %v", cleared.GetGoldenUpdateTime(), re.GetGoldenUpdateTime())
+	}
+	if re.GetImportTime().AsTime().Before(cleared.GetGoldenUpdateTime().AsTime()) {
+		t.Errorf("import time not updated")
+	}
+
+	// A re-import with its own golden uses the new golden.
+	withOwn, err := s.ImportImagePolicy(ctx, &attestationv1.ImportImagePolicyRequest{Image: img, Document: policyDoc(t, true, '9')})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := withOwn.GetDocument().GetFields()["golden"].GetStructValue().GetFields()["sha256"].GetStructValue().GetFields()["7"].GetStringValue(); got != hex32('9') {
+		t.Errorf("golden[7] = %q, want the new value", got)
+	}
+	if want := []uint32{0, 7, 13}; !reflect.DeepEqual(withOwn.GetGoldenPcrs(), want) {
+		t.Errorf("golden pcrs = %v", withOwn.GetGoldenPcrs())
+	}
+	if withOwn.GetGoldenUpdateTime() != nil {
+		t.Errorf("golden update time kept although the file brought its own golden: %v", withOwn.GetGoldenUpdateTime())
+	}
+	if _, ok := withOwn.GetDocument().GetFields()["golden_firmware"]; !ok {
+		t.Errorf("golden_firmware of the new document lost")
+	}
+}
+
+// recordGolden simulates what RecordGolden stores: golden values in the
+// document and the time they were recorded.
+func recordGolden(t *testing.T, st *store.Store, c byte) {
+	t.Helper()
+	_, err := st.UpdatePolicy(img, func(old *attestationv1.ImagePolicy) (*attestationv1.ImagePolicy, error) {
+		g := policyDoc(t, true, c)
+		old.Document.Fields["golden"] = g.Fields["golden"]
+		old.Document.Fields["golden_firmware"] = g.Fields["golden_firmware"]
+		old.GoldenPcrs = []uint32{0, 7, 13}
+		old.GoldenFromVm = "0000abcd"
+		old.GoldenUpdatedBy = "ops@example.com"
+		old.GoldenUpdateTime = timestamppb.New(time.Date(2025, 5, 5, 0, 0, 0, 0, time.UTC))
+		return old, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRecordedGoldenSurvivesReimport(t *testing.T) {
+	s, st, _ := newServer(t, tempDB(t), Options{})
+	if _, err := s.ImportImagePolicy(ctx, &attestationv1.ImportImagePolicyRequest{Image: img, Document: policyDoc(t, false, 0)}); err != nil {
+		t.Fatal(err)
+	}
+	recordGolden(t, st, '5')
+
+	re, err := s.ImportImagePolicy(ctx, &attestationv1.ImportImagePolicyRequest{Image: img, Document: policyDoc(t, false, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := re.GetDocument().GetFields()["golden"].GetStructValue().GetFields()["sha256"].GetStructValue().GetFields()["13"].GetStringValue(); got != hex32('5') {
+		t.Errorf("recorded golden[13] lost on re-import: %q", got)
+	}
+	if _, ok := re.GetDocument().GetFields()["golden_firmware"]; !ok {
+		t.Errorf("recorded golden_firmware lost on re-import")
+	}
+	if !reflect.DeepEqual(re.GetGoldenPcrs(), []uint32{0, 7, 13}) {
+		t.Errorf("golden pcrs = %v", re.GetGoldenPcrs())
+	}
+	if re.GetGoldenFromVm() != "0000abcd" || re.GetGoldenUpdatedBy() != "ops@example.com" || re.GetGoldenUpdateTime() == nil {
+		t.Errorf("golden provenance lost: %q %q %v", re.GetGoldenFromVm(), re.GetGoldenUpdatedBy(), re.GetGoldenUpdateTime())
+	}
+
+	// Even an empty document (a valid policy.json of "{}") keeps them.
+	empty, err := s.ImportImagePolicy(ctx, &attestationv1.ImportImagePolicyRequest{Image: img, Document: &structpb.Struct{}})
+	if err != nil {
+		t.Fatalf("import of {} after recorded golden: %v", err)
+	}
+	if !reflect.DeepEqual(empty.GetGoldenPcrs(), []uint32{0, 7, 13}) {
+		t.Errorf("golden pcrs after {} = %v", empty.GetGoldenPcrs())
+	}
+}
+
+func TestListImagePoliciesSorted(t *testing.T) {
+	s, _, _ := newServer(t, tempDB(t), Options{})
+	for _, ref := range []string{"zeta_1", "alpha_2", "alpha_10", "Mid_1"} {
+		if _, err := s.ImportImagePolicy(ctx, &attestationv1.ImportImagePolicyRequest{Image: ref, Document: &structpb.Struct{Fields: map[string]*structpb.Value{}}}); err != nil {
+			t.Fatalf("import %s: %v", ref, err)
+		}
+	}
+	resp, err := s.ListImagePolicies(ctx, &attestationv1.ListImagePoliciesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, p := range resp.GetPolicies() {
+		got = append(got, p.GetImage())
+	}
+	if want := []string{"Mid_1", "alpha_10", "alpha_2", "zeta_1"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("order = %v, want %v", got, want)
+	}
+	status, err := s.GetAttestationStatus(ctx, &attestationv1.GetAttestationStatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if status.GetPolicyCount() != 4 {
+		t.Errorf("policy count = %d, want 4", status.GetPolicyCount())
+	}
+}
+
+func TestVirtualMachineAttestation(t *testing.T) {
+	s, _, _ := newServer(t, tempDB(t), Options{})
+	for _, id := range []string{"0000abcd", "", "ABCDEF12", "abc", "0000abcde", "../../x"} {
+		_, err := s.GetVirtualMachineAttestation(ctx, &attestationv1.GetVirtualMachineAttestationRequest{Id: id})
+		wantCode(t, err, apierr.NotFound)
+	}
+
+	a1, err := s.BeginBoot(ctx, &attestationv1.BeginBootRequest{VmId: "0000abcd", Image: img, KubernetesVersion: "v1.33.1", Required: true})
+	if err != nil {
+		t.Fatalf("BeginBoot: %v", err)
+	}
+	if a1.GetBoot() != 1 || !a1.GetRequired() || a1.GetUserDataReleased() {
+		t.Errorf("first boot = %v", a1)
+	}
+	got, err := s.GetVirtualMachineAttestation(ctx, &attestationv1.GetVirtualMachineAttestationRequest{Id: "0000abcd"})
+	if err != nil || !proto.Equal(got, a1) {
+		t.Errorf("Get after BeginBoot = %v %v, want %v", got, err, a1)
+	}
+
+	a2, err := s.BeginBoot(ctx, &attestationv1.BeginBootRequest{VmId: "0000abcd", Image: img, Required: false})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a2.GetBoot() != 2 || a2.GetRequired() || !a2.GetUserDataReleased() {
+		t.Errorf("second boot = %v", a2)
+	}
+	if a2.GetInitrd() != nil || a2.GetReady() != nil {
+		t.Errorf("new boot carries old verdicts")
+	}
+
+	// Another VM has its own counter.
+	b1, err := s.BeginBoot(ctx, &attestationv1.BeginBootRequest{VmId: "0000beef", Image: img})
+	if err != nil || b1.GetBoot() != 1 {
+		t.Errorf("other vm first boot = %v %v", b1, err)
+	}
+
+	for _, bad := range []*attestationv1.BeginBootRequest{
+		{VmId: "nothex!!", Image: img},
+		{VmId: "0000abcd", Image: "noversion"},
+	} {
+		_, err := s.BeginBoot(ctx, bad)
+		wantCode(t, err, apierr.InvalidRequest)
+	}
+	// A refused BeginBoot did not bump the boot.
+	got, _ = s.GetVirtualMachineAttestation(ctx, &attestationv1.GetVirtualMachineAttestationRequest{Id: "0000abcd"})
+	if got.GetBoot() != 2 {
+		t.Errorf("boot after refused BeginBoot = %d", got.GetBoot())
+	}
+
+	if _, err := s.ForgetVirtualMachine(ctx, &attestationv1.ForgetVirtualMachineRequest{VmId: "0000abcd"}); err != nil {
+		t.Fatalf("Forget: %v", err)
+	}
+	_, err = s.GetVirtualMachineAttestation(ctx, &attestationv1.GetVirtualMachineAttestationRequest{Id: "0000abcd"})
+	wantCode(t, err, apierr.NotFound)
+	// Forgetting twice is fine, and the other VM is untouched.
+	if _, err := s.ForgetVirtualMachine(ctx, &attestationv1.ForgetVirtualMachineRequest{VmId: "0000abcd"}); err != nil {
+		t.Errorf("second Forget: %v", err)
+	}
+	if _, err := s.GetVirtualMachineAttestation(ctx, &attestationv1.GetVirtualMachineAttestationRequest{Id: "0000beef"}); err != nil {
+		t.Errorf("other vm lost: %v", err)
+	}
+	// After Forget, a new boot starts at 1 again.
+	a, err := s.BeginBoot(ctx, &attestationv1.BeginBootRequest{VmId: "0000abcd", Image: img})
+	if err != nil || a.GetBoot() != 1 {
+		t.Errorf("boot after forget = %v %v", a, err)
+	}
+}
+
+func TestBeginBootKeepsPinnedAK(t *testing.T) {
+	s, st, _ := newServer(t, tempDB(t), Options{})
+	if err := st.PutVM(&store.VM{ID: "0000abcd", Image: img, AKPub: []byte{1, 2, 3}, AKFingerprint: "fp"}, &attestationv1.Attestation{Boot: 4}); err != nil {
+		t.Fatal(err)
+	}
+	a, err := s.BeginBoot(ctx, &attestationv1.BeginBootRequest{VmId: "0000abcd", Image: "flatcar_4231.0.0", KubernetesVersion: "v1.34.0", Required: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.GetBoot() != 5 {
+		t.Errorf("boot = %d, want 5", a.GetBoot())
+	}
+	vm, att, err := st.GetVM("0000abcd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(vm.AKPub) != "\x01\x02\x03" || vm.AKFingerprint != "fp" {
+		t.Errorf("pinned AK lost: %v %q", vm.AKPub, vm.AKFingerprint)
+	}
+	if vm.Image != "flatcar_4231.0.0" || vm.KubernetesVersion != "v1.34.0" {
+		t.Errorf("vm = %+v", vm)
+	}
+	if !proto.Equal(att, a) {
+		t.Errorf("stored attestation %v != returned %v", att, a)
+	}
+}
+
+func TestStoreSurvivesReopen(t *testing.T) {
+	path := tempDB(t)
+	st, err := store.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(st, Options{})
+	imported, err := s.ImportImagePolicy(ctx, &attestationv1.ImportImagePolicyRequest{Image: img, Document: policyDoc(t, true, '1')})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.BeginBoot(ctx, &attestationv1.BeginBootRequest{VmId: "0000abcd", Image: img, Required: true}); err != nil {
+		t.Fatal(err)
+	}
+	// While open, a second Open of the same file is refused.
+	if st2, err := store.Open(path); err == nil {
+		st2.Close()
+		t.Fatal("second store.Open of a held file succeeded")
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	st, err = store.Open(path)
+	if err != nil {
+		t.Fatalf("reopen: %v", err)
+	}
+	defer st.Close()
+	s = New(st, Options{})
+	got, err := s.GetImagePolicy(ctx, &attestationv1.GetImagePolicyRequest{Image: img})
+	if err != nil {
+		t.Fatalf("Get after reopen: %v", err)
+	}
+	if !proto.Equal(got, imported) {
+		t.Errorf("after reopen %v\nwant %v", got, imported)
+	}
+	a, err := s.GetVirtualMachineAttestation(ctx, &attestationv1.GetVirtualMachineAttestationRequest{Id: "0000abcd"})
+	if err != nil || a.GetBoot() != 1 || !a.GetRequired() {
+		t.Errorf("vm after reopen = %v %v", a, err)
+	}
+}
+
+func TestGetAttestationStatus(t *testing.T) {
+	path := tempDB(t)
+	cases := []struct {
+		opts     Options
+		warnings []string
+	}{
+		{Options{Mode: attestationv1.Mode_MODE_VERIFY}, nil},
+		{Options{Mode: attestationv1.Mode_MODE_NOOP}, []string{"attestation=noop"}},
+		{Options{Mode: attestationv1.Mode_MODE_VERIFY, LearnGolden: true}, []string{"learn mode"}},
+		{Options{Mode: attestationv1.Mode_MODE_NOOP, LearnGolden: true}, []string{"attestation=noop", "learn mode"}},
+	}
+	st, err := store.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := New(st, Options{}).ImportImagePolicy(ctx, &attestationv1.ImportImagePolicyRequest{Image: img, Document: policyDoc(t, false, 0)}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cases {
+		resp, err := New(st, c.opts).GetAttestationStatus(ctx, &attestationv1.GetAttestationStatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetMode() != c.opts.Mode || resp.GetLearnGolden() != c.opts.LearnGolden {
+			t.Errorf("%+v: mode/learn = %v/%v", c.opts, resp.GetMode(), resp.GetLearnGolden())
+		}
+		if resp.GetPolicyCount() != 1 {
+			t.Errorf("%+v: policy count = %d", c.opts, resp.GetPolicyCount())
+		}
+		if len(resp.GetWarnings()) != len(c.warnings) {
+			t.Errorf("%+v: warnings = %q, want %d", c.opts, resp.GetWarnings(), len(c.warnings))
+			continue
+		}
+		for i, w := range c.warnings {
+			if !strings.Contains(resp.GetWarnings()[i], w) {
+				t.Errorf("%+v: warning %d = %q, want %q", c.opts, i, resp.GetWarnings()[i], w)
+			}
+		}
+	}
+}

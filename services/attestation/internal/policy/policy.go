@@ -1,0 +1,129 @@
+// Package policy validates an image's policy.json (contract §5.5): the PCR 11
+// values per boot phase, PCR 13 per Kubernetes version, golden sha256 PCRs and
+// the firmware they were recorded on.
+package policy
+
+import (
+	"encoding/hex"
+	"sort"
+	"strconv"
+
+	"github.com/giantswarm/vm-manager/gen/apierr"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// The two boot phases systemd-stub measures into PCR 11 that quotes are checked at.
+const (
+	PhaseInitrd = "enter-initrd"
+	PhaseReady  = "enter-initrd:leave-initrd:sysinit:ready"
+)
+
+// Validate checks a policy document for image ref (<id>_<version>).
+func Validate(ref string, doc *structpb.Struct) error {
+	if doc == nil {
+		return apierr.Invalidf("document", "policy document is required")
+	}
+	f := doc.GetFields()
+	id, hasID := stringField(f, "image_id")
+	ver, hasVer := stringField(f, "image_version")
+	if hasID && hasVer && id+"_"+ver != ref {
+		return apierr.Invalidf("document.image_id", "policy is for image %s_%s, not %s", id, ver, ref)
+	}
+	if v, ok := f["pcr11"]; ok {
+		m := v.GetStructValue()
+		if m == nil {
+			return apierr.Invalidf("document.pcr11", "pcr11 must be an object of phase to hex digest")
+		}
+		for _, phase := range []string{PhaseInitrd, PhaseReady} {
+			if _, ok := m.GetFields()[phase]; !ok {
+				return apierr.Invalidf("document.pcr11", "pcr11 lacks phase %q", phase)
+			}
+		}
+		if err := digests("pcr11", m); err != nil {
+			return err
+		}
+	}
+	if v, ok := f["pcr13"]; ok {
+		m := v.GetStructValue()
+		if m == nil {
+			return apierr.Invalidf("document.pcr13", "pcr13 must be an object of kubernetes version to hex digest")
+		}
+		if err := digests("pcr13", m); err != nil {
+			return err
+		}
+	}
+	if v, ok := f["golden"]; ok {
+		g := v.GetStructValue()
+		if g == nil {
+			return apierr.Invalidf("document.golden", "golden must be an object with a sha256 bank")
+		}
+		for bank, bv := range g.GetFields() {
+			if bank != "sha256" {
+				return apierr.Invalidf("document.golden", "golden bank %q is not allowed; only sha256", bank)
+			}
+			m := bv.GetStructValue()
+			if m == nil {
+				return apierr.Invalidf("document.golden.sha256", "golden.sha256 must be an object of PCR index to hex digest")
+			}
+			for idx := range m.GetFields() {
+				n, err := strconv.Atoi(idx)
+				if err != nil || n < 0 || n > 23 || strconv.Itoa(n) != idx {
+					return apierr.Invalidf("document.golden.sha256", "golden PCR index %q is not 0..23", idx)
+				}
+			}
+			if err := digests("golden.sha256", m); err != nil {
+				return err
+			}
+		}
+	}
+	if v, ok := f["golden_firmware"]; ok {
+		fw := v.GetStructValue()
+		if fw == nil {
+			return apierr.Invalidf("document.golden_firmware", "golden_firmware must be an object")
+		}
+		if s, ok := stringField(fw.GetFields(), "sha256"); ok && !isDigest(s) {
+			return apierr.Invalidf("document.golden_firmware.sha256", "golden_firmware.sha256 is not 32 bytes of hex")
+		}
+	}
+	return nil
+}
+
+// GoldenPCRs lists the indexes with a golden sha256 value, ascending.
+func GoldenPCRs(doc *structpb.Struct) []uint32 {
+	var out []uint32
+	bank := doc.GetFields()["golden"].GetStructValue().GetFields()["sha256"].GetStructValue()
+	for idx := range bank.GetFields() {
+		if n, err := strconv.Atoi(idx); err == nil {
+			out = append(out, uint32(n))
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+func stringField(f map[string]*structpb.Value, key string) (string, bool) {
+	v, ok := f[key]
+	if !ok {
+		return "", false
+	}
+	s, isStr := v.GetKind().(*structpb.Value_StringValue)
+	if !isStr {
+		return "", false
+	}
+	return s.StringValue, true
+}
+
+func digests(where string, m *structpb.Struct) error {
+	for k, v := range m.GetFields() {
+		s, ok := v.GetKind().(*structpb.Value_StringValue)
+		if !ok || !isDigest(s.StringValue) {
+			return apierr.Invalidf("document."+where, "%s[%q] is not 32 bytes of hex", where, k)
+		}
+	}
+	return nil
+}
+
+func isDigest(s string) bool {
+	b, err := hex.DecodeString(s)
+	return err == nil && len(b) == 32
+}

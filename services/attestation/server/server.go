@@ -1,0 +1,90 @@
+// Package server runs the attestation process: its locked state directory,
+// its bbolt database and the AttestationService and VerifierService on a unix
+// socket.
+package server
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
+	"github.com/giantswarm/vm-manager/pkg/mesh"
+	"github.com/giantswarm/vm-manager/pkg/statedir"
+	"github.com/giantswarm/vm-manager/services/attestation/internal/apiserver"
+	"github.com/giantswarm/vm-manager/services/attestation/internal/store"
+)
+
+// Config is what the attestation service needs.
+type Config struct {
+	// StateDir holds attestation.db and attestation.lock.
+	StateDir string
+	// Socket is the unix socket to serve on.
+	Socket string
+	// Mode is "verify" or "noop".
+	Mode string
+	// LearnGolden accepts PCRs without a golden value (verify mode only).
+	LearnGolden bool
+}
+
+// Run serves until ctx ends.
+func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	opts := apiserver.Options{LearnGolden: cfg.LearnGolden}
+	switch cfg.Mode {
+	case "verify", "":
+		opts.Mode = attestationv1.Mode_MODE_VERIFY
+	case "noop":
+		opts.Mode = attestationv1.Mode_MODE_NOOP
+		if cfg.LearnGolden {
+			return fmt.Errorf("--attestation-learn-golden requires --attestation=verify")
+		}
+	default:
+		return fmt.Errorf("--attestation=%q: want verify or noop", cfg.Mode)
+	}
+	lock, err := statedir.Acquire(cfg.StateDir, "attestation")
+	if err != nil {
+		return err
+	}
+	defer lock.Release()
+	st, err := store.Open(filepath.Join(cfg.StateDir, "attestation.db"))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	for _, w := range opts.Warnings() {
+		log.Warn(w)
+	}
+
+	srv := mesh.NewServer(log)
+	api := apiserver.New(st, opts)
+	attestationv1.RegisterAttestationServiceServer(srv, api)
+	attestationv1.RegisterVerifierServiceServer(srv, api)
+	ln, err := mesh.Listen(cfg.Socket)
+	if err != nil {
+		return err
+	}
+	srv.SetServing()
+	log.Info("attestation serving", "socket", cfg.Socket, "state", cfg.StateDir, "mode", cfg.Mode, "learn_golden", cfg.LearnGolden)
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	srv.Health.Shutdown()
+	stopped := make(chan struct{})
+	go func() { srv.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(15 * time.Second):
+		srv.Stop()
+	}
+	_ = os.Remove(cfg.Socket)
+	log.Info("attestation stopped")
+	return nil
+}

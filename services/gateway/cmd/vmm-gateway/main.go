@@ -1,0 +1,51 @@
+// Command vmm-gateway is vm-manager's front door: the public gRPC API, REST
+// and the OpenAPI document on one TCP address, forwarding to the hypervisor
+// and attestation processes over unix sockets.
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+
+	"github.com/giantswarm/vm-manager/pkg/cli"
+	"github.com/giantswarm/vm-manager/pkg/logging"
+	"github.com/giantswarm/vm-manager/pkg/mesh"
+	"github.com/giantswarm/vm-manager/services/gateway/server"
+)
+
+func main() {
+	os.Exit(cli.Main("vmm-gateway", "vm-manager's API gateway (gRPC, REST, OpenAPI)", os.Args[1:], os.Stderr, cli.Command{
+		Name:  "serve",
+		Usage: "serve the public API on one TCP address",
+		Setup: func(fs *cli.FlagSet) func(context.Context) error {
+			listen := fs.String("listen", "VM_MANAGER_LISTEN", "127.0.0.1:8080", "TCP address for gRPC, REST and health")
+			runDir := fs.String("run-dir", "VM_MANAGER_RUN_DIR", mesh.DefaultRunDir(), "runtime directory holding the backends' unix sockets")
+			hvSock := fs.String("hypervisor-socket", "VM_MANAGER_HYPERVISOR_SOCKET", "", "hypervisor socket (default <run-dir>/"+mesh.HypervisorSocket+")")
+			atSock := fs.String("attestation-socket", "VM_MANAGER_ATTESTATION_SOCKET", "", "attestation socket (default <run-dir>/"+mesh.AttestationSocket+")")
+			allow := fs.Bool("allow-anonymous-non-loopback", "VM_MANAGER_ALLOW_ANONYMOUS_NON_LOOPBACK", false, "let the anonymous API listen on a non-loopback address")
+			logFormat := fs.String("log-format", "VM_MANAGER_LOG_FORMAT", "text", "log format: text or json")
+			logLevel := fs.String("log-level", "VM_MANAGER_LOG_LEVEL", "info", "log level: debug, info, warn, error")
+			return func(ctx context.Context) error {
+				log, err := logging.New(os.Stderr, *logFormat, *logLevel, "gateway")
+				if err != nil {
+					return err
+				}
+				cfg := server.Config{
+					Listen:            *listen,
+					HypervisorSocket:  orDefault(*hvSock, filepath.Join(*runDir, mesh.HypervisorSocket)),
+					AttestationSocket: orDefault(*atSock, filepath.Join(*runDir, mesh.AttestationSocket)),
+					AllowNonLoopback:  *allow,
+				}
+				return server.Run(ctx, cfg, log)
+			}
+		},
+	}))
+}
+
+func orDefault(v, def string) string {
+	if v != "" {
+		return v
+	}
+	return def
+}

@@ -1,0 +1,143 @@
+// Package proxy forwards the public gRPC services to the backends unchanged:
+// bytes in, bytes out, metadata (the caller's authorization) and statuses
+// (with their ErrorInfo) passed through. Only the services named in the route
+// table are reachable; the internal verifier is not among them.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"strings"
+
+	"github.com/giantswarm/vm-manager/gen/apierr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+// Frame is one undecoded message.
+type Frame struct{ data []byte }
+
+// Codec passes Frames through untouched and encodes everything else as
+// protobuf, so the same server also serves health and reflection. Its name is
+// "proto": on the wire nothing changes.
+type Codec struct{}
+
+var _ encoding.Codec = Codec{}
+
+func (Codec) Marshal(v any) ([]byte, error) {
+	if f, ok := v.(*Frame); ok {
+		return f.data, nil
+	}
+	return proto.Marshal(v.(proto.Message))
+}
+
+func (Codec) Unmarshal(data []byte, v any) error {
+	if f, ok := v.(*Frame); ok {
+		f.data = append(f.data[:0], data...)
+		return nil
+	}
+	return proto.Unmarshal(data, v.(proto.Message))
+}
+
+func (Codec) Name() string { return "proto" }
+
+// Routes maps a fully-qualified service name to the backend serving it.
+type Routes map[string]grpc.ClientConnInterface
+
+// Handler is a grpc.UnknownServiceHandler that forwards to the routes.
+func Handler(routes Routes) grpc.StreamHandler {
+	return func(_ any, ss grpc.ServerStream) error {
+		method, ok := grpc.MethodFromServerStream(ss)
+		if !ok {
+			return status.Error(codes.Internal, "no method in stream")
+		}
+		svc := strings.TrimPrefix(method, "/")
+		if i := strings.LastIndex(svc, "/"); i >= 0 {
+			svc = svc[:i]
+		}
+		conn, ok := routes[svc]
+		if !ok {
+			return status.Errorf(codes.Unimplemented, "unknown service %s", svc)
+		}
+		err := forward(ss, conn, method)
+		if st, ok := status.FromError(err); ok && st.Code() == codes.Unavailable && apierr.CodeOf(err) == apierr.Unavailable {
+			// The backend itself is unreachable (it would have sent an ErrorInfo): say which one.
+			backend := strings.SplitN(svc, ".", 3)
+			name := "backend"
+			if len(backend) == 3 {
+				name = backend[1]
+			}
+			return apierr.ToStatus(apierr.Errorf(apierr.Unavailable, "the %s service is unavailable: %s", name, st.Message())).Err()
+		}
+		return err
+	}
+}
+
+// hop-by-hop and transport metadata the client library sets by itself.
+func outgoing(ctx context.Context) context.Context {
+	in, _ := metadata.FromIncomingContext(ctx)
+	out := metadata.MD{}
+	for k, v := range in {
+		if strings.HasPrefix(k, ":") || strings.HasPrefix(k, "grpc-") || k == "content-type" || k == "user-agent" || k == "te" {
+			continue
+		}
+		out[k] = v
+	}
+	return metadata.NewOutgoingContext(ctx, out)
+}
+
+func forward(ss grpc.ServerStream, conn grpc.ClientConnInterface, method string) error {
+	ctx, cancel := context.WithCancel(ss.Context())
+	defer cancel()
+	desc := &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}
+	cs, err := conn.NewStream(outgoing(ctx), desc, method, grpc.ForceCodec(Codec{}))
+	if err != nil {
+		return err
+	}
+
+	upErr := make(chan error, 1)
+	go func() {
+		for {
+			f := &Frame{}
+			if err := ss.RecvMsg(f); err != nil {
+				if errors.Is(err, io.EOF) {
+					upErr <- cs.CloseSend()
+					return
+				}
+				cancel()
+				upErr <- err
+				return
+			}
+			if err := cs.SendMsg(f); err != nil {
+				// The backend ended the call; its status comes from RecvMsg below.
+				upErr <- nil
+				return
+			}
+		}
+	}()
+
+	md, err := cs.Header()
+	if err == nil && md != nil {
+		if err := ss.SendHeader(md); err != nil {
+			return err
+		}
+	}
+	for {
+		f := &Frame{}
+		if err := cs.RecvMsg(f); err != nil {
+			ss.SetTrailer(cs.Trailer())
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		if err := ss.SendMsg(f); err != nil {
+			return err
+		}
+	}
+}

@@ -1,0 +1,219 @@
+// Package server runs the gateway: one TCP listener serving the public gRPC
+// API (forwarded to the backends, with reflection), REST under /api/v1
+// (grpc-gateway), the OpenAPI document, /healthz and /readyz.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/giantswarm/vm-manager/gen/openapi"
+	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
+	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/pkg/mesh"
+	"github.com/giantswarm/vm-manager/services/gateway/internal/proxy"
+	"github.com/giantswarm/vm-manager/services/gateway/internal/rest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+	reflectionv1 "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	reflectionv1alpha "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
+)
+
+// Config is what the gateway needs.
+type Config struct {
+	// Listen is the TCP address for gRPC and HTTP alike.
+	Listen string
+	// HypervisorSocket and AttestationSocket are the backends' unix sockets.
+	HypervisorSocket  string
+	AttestationSocket string
+	// AllowNonLoopback lets an anonymous gateway listen beyond loopback.
+	AllowNonLoopback bool
+	// Ready, if set, receives the bound address once the gateway serves.
+	Ready func(addr net.Addr)
+}
+
+// PublicServices are the services the gateway exposes. The attestation
+// service's internal VerifierService is deliberately absent.
+var PublicServices = []string{
+	hypervisorv1.HypervisorService_ServiceDesc.ServiceName,
+	attestationv1.AttestationService_ServiceDesc.ServiceName,
+}
+
+// Run serves until ctx ends, then drains in-flight calls.
+func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	if err := checkListen(cfg.Listen, cfg.AllowNonLoopback); err != nil {
+		return err
+	}
+	hconn, err := mesh.Dial(cfg.HypervisorSocket)
+	if err != nil {
+		return fmt.Errorf("hypervisor socket: %w", err)
+	}
+	defer hconn.Close()
+	aconn, err := mesh.Dial(cfg.AttestationSocket)
+	if err != nil {
+		return fmt.Errorf("attestation socket: %w", err)
+	}
+	defer aconn.Close()
+
+	backends := map[string]*grpc.ClientConn{"hypervisor": hconn, "attestation": aconn}
+
+	// gRPC: a transparent forwarder for the public services.
+	gs := grpc.NewServer(
+		grpc.UnknownServiceHandler(proxy.Handler(proxy.Routes{
+			hypervisorv1.HypervisorService_ServiceDesc.ServiceName:   hconn,
+			attestationv1.AttestationService_ServiceDesc.ServiceName: aconn,
+		})),
+		grpc.ForceServerCodec(proxy.Codec{}),
+	)
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(gs, hs)
+	refl := reflection.ServerOptions{Services: publicServiceInfo{gs}}
+	reflectionv1.RegisterServerReflectionServer(gs, reflection.NewServerV1(refl))
+	reflectionv1alpha.RegisterServerReflectionServer(gs, reflection.NewServer(refl))
+
+	// REST through grpc-gateway, straight to the backends' clients.
+	gw := rest.NewMux(log)
+	if err := hypervisorv1.RegisterHypervisorServiceHandlerClient(ctx, gw, hypervisorv1.NewHypervisorServiceClient(hconn)); err != nil {
+		return err
+	}
+	if err := attestationv1.RegisterAttestationServiceHandlerClient(ctx, gw, attestationv1.NewAttestationServiceClient(aconn)); err != nil {
+		return err
+	}
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /api/v1/openapi.json", serveBytes("application/json", openapi.JSON))
+	mux.HandleFunc("GET /api/v1/openapi.yaml", serveBytes("application/yaml", openapi.YAML))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	mux.HandleFunc("GET /readyz", readyz(backends))
+	mux.Handle("/api/v1/", rest.LimitBody(gw))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		rest.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
+	})
+
+	root := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
+			gs.ServeHTTP(w, r)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true) // gRPC without TLS (prior knowledge), as grpcurl -plaintext speaks it
+	srv := &http.Server{
+		Handler:           root,
+		Protocols:         &protocols,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return err
+	}
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	log.Info("gateway serving", "listen", ln.Addr().String(), "hypervisor", cfg.HypervisorSocket, "attestation", cfg.AttestationSocket)
+	if cfg.Ready != nil {
+		cfg.Ready(ln.Addr())
+	}
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	hs.Shutdown()
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	err = srv.Shutdown(shutdownCtx)
+	gs.Stop()
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	log.Info("gateway stopped")
+	return err
+}
+
+// checkListen refuses a non-loopback address for an anonymous API.
+func checkListen(addr string, allow bool) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("listen address %q: %w", addr, err)
+	}
+	if allow {
+		return nil
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return fmt.Errorf("listen address %q is not loopback: without an OIDC issuer the API is anonymous; bind 127.0.0.1 or pass --allow-anonymous-non-loopback", addr)
+}
+
+func serveBytes(contentType string, b []byte) http.HandlerFunc {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", contentType)
+		_, _ = w.Write(b)
+	}
+}
+
+// readyz checks every backend's gRPC health, each bounded to a second, so a
+// dead backend makes the gateway unready instead of hanging the probe.
+func readyz(backends map[string]*grpc.ClientConn) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var (
+			mu       sync.Mutex
+			problems []string
+			wg       sync.WaitGroup
+		)
+		for name, conn := range backends {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+				defer cancel()
+				resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+				if err == nil && resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+					err = fmt.Errorf("status %s", resp.GetStatus())
+				}
+				if err != nil {
+					mu.Lock()
+					problems = append(problems, fmt.Sprintf("%s: %v", name, err))
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		if len(problems) > 0 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte("not ready: " + strings.Join(problems, "; ") + "\n"))
+			return
+		}
+		_, _ = w.Write([]byte("ok"))
+	}
+}
+
+// publicServiceInfo lists the public services (plus health and reflection)
+// for reflection: the forwarder registers none of them itself.
+type publicServiceInfo struct{ s *grpc.Server }
+
+func (p publicServiceInfo) GetServiceInfo() map[string]grpc.ServiceInfo {
+	out := p.s.GetServiceInfo()
+	for _, name := range PublicServices {
+		out[name] = grpc.ServiceInfo{}
+	}
+	return out
+}

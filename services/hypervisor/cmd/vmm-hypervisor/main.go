@@ -1,0 +1,61 @@
+// Command vmm-hypervisor supervises QEMU and swtpm: VMs, networks, the IMDS
+// and the image catalog, served as gRPC on a unix socket.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/giantswarm/vm-manager/pkg/cli"
+	"github.com/giantswarm/vm-manager/pkg/logging"
+	"github.com/giantswarm/vm-manager/pkg/mesh"
+	"github.com/giantswarm/vm-manager/pkg/statedir"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/host"
+	"github.com/giantswarm/vm-manager/services/hypervisor/server"
+)
+
+func main() {
+	os.Exit(cli.Main("vmm-hypervisor", "vm-manager's hypervisor (QEMU, swtpm, networks, IMDS, images)", os.Args[1:], os.Stderr, cli.Command{
+		Name:  "serve",
+		Usage: "serve the HypervisorService on a unix socket",
+		Setup: func(fs *cli.FlagSet) func(context.Context) error {
+			stateDir := fs.String("state-dir", "VM_MANAGER_STATE_DIR", statedir.Default(), "state directory (hypervisor.db, VM directories)")
+			imageDir := fs.String("image-dir", "VM_MANAGER_IMAGE_DIR", "", "image catalog directory (default <state-dir>/images)")
+			runDir := fs.String("run-dir", "VM_MANAGER_RUN_DIR", mesh.DefaultRunDir(), "runtime directory for the unix sockets")
+			socket := fs.String("socket", "VM_MANAGER_HYPERVISOR_SOCKET", "", "socket to serve on (default <run-dir>/"+mesh.HypervisorSocket+")")
+			atSock := fs.String("attestation-socket", "VM_MANAGER_ATTESTATION_SOCKET", "", "attestation socket (default <run-dir>/"+mesh.AttestationSocket+")")
+			qemu := fs.String("qemu", "VM_MANAGER_QEMU", "qemu-system-x86_64", "QEMU binary")
+			swtpm := fs.String("swtpm", "VM_MANAGER_SWTPM", "swtpm", "swtpm binary")
+			ovmfCode := fs.String("ovmf-code", "VM_MANAGER_OVMF_CODE", "", "OVMF code image (default: the first known pair found)")
+			ovmfVars := fs.String("ovmf-vars", "VM_MANAGER_OVMF_VARS", "", "OVMF variable store template (default: the pair's VARS file)")
+			accel := fs.String("accelerator", "VM_MANAGER_ACCELERATOR", "auto", "auto (kvm where /dev/kvm is usable, else tcg) or tcg")
+			logFormat := fs.String("log-format", "VM_MANAGER_LOG_FORMAT", "text", "log format: text or json")
+			logLevel := fs.String("log-level", "VM_MANAGER_LOG_LEVEL", "info", "log level: debug, info, warn, error")
+			return func(ctx context.Context) error {
+				log, err := logging.New(os.Stderr, *logFormat, *logLevel, "hypervisor")
+				if err != nil {
+					return err
+				}
+				if *accel != "auto" && *accel != "tcg" {
+					return fmt.Errorf("--accelerator=%q: want auto or tcg", *accel)
+				}
+				return server.Run(ctx, server.Config{
+					StateDir:          *stateDir,
+					ImageDir:          *imageDir,
+					Socket:            orDefault(*socket, filepath.Join(*runDir, mesh.HypervisorSocket)),
+					AttestationSocket: orDefault(*atSock, filepath.Join(*runDir, mesh.AttestationSocket)),
+					Host:              host.Config{QEMUBinary: *qemu, SwtpmBinary: *swtpm, OVMFCode: *ovmfCode, OVMFVars: *ovmfVars, ForceTCG: *accel == "tcg"},
+				}, log)
+			}
+		},
+	}))
+}
+
+func orDefault(v, def string) string {
+	if v != "" {
+		return v
+	}
+	return def
+}

@@ -1,0 +1,164 @@
+// Package store keeps the hypervisor's records in bbolt.
+//
+// Bucket layout (schema "hypervisor"):
+//
+//	meta/                schema name and version (pkg/boltdb)
+//	vms/<id>             hypervisorv1.VirtualMachine, protobuf binary
+//	networks/<name>      hypervisorv1.Network, protobuf binary
+//	policy-sync/<ref>    hex SHA-256 of the policy.json last handed to attestation
+//
+// Version history:
+//
+//	1  vms, networks
+//	2  policy-sync
+package store
+
+import (
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/giantswarm/vm-manager/gen/apierr"
+	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/pkg/boltdb"
+	bolt "go.etcd.io/bbolt"
+	"google.golang.org/protobuf/proto"
+)
+
+var (
+	bucketVMs        = []byte("vms")
+	bucketNetworks   = []byte("networks")
+	bucketPolicySync = []byte("policy-sync")
+)
+
+// Schema is the hypervisor database's layout and migrations.
+var Schema = boltdb.Schema{
+	Name: "hypervisor",
+	Migrations: []boltdb.Migration{
+		{Version: 1, Description: "vms and networks buckets", Apply: createBuckets(bucketVMs, bucketNetworks)},
+		{Version: 2, Description: "policy-sync bucket", Apply: createBuckets(bucketPolicySync)},
+	},
+}
+
+func createBuckets(names ...[]byte) func(*bolt.Tx) error {
+	return func(tx *bolt.Tx) error {
+		for _, n := range names {
+			if _, err := tx.CreateBucketIfNotExists(n); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// Store is the hypervisor's persistent state.
+type Store struct{ db *bolt.DB }
+
+// Open opens (and migrates) the database at path.
+func Open(path string) (*Store, error) {
+	db, err := boltdb.Open(path, Schema, 2*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	return &Store{db: db}, nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+// GetVM returns one VM record.
+func (s *Store) GetVM(id string) (*hypervisorv1.VirtualMachine, error) {
+	vm := &hypervisorv1.VirtualMachine{}
+	err := s.db.View(func(tx *bolt.Tx) error {
+		raw := tx.Bucket(bucketVMs).Get([]byte(id))
+		if raw == nil {
+			return apierr.Errorf(apierr.NotFound, "vm %s not found", id)
+		}
+		return proto.Unmarshal(raw, vm)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return vm, nil
+}
+
+// PutVM writes a VM record.
+func (s *Store) PutVM(vm *hypervisorv1.VirtualMachine) error {
+	raw, err := proto.Marshal(vm)
+	if err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketVMs).Put([]byte(vm.GetId()), raw) })
+}
+
+// ListVMs returns every VM record, oldest first (createdAt, then id).
+func (s *Store) ListVMs() ([]*hypervisorv1.VirtualMachine, error) {
+	var out []*hypervisorv1.VirtualMachine
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketVMs).ForEach(func(k, v []byte) error {
+			vm := &hypervisorv1.VirtualMachine{}
+			if err := proto.Unmarshal(v, vm); err != nil {
+				return fmt.Errorf("vm %s: %w", k, err)
+			}
+			out = append(out, vm)
+			return nil
+		})
+	})
+	sort.SliceStable(out, func(i, j int) bool {
+		a, b := out[i].GetCreatedAt().AsTime(), out[j].GetCreatedAt().AsTime()
+		if !a.Equal(b) {
+			return a.Before(b)
+		}
+		return out[i].GetId() < out[j].GetId()
+	})
+	return out, err
+}
+
+// GetNetwork returns one network.
+func (s *Store) GetNetwork(name string) (*hypervisorv1.Network, error) {
+	n := &hypervisorv1.Network{}
+	err := s.db.View(func(tx *bolt.Tx) error {
+		raw := tx.Bucket(bucketNetworks).Get([]byte(name))
+		if raw == nil {
+			return apierr.Errorf(apierr.NotFound, "network %q not found", name)
+		}
+		return proto.Unmarshal(raw, n)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// ListNetworks returns every network, sorted by name (bbolt keeps keys sorted).
+func (s *Store) ListNetworks() ([]*hypervisorv1.Network, error) {
+	var out []*hypervisorv1.Network
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketNetworks).ForEach(func(k, v []byte) error {
+			n := &hypervisorv1.Network{}
+			if err := proto.Unmarshal(v, n); err != nil {
+				return fmt.Errorf("network %s: %w", k, err)
+			}
+			out = append(out, n)
+			return nil
+		})
+	})
+	return out, err
+}
+
+// PolicySynced returns the digest of the policy last handed to attestation for ref.
+func (s *Store) PolicySynced(ref string) (string, error) {
+	var digest string
+	err := s.db.View(func(tx *bolt.Tx) error {
+		digest = string(tx.Bucket(bucketPolicySync).Get([]byte(ref)))
+		return nil
+	})
+	return digest, err
+}
+
+// SetPolicySynced records that attestation holds the policy with this digest.
+func (s *Store) SetPolicySynced(ref, digest string) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketPolicySync).Put([]byte(ref), []byte(digest))
+	})
+}

@@ -1,0 +1,155 @@
+// Package server runs the hypervisor process: its state directory (locked),
+// its bbolt database, the image catalog, the host report, and the gRPC
+// HypervisorService on a unix socket.
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/giantswarm/vm-manager/gen/apierr"
+	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
+	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/pkg/mesh"
+	"github.com/giantswarm/vm-manager/pkg/statedir"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/apiserver"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/catalog"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/host"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// Config is what the hypervisor needs.
+type Config struct {
+	// StateDir holds hypervisor.db, hypervisor.lock and the VM directories.
+	StateDir string
+	// ImageDir is the image catalog; default <StateDir>/images.
+	ImageDir string
+	// Socket is the unix socket to serve on.
+	Socket string
+	// AttestationSocket is the attestation service, for policies and verdicts.
+	AttestationSocket string
+	// Host probing settings (binaries, OVMF files).
+	Host host.Config
+}
+
+// Run serves until ctx ends.
+func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	if cfg.ImageDir == "" {
+		cfg.ImageDir = filepath.Join(cfg.StateDir, "images")
+	}
+	lock, err := statedir.Acquire(cfg.StateDir, "hypervisor")
+	if err != nil {
+		return err
+	}
+	defer lock.Release()
+
+	st, err := store.Open(filepath.Join(cfg.StateDir, "hypervisor.db"))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+
+	cat, err := catalog.Load(cfg.ImageDir, log)
+	if err != nil {
+		return fmt.Errorf("image catalog: %w", err)
+	}
+	log.Info("image catalog loaded", "dir", cfg.ImageDir, "images", len(cat.List()))
+
+	prober := host.New(cfg.Host)
+	report := prober.Report(ctx)
+	log.Info("host", "accelerator", report.GetAccelerator().String(), "ready", report.GetReady(), "missing", report.GetMissing())
+	for _, w := range report.GetWarnings() {
+		log.Warn(w)
+	}
+
+	aconn, err := mesh.Dial(cfg.AttestationSocket)
+	if err != nil {
+		return fmt.Errorf("attestation socket: %w", err)
+	}
+	defer aconn.Close()
+
+	srv := mesh.NewServer(log)
+	hypervisorv1.RegisterHypervisorServiceServer(srv, apiserver.New(prober, cat, st))
+	ln, err := mesh.Listen(cfg.Socket)
+	if err != nil {
+		return err
+	}
+	srv.SetServing()
+	log.Info("hypervisor serving", "socket", cfg.Socket, "state", cfg.StateDir)
+
+	go syncPolicies(ctx, log, cat, st, attestationv1.NewAttestationServiceClient(aconn))
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	srv.Health.Shutdown()
+	stopped := make(chan struct{})
+	go func() { srv.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(15 * time.Second):
+		srv.Stop()
+	}
+	_ = os.Remove(cfg.Socket)
+	log.Info("hypervisor stopped")
+	return nil
+}
+
+// syncPolicies hands every catalog image's policy.json to attestation, which
+// owns policy. A document is imported when it is new or changed since the last
+// hand-over, so an operator's own import is not overwritten on every start.
+// Attestation may be down or restarting: retry until everything is synced.
+func syncPolicies(ctx context.Context, log *slog.Logger, cat *catalog.Catalog, st *store.Store, client attestationv1.AttestationServiceClient) {
+	for delay := 500 * time.Millisecond; ; delay = min(delay*2, 10*time.Second) {
+		pending := 0
+		for _, img := range cat.List() {
+			doc, ok := cat.PolicyDocument(img.GetRef())
+			if !ok {
+				continue
+			}
+			sum := sha256.Sum256(doc)
+			digest := hex.EncodeToString(sum[:])
+			if prev, _ := st.PolicySynced(img.GetRef()); prev == digest {
+				continue
+			}
+			s := &structpb.Struct{}
+			if err := s.UnmarshalJSON(doc); err != nil {
+				log.Warn("image policy is not a JSON object; not imported", "image", img.GetRef(), "error", err)
+				continue
+			}
+			callCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			_, err := client.ImportImagePolicy(callCtx, &attestationv1.ImportImagePolicyRequest{Image: img.GetRef(), Document: s})
+			cancel()
+			switch {
+			case err == nil:
+				log.Info("image policy imported into attestation", "image", img.GetRef(), "sha256", digest)
+				_ = st.SetPolicySynced(img.GetRef(), digest)
+			case apierr.CodeOf(err) == apierr.InvalidRequest:
+				log.Warn("image policy rejected by attestation", "image", img.GetRef(), "error", apierr.MessageOf(err))
+				_ = st.SetPolicySynced(img.GetRef(), digest) // the same bytes will not pass next time either
+			default:
+				pending++
+				log.Debug("image policy import pending", "image", img.GetRef(), "error", err)
+			}
+		}
+		if pending == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+	}
+}

@@ -1,0 +1,326 @@
+// Package cluster starts vm-manager's three processes for tests, either as
+// the real binaries (separate processes over unix sockets, as in the pod) or
+// in-process (the same server packages on goroutines), so one test body runs
+// against both, etcd-style.
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	attestation "github.com/giantswarm/vm-manager/services/attestation/server"
+	gateway "github.com/giantswarm/vm-manager/services/gateway/server"
+	hypervisor "github.com/giantswarm/vm-manager/services/hypervisor/server"
+)
+
+// Services in start order.
+var Services = []string{"attestation", "hypervisor", "gateway"}
+
+// Options configure a cluster.
+type Options struct {
+	// ImageDir is the hypervisor's image catalog; default <state>/images.
+	ImageDir string
+}
+
+// Cluster is a running set of the three services.
+type Cluster struct {
+	Dir      string // everything lives below it
+	StateDir string
+	RunDir   string
+	ImageDir string
+	Addr     string // the gateway's host:port
+
+	t       testing.TB
+	procs   map[string]proc
+	binDir  string // process mode when set
+	mu      sync.Mutex
+	logs    *logSink
+	options Options
+}
+
+type proc interface {
+	stop() error
+}
+
+// Mode is how the services run.
+type Mode string
+
+const (
+	InProcess Mode = "inprocess"
+	Processes Mode = "processes"
+)
+
+// Start runs the three services. binDir holds vmm-attestation, vmm-hypervisor
+// and vmm-gateway for Processes mode.
+func Start(t testing.TB, mode Mode, binDir string, opts Options) *Cluster {
+	t.Helper()
+	// Unix socket paths must stay under 108 bytes: t.TempDir() can be long.
+	dir, err := os.MkdirTemp("", "vmm-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	c := &Cluster{
+		Dir:      dir,
+		StateDir: filepath.Join(dir, "state"),
+		RunDir:   filepath.Join(dir, "run"),
+		t:        t,
+		procs:    map[string]proc{},
+		logs:     &logSink{t: t},
+		options:  opts,
+	}
+	c.ImageDir = opts.ImageDir
+	if c.ImageDir == "" {
+		c.ImageDir = filepath.Join(c.StateDir, "images")
+	}
+	if mode == Processes {
+		c.binDir = binDir
+	}
+	c.Addr = freeAddr(t)
+	t.Cleanup(c.StopAll)
+	for _, s := range Services {
+		c.StartService(s)
+	}
+	c.WaitReady(30 * time.Second)
+	return c
+}
+
+// Socket returns a backend's unix socket.
+func (c *Cluster) Socket(service string) string {
+	return filepath.Join(c.RunDir, service+".sock")
+}
+
+func (c *Cluster) env() []string {
+	return []string{
+		"VM_MANAGER_STATE_DIR=" + c.StateDir,
+		"VM_MANAGER_RUN_DIR=" + c.RunDir,
+		"VM_MANAGER_IMAGE_DIR=" + c.ImageDir,
+		"VM_MANAGER_LISTEN=" + c.Addr,
+		"VM_MANAGER_LOG_LEVEL=debug",
+	}
+}
+
+// StartService starts one service (again).
+func (c *Cluster) StartService(name string) {
+	c.t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.procs[name]; ok {
+		c.t.Fatalf("%s is already running", name)
+	}
+	if c.binDir != "" {
+		c.procs[name] = c.startProcess(name)
+	} else {
+		c.procs[name] = c.startInProcess(name)
+	}
+	if name != "gateway" {
+		waitFor(c.t, 20*time.Second, name+" socket", func() error {
+			conn, err := net.Dial("unix", c.Socket(name))
+			if err == nil {
+				conn.Close()
+			}
+			return err
+		})
+	}
+}
+
+// StopService stops one service: SIGKILL for a process (a crash, not a
+// drain), context cancellation in-process.
+func (c *Cluster) StopService(name string) {
+	c.t.Helper()
+	c.mu.Lock()
+	p, ok := c.procs[name]
+	delete(c.procs, name)
+	c.mu.Unlock()
+	if !ok {
+		c.t.Fatalf("%s is not running", name)
+	}
+	if err := p.stop(); err != nil {
+		c.t.Logf("stop %s: %v", name, err)
+	}
+}
+
+// StopAll stops everything, gateway first.
+func (c *Cluster) StopAll() {
+	for i := len(Services) - 1; i >= 0; i-- {
+		c.mu.Lock()
+		p, ok := c.procs[Services[i]]
+		delete(c.procs, Services[i])
+		c.mu.Unlock()
+		if ok {
+			_ = p.stop()
+		}
+	}
+	c.logs.close()
+}
+
+// WaitReady waits until /readyz answers 200.
+func (c *Cluster) WaitReady(d time.Duration) {
+	c.t.Helper()
+	waitFor(c.t, d, "gateway /readyz", func() error {
+		resp, err := http.Get("http://" + c.Addr + "/readyz")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%d %s", resp.StatusCode, b)
+		}
+		return nil
+	})
+}
+
+type osProc struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func (p *osProc) stop() error {
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+	return nil
+}
+
+func (c *Cluster) startProcess(name string) proc {
+	bin := filepath.Join(c.binDir, "vmm-"+name)
+	cmd := exec.Command(bin, "serve")
+	cmd.Env = append(os.Environ(), c.env()...)
+	w := c.logs.writer(name)
+	cmd.Stdout, cmd.Stderr = w, w
+	if err := cmd.Start(); err != nil {
+		c.t.Fatalf("start %s: %v", bin, err)
+	}
+	p := &osProc{cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	return p
+}
+
+type goProc struct {
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func (p *goProc) stop() error {
+	p.cancel()
+	select {
+	case err := <-p.done:
+		return err
+	case <-time.After(20 * time.Second):
+		return fmt.Errorf("did not stop within 20s")
+	}
+}
+
+func (c *Cluster) startInProcess(name string) proc {
+	ctx, cancel := context.WithCancel(context.Background())
+	log := slog.New(slog.NewTextHandler(c.logs.writer(name), &slog.HandlerOptions{Level: slog.LevelDebug})).With("process", name)
+	p := &goProc{cancel: cancel, done: make(chan error, 1)}
+	var run func() error
+	switch name {
+	case "attestation":
+		run = func() error {
+			return attestation.Run(ctx, attestation.Config{StateDir: c.StateDir, Socket: c.Socket(name), Mode: "verify"}, log)
+		}
+	case "hypervisor":
+		run = func() error {
+			return hypervisor.Run(ctx, hypervisor.Config{StateDir: c.StateDir, ImageDir: c.ImageDir, Socket: c.Socket(name), AttestationSocket: c.Socket("attestation")}, log)
+		}
+	case "gateway":
+		run = func() error {
+			return gateway.Run(ctx, gateway.Config{Listen: c.Addr, HypervisorSocket: c.Socket("hypervisor"), AttestationSocket: c.Socket("attestation")}, log)
+		}
+	default:
+		c.t.Fatalf("unknown service %q", name)
+	}
+	go func() {
+		err := run()
+		if err != nil && ctx.Err() == nil {
+			c.t.Logf("%s exited: %v", name, err)
+		}
+		p.done <- err
+	}()
+	return p
+}
+
+// freeAddr picks a loopback port.
+func freeAddr(t testing.TB) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func waitFor(t testing.TB, d time.Duration, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = f(); err == nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s not ready within %s: %v", what, d, err)
+}
+
+// Eventually retries f until it succeeds or d passes.
+func Eventually(t testing.TB, d time.Duration, what string, f func() error) {
+	t.Helper()
+	waitFor(t, d, what, f)
+}
+
+// logSink prefixes each service's output and sends it to t.Log until the test ends.
+type logSink struct {
+	t      testing.TB
+	mu     sync.Mutex
+	closed bool
+}
+
+func (l *logSink) writer(name string) io.Writer {
+	return writerFunc(func(p []byte) (int, error) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if !l.closed {
+			for _, line := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
+				l.t.Logf("[%s] %s", name, line)
+			}
+		}
+		return len(p), nil
+	})
+}
+
+func (l *logSink) close() {
+	l.mu.Lock()
+	l.closed = true
+	l.mu.Unlock()
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// BuildBinaries builds the three binaries into dir with the workspace's code.
+func BuildBinaries(dir string) error {
+	for _, s := range Services {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, "vmm-"+s), "github.com/giantswarm/vm-manager/services/"+s+"/cmd/vmm-"+s)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("build vmm-%s: %v\n%s", s, err, out)
+		}
+	}
+	return nil
+}
