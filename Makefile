@@ -10,6 +10,8 @@ SHELL := /bin/bash
 
 BIN        := $(CURDIR)/bin
 RUN_STATE  ?= $(CURDIR)/.run
+# Where `make guest-image` puts the test guest and `make run` finds images.
+IMAGE_DIR  ?= $(RUN_STATE)/state/images
 export PATH := $(BIN):$(PATH)
 
 # Pinned tool versions: generation must be byte-for-byte reproducible.
@@ -19,7 +21,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 GRPC_GATEWAY_VERSION       := v2.33.0
 GRPCURL_VERSION            := v1.9.4
 
-MODULES  := gen pkg services/hypervisor services/attestation services/gateway tests
+MODULES  := gen guest pkg services/hypervisor services/attestation services/gateway tests
 SERVICES := hypervisor attestation gateway
 GO_PKGS   = $(shell go list -m -f '{{.Dir}}/...' | sed 's|$(CURDIR)/|./|')
 
@@ -95,22 +97,26 @@ check-generated: generate ## fail when gen/ is stale
 deps: ## install the Debian packages the tests need (QEMU, swtpm, OVMF)
 	./hack/install-deps.sh
 
+.PHONY: guest-image
+guest-image: ## build the test guest (Debian cloud kernel + vm-agent initramfs) into $(IMAGE_DIR)
+	./hack/guest-image.sh $(IMAGE_DIR)
+
 .PHONY: test
-test: deps tools check-generated lint breaking build ## everything CI runs
-	go test -count=1 -timeout 30m $(GO_PKGS)
+test: deps tools check-generated lint breaking build guest-image ## everything CI runs
+	VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -count=1 -timeout 30m $(GO_PKGS)
 
 .PHONY: test-short
 test-short: ## unit tests only
 	go test -short -count=1 $(GO_PKGS)
 
 .PHONY: bench
-bench: ## benchmarks; ratios are printed side by side
-	go test -run '^$$' -bench . -benchmem $(GO_PKGS)
+bench: build guest-image ## benchmarks; ratios are printed side by side
+	VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -run '^$$' -bench . -benchtime 5x $(GO_PKGS)
 
 # ---- run --------------------------------------------------------------------
 
 .PHONY: run
-run: build ## all three processes in the foreground, anonymous on 127.0.0.1:8080
+run: build guest-image ## all three processes in the foreground, anonymous on 127.0.0.1:8080
 	./hack/run.sh $(RUN_STATE)
 
 .PHONY: clean

@@ -21,7 +21,10 @@ import (
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/apiserver"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/catalog"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/host"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vm"
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
@@ -37,6 +40,11 @@ type Config struct {
 	AttestationSocket string
 	// Host probing settings (binaries, OVMF files).
 	Host host.Config
+	// VM lifecycle timeouts and exit behaviour (zero values take the defaults).
+	InstallTimeout time.Duration
+	BootTimeout    time.Duration
+	StopTimeout    time.Duration
+	DetachOnExit   bool
 }
 
 // Run serves until ctx ends.
@@ -62,8 +70,18 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	log.Info("image catalog loaded", "dir", cfg.ImageDir, "images", len(cat.List()))
 
+	// /dev/kvm opening is not proof that KVM runs guests: probe once, and the
+	// host report and every VM use TCG when it does not.
+	report := host.New(cfg.Host).Report(ctx)
+	cpu := ""
+	if report.GetAccelerator() == hypervisorv1.Accelerator_ACCELERATOR_KVM && report.GetOvmfCode() != "" {
+		cpu, cfg.Host.KVMUnusable = qemu.ProbeKVM(ctx, report.GetQemu().GetPath(), report.GetOvmfCode(), report.GetOvmfVars())
+		if cpu != "" && cpu != qemu.CPUHost {
+			log.Warn("KVM rejects -cpu host on this host (nested virtualisation); using "+cpu, "cpu", cpu)
+		}
+	}
 	prober := host.New(cfg.Host)
-	report := prober.Report(ctx)
+	report = prober.Report(ctx)
 	log.Info("host", "accelerator", report.GetAccelerator().String(), "ready", report.GetReady(), "missing", report.GetMissing())
 	for _, w := range report.GetWarnings() {
 		log.Warn(w)
@@ -75,8 +93,38 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	defer aconn.Close()
 
+	qemuBin := cfg.Host.QEMUBinary
+	if qemuBin == "" {
+		qemuBin = host.DefaultQEMUBinary
+	}
+	version, err := qemu.ProbeVersion(ctx, qemuBin)
+	if err != nil {
+		log.Warn("qemu version unknown; VMs cannot start until QEMU is installed", "error", err)
+	}
+	hostname, _ := os.Hostname()
+	router := notify.NewRouter()
+	vms, err := vm.New(vm.Config{
+		StateDir:       cfg.StateDir,
+		QEMUBinary:     qemuBin,
+		SwtpmBinary:    cfg.Host.SwtpmBinary,
+		OVMFCode:       report.GetOvmfCode(),
+		OVMFVars:       report.GetOvmfVars(),
+		Accelerator:    report.GetAccelerator(),
+		QEMUVersion:    version,
+		CPU:            cpu,
+		Region:         hostname,
+		InstallTimeout: cfg.InstallTimeout,
+		BootTimeout:    cfg.BootTimeout,
+		StopTimeout:    cfg.StopTimeout,
+		DetachOnExit:   cfg.DetachOnExit,
+	}, log, st, cat, attestationv1.NewVerifierServiceClient(aconn), router)
+	if err != nil {
+		return err
+	}
+	defer vms.Close()
+
 	srv := mesh.NewServer(log)
-	hypervisorv1.RegisterHypervisorServiceServer(srv, apiserver.New(prober, cat, st))
+	hypervisorv1.RegisterHypervisorServiceServer(srv, apiserver.New(prober, cat, st, vms))
 	ln, err := mesh.Listen(cfg.Socket)
 	if err != nil {
 		return err

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/giantswarm/vm-manager/pkg/cli"
 	"github.com/giantswarm/vm-manager/pkg/logging"
@@ -30,6 +31,10 @@ func main() {
 			swtpm := fs.String("swtpm", "VM_MANAGER_SWTPM", "swtpm", "swtpm binary")
 			ovmfCode := fs.String("ovmf-code", "VM_MANAGER_OVMF_CODE", "", "OVMF code image (default: the first known pair found)")
 			ovmfVars := fs.String("ovmf-vars", "VM_MANAGER_OVMF_VARS", "", "OVMF variable store template (default: the pair's VARS file)")
+			installTimeout := fs.Duration("install-timeout", "VM_MANAGER_INSTALL_TIMEOUT", 5*time.Minute, "how long a UKI image's installer boot may take before the VM fails")
+			bootTimeout := fs.Duration("boot-timeout", "VM_MANAGER_BOOT_TIMEOUT", 4*time.Minute, "how long a boot may take to send READY=1 before the VM is marked running")
+			stopTimeout := fs.Duration("stop-timeout", "VM_MANAGER_STOP_TIMEOUT", 30*time.Second, "the graceful power-down window before SIGTERM and SIGKILL")
+			detach := fs.Bool("detach-vms-on-exit", "VM_MANAGER_DETACH_VMS_ON_EXIT", true, "leave VMs running when the hypervisor stops, for the next one to re-adopt; false powers them down")
 			accel := fs.String("accelerator", "VM_MANAGER_ACCELERATOR", "auto", "auto (kvm where /dev/kvm is usable, else tcg) or tcg")
 			logFormat := fs.String("log-format", "VM_MANAGER_LOG_FORMAT", "text", "log format: text or json")
 			logLevel := fs.String("log-level", "VM_MANAGER_LOG_LEVEL", "info", "log level: debug, info, warn, error")
@@ -46,6 +51,10 @@ func main() {
 					ImageDir:          *imageDir,
 					Socket:            orDefault(*socket, filepath.Join(*runDir, mesh.HypervisorSocket)),
 					AttestationSocket: orDefault(*atSock, filepath.Join(*runDir, mesh.AttestationSocket)),
+					InstallTimeout:    *installTimeout,
+					BootTimeout:       *bootTimeout,
+					StopTimeout:       *stopTimeout,
+					DetachOnExit:      *detach,
 					Host:              host.Config{QEMUBinary: *qemu, SwtpmBinary: *swtpm, OVMFCode: *ovmfCode, OVMFVars: *ovmfVars, ForceTCG: *accel == "tcg"},
 				}, log)
 			}

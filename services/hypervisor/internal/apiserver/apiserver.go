@@ -5,7 +5,6 @@ package apiserver
 
 import (
 	"context"
-	"regexp"
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
@@ -22,12 +21,23 @@ type Catalog interface {
 	Get(ref string) (*hypervisorv1.Image, error)
 }
 
-// Store holds VM and network records.
+// Store holds network records.
 type Store interface {
-	GetVM(id string) (*hypervisorv1.VirtualMachine, error)
-	ListVMs() ([]*hypervisorv1.VirtualMachine, error)
 	GetNetwork(name string) (*hypervisorv1.Network, error)
 	ListNetworks() ([]*hypervisorv1.Network, error)
+}
+
+// VMs is the VM lifecycle.
+type VMs interface {
+	Create(ctx context.Context, req *hypervisorv1.CreateVirtualMachineRequest, createdBy string) (*hypervisorv1.VirtualMachine, error)
+	Get(id string) (*hypervisorv1.VirtualMachine, error)
+	List() []*hypervisorv1.VirtualMachine
+	Start(ctx context.Context, id string) (*hypervisorv1.VirtualMachine, error)
+	Stop(ctx context.Context, id string) (*hypervisorv1.VirtualMachine, error)
+	Reboot(ctx context.Context, id string) (*hypervisorv1.VirtualMachine, error)
+	Delete(ctx context.Context, id string) error
+	Console(id string, lines int32) (*hypervisorv1.GetVirtualMachineConsoleResponse, error)
+	Metrics(id string) (*hypervisorv1.VirtualMachineMetrics, error)
 }
 
 // Server is the HypervisorService.
@@ -36,21 +46,12 @@ type Server struct {
 	host    HostProber
 	catalog Catalog
 	store   Store
+	vms     VMs
 }
 
 // New returns a HypervisorService over its dependencies.
-func New(host HostProber, catalog Catalog, store Store) *Server {
-	return &Server{host: host, catalog: catalog, store: store}
-}
-
-var vmID = regexp.MustCompile(`^[0-9a-f]{8}$`)
-
-// vm loads a record; an id that cannot exist is simply not found.
-func (s *Server) vm(id string) (*hypervisorv1.VirtualMachine, error) {
-	if !vmID.MatchString(id) {
-		return nil, apierr.Errorf(apierr.NotFound, "vm %q not found", id)
-	}
-	return s.store.GetVM(id)
+func New(host HostProber, catalog Catalog, store Store, vms VMs) *Server {
+	return &Server{host: host, catalog: catalog, store: store, vms: vms}
 }
 
 func (s *Server) GetHost(ctx context.Context, _ *hypervisorv1.GetHostRequest) (*hypervisorv1.Host, error) {
@@ -78,40 +79,51 @@ func (s *Server) GetNetwork(_ context.Context, req *hypervisorv1.GetNetworkReque
 }
 
 func (s *Server) ListVirtualMachines(context.Context, *hypervisorv1.ListVirtualMachinesRequest) (*hypervisorv1.ListVirtualMachinesResponse, error) {
-	vms, err := s.store.ListVMs()
-	if err != nil {
-		return nil, err
-	}
-	return &hypervisorv1.ListVirtualMachinesResponse{Vms: vms}, nil
+	return &hypervisorv1.ListVirtualMachinesResponse{Vms: s.vms.List()}, nil
 }
 
 func (s *Server) GetVirtualMachine(_ context.Context, req *hypervisorv1.GetVirtualMachineRequest) (*hypervisorv1.VirtualMachine, error) {
-	return s.vm(req.GetId())
+	return s.vms.Get(req.GetId())
 }
 
-// notYet answers the lifecycle calls that later work implements: an unknown
-// VM is still not_found, a known one gets unsupported.
+func (s *Server) CreateVirtualMachine(ctx context.Context, req *hypervisorv1.CreateVirtualMachineRequest) (*hypervisorv1.VirtualMachine, error) {
+	return s.vms.Create(ctx, req, "")
+}
+
+func (s *Server) DeleteVirtualMachine(ctx context.Context, req *hypervisorv1.DeleteVirtualMachineRequest) (*hypervisorv1.DeleteVirtualMachineResponse, error) {
+	if err := s.vms.Delete(ctx, req.GetId()); err != nil {
+		return nil, err
+	}
+	return &hypervisorv1.DeleteVirtualMachineResponse{Id: req.GetId(), Deleted: true}, nil
+}
+
+func (s *Server) StartVirtualMachine(ctx context.Context, req *hypervisorv1.StartVirtualMachineRequest) (*hypervisorv1.VirtualMachine, error) {
+	return s.vms.Start(ctx, req.GetId())
+}
+
+func (s *Server) StopVirtualMachine(ctx context.Context, req *hypervisorv1.StopVirtualMachineRequest) (*hypervisorv1.VirtualMachine, error) {
+	return s.vms.Stop(ctx, req.GetId())
+}
+
+func (s *Server) RebootVirtualMachine(ctx context.Context, req *hypervisorv1.RebootVirtualMachineRequest) (*hypervisorv1.VirtualMachine, error) {
+	return s.vms.Reboot(ctx, req.GetId())
+}
+
+func (s *Server) GetVirtualMachineConsole(_ context.Context, req *hypervisorv1.GetVirtualMachineConsoleRequest) (*hypervisorv1.GetVirtualMachineConsoleResponse, error) {
+	return s.vms.Console(req.GetId(), req.GetLines())
+}
+
+func (s *Server) GetVirtualMachineMetrics(_ context.Context, req *hypervisorv1.GetVirtualMachineMetricsRequest) (*hypervisorv1.VirtualMachineMetrics, error) {
+	return s.vms.Metrics(req.GetId())
+}
+
+// notYet answers the calls that later work implements: an unknown VM is
+// still not_found, a known one gets unsupported.
 func (s *Server) notYet(id, what string) error {
-	if _, err := s.vm(id); err != nil {
+	if _, err := s.vms.Get(id); err != nil {
 		return err
 	}
 	return apierr.Errorf(apierr.Unsupported, "%s is not implemented by this hypervisor yet", what)
-}
-
-func (s *Server) DeleteVirtualMachine(_ context.Context, req *hypervisorv1.DeleteVirtualMachineRequest) (*hypervisorv1.DeleteVirtualMachineResponse, error) {
-	return nil, s.notYet(req.GetId(), "delete_vm")
-}
-
-func (s *Server) StartVirtualMachine(_ context.Context, req *hypervisorv1.StartVirtualMachineRequest) (*hypervisorv1.VirtualMachine, error) {
-	return nil, s.notYet(req.GetId(), "start_vm")
-}
-
-func (s *Server) StopVirtualMachine(_ context.Context, req *hypervisorv1.StopVirtualMachineRequest) (*hypervisorv1.VirtualMachine, error) {
-	return nil, s.notYet(req.GetId(), "stop_vm")
-}
-
-func (s *Server) RebootVirtualMachine(_ context.Context, req *hypervisorv1.RebootVirtualMachineRequest) (*hypervisorv1.VirtualMachine, error) {
-	return nil, s.notYet(req.GetId(), "reboot_vm")
 }
 
 func (s *Server) ExecVirtualMachine(_ context.Context, req *hypervisorv1.ExecVirtualMachineRequest) (*hypervisorv1.ExecVirtualMachineResponse, error) {
@@ -122,14 +134,9 @@ func (s *Server) ForwardVirtualMachinePort(_ context.Context, req *hypervisorv1.
 	return nil, s.notYet(req.GetId(), "forward_port")
 }
 
-func (s *Server) GetVirtualMachineConsole(_ context.Context, req *hypervisorv1.GetVirtualMachineConsoleRequest) (*hypervisorv1.GetVirtualMachineConsoleResponse, error) {
-	return nil, s.notYet(req.GetId(), "get_vm_console")
-}
-
-func (s *Server) GetVirtualMachineMetrics(_ context.Context, req *hypervisorv1.GetVirtualMachineMetricsRequest) (*hypervisorv1.VirtualMachineMetrics, error) {
-	return nil, s.notYet(req.GetId(), "get_vm_metrics")
-}
-
 func (s *Server) GetVirtualMachineReport(_ context.Context, req *hypervisorv1.GetVirtualMachineReportRequest) (*hypervisorv1.GetVirtualMachineReportResponse, error) {
-	return nil, s.notYet(req.GetId(), "the report")
+	if _, err := s.vms.Get(req.GetId()); err != nil {
+		return nil, err
+	}
+	return nil, apierr.Errorf(apierr.NotFound, "vm %s has not uploaded a report yet", req.GetId())
 }

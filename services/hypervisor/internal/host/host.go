@@ -67,6 +67,9 @@ type Config struct {
 	Run func(ctx context.Context, name string, args ...string) ([]byte, error)
 	// LookPath resolves a program on PATH; defaults to exec.LookPath.
 	LookPath func(file string) (string, error)
+	// KVMUnusable, when set, is why KVM cannot run guests although /dev/kvm
+	// opens (qemu.ProbeKVM): VMs then run under TCG.
+	KVMUnusable error
 	// ForceTCG makes VMs use TCG even where /dev/kvm works (--accelerator=tcg),
 	// e.g. to reproduce CI's timing on a KVM host.
 	ForceTCG bool
@@ -155,6 +158,9 @@ func (p *Prober) Report(ctx context.Context) *hypervisorv1.Host {
 	wg.Wait()
 
 	switch {
+	case h.Kvm.Accessible && p.cfg.KVMUnusable != nil:
+		h.Accelerator = hypervisorv1.Accelerator_ACCELERATOR_TCG
+		warnings = append(warnings, fmt.Sprintf("%s opens but KVM cannot run a guest here (%v): VMs run under TCG", h.Kvm.Path, p.cfg.KVMUnusable))
 	case h.Kvm.Accessible && p.cfg.ForceTCG:
 		h.Accelerator = hypervisorv1.Accelerator_ACCELERATOR_TCG
 		warnings = append(warnings, "--accelerator=tcg: VMs run under TCG although "+h.Kvm.Path+" is usable")

@@ -172,6 +172,21 @@ func TestReportForceTCG(t *testing.T) {
 	}
 }
 
+func TestReportKVMUnusable(t *testing.T) {
+	f := newFakeHost(t)
+	f.write("OVMF/OVMF_CODE_4M.fd", "code-4m")
+	f.write("OVMF/OVMF_VARS_4M.fd", "vars-4m")
+	cfg := f.config()
+	cfg.KVMUnusable = errors.New("the firmware wrote nothing within 4s")
+	h := New(cfg).Report(context.Background())
+	if !h.Kvm.Accessible || h.Accelerator != hypervisorv1.Accelerator_ACCELERATOR_TCG || !h.Ready {
+		t.Fatalf("kvm %v, accelerator %v, ready %v", h.Kvm, h.Accelerator, h.Ready)
+	}
+	if len(h.Warnings) != 1 || !strings.Contains(h.Warnings[0], "wrote nothing") {
+		t.Errorf("warnings %q", h.Warnings)
+	}
+}
+
 func TestReportDegradedHost(t *testing.T) {
 	f := newFakeHost(t)
 	// Missing device and a directory (EISDIR) are both inaccessible.

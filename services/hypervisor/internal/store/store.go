@@ -91,6 +91,11 @@ func (s *Store) PutVM(vm *hypervisorv1.VirtualMachine) error {
 	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketVMs).Put([]byte(vm.GetId()), raw) })
 }
 
+// DeleteVM removes a VM record.
+func (s *Store) DeleteVM(id string) error {
+	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketVMs).Delete([]byte(id)) })
+}
+
 // ListVMs returns every VM record, oldest first (createdAt, then id).
 func (s *Store) ListVMs() ([]*hypervisorv1.VirtualMachine, error) {
 	var out []*hypervisorv1.VirtualMachine

@@ -1,0 +1,94 @@
+// Command vm-agent is the guest agent. As PID 1 it is the init of the project's test
+// guest initramfs; otherwise it is a CLI (notify, version).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/giantswarm/vm-manager/guest/internal/agent"
+	"github.com/giantswarm/vm-manager/guest/internal/notify"
+	"github.com/giantswarm/vm-manager/guest/internal/smbios"
+	"github.com/giantswarm/vm-manager/guest/internal/version"
+)
+
+func main() {
+	if os.Getpid() == 1 {
+		agent.RunInit(agent.NewConsole(os.Stdout))
+		return
+	}
+	os.Exit(run(os.Args[1:]))
+}
+
+const usage = `usage:
+  vm-agent notify [--socket vsock-stream:2:<port> | --port /dev/vportNpM] KEY=VALUE...
+  vm-agent version`
+
+func run(args []string) int {
+	if len(args) == 0 {
+		fmt.Fprintln(os.Stderr, usage)
+		return 2
+	}
+	switch args[0] {
+	case "version":
+		fmt.Println("vm-agent", version.Version)
+		return 0
+	case "notify":
+		if err := notifyCmd(args[1:]); err != nil {
+			fmt.Fprintln(os.Stderr, "vm-agent notify:", err)
+			return 1
+		}
+		return 0
+	case "-h", "--help", "help":
+		fmt.Println(usage)
+		return 0
+	default:
+		fmt.Fprintln(os.Stderr, usage)
+		return 2
+	}
+}
+
+func notifyCmd(args []string) error {
+	fs := flag.NewFlagSet("notify", flag.ContinueOnError)
+	socket := fs.String("socket", "", "vsock address vsock-stream:<cid>:<port> (default: the vmm.notify_socket credential)")
+	port := fs.String("port", "", "virtio-serial port device, e.g. /dev/vport1p1 (default: the port named "+notify.PortName+")")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	msg, err := notify.Message(fs.Args()...)
+	if err != nil {
+		return err
+	}
+	var s notify.Sender
+	switch {
+	case *port != "" && *socket != "":
+		return fmt.Errorf("--port and --socket exclude each other")
+	case *port != "":
+		s, err = notify.OpenSerial(*port)
+	case *socket != "":
+		var a notify.Address
+		if a, err = notify.ParseAddress(*socket); err == nil {
+			s = &notify.Vsock{Addr: a}
+		}
+	default:
+		// Same choice as PID 1: the named port, else the credential.
+		creds, _ := smbios.ReadCredentials(smbios.DefaultEntriesDir)
+		s, err = notify.Select(context.Background(), notify.DefaultPaths, 0, string(creds[agent.CredNotifySocket]))
+	}
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	// A virtio-serial write blocks while the host is not connected.
+	done := make(chan error, 1)
+	go func() { done <- s.Send(msg) }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(30 * time.Second):
+		return fmt.Errorf("%s: timed out", s)
+	}
+}

@@ -1,0 +1,214 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/giantswarm/vm-manager/guest/internal/initsys"
+	"github.com/giantswarm/vm-manager/guest/internal/notify"
+	"github.com/giantswarm/vm-manager/guest/internal/smbios"
+	"github.com/giantswarm/vm-manager/guest/internal/version"
+)
+
+// Credential names (vm-manager contract §4.1).
+const (
+	CredHostname     = "firstboot.hostname"
+	CredMachineID    = "system.machine_id"
+	CredNotifySocket = "vmm.notify_socket"
+)
+
+// RunInit is the PID 1 entry point. It never returns: the machine powers off at the
+// end, also after a fatal error, so a broken guest ends instead of hanging.
+func RunInit(con *Console) {
+	defer func() {
+		if r := recover(); r != nil {
+			con.Printf("fatal: panic: %v\n%s", r, debug.Stack())
+			con.Printf("powering off")
+			powerOff(con)
+		}
+	}()
+	if err := boot(con); err != nil {
+		con.Printf("fatal: %v", err)
+		con.Printf("powering off")
+	}
+	powerOff(con)
+}
+
+func powerOff(con *Console) {
+	err := initsys.PowerOff()
+	con.Printf("power off failed: %v", err)
+	os.Exit(1) // PID 1 exiting panics the kernel; panic=-1 then ends the VM too
+}
+
+func boot(con *Console) error {
+	con.Printf("starting, version %s", version.Version)
+	warnings, err := initsys.MountAll(initsys.Mounts)
+	for _, w := range warnings {
+		con.Printf("warning: %v", w)
+	}
+	if err != nil {
+		return err
+	}
+	ensureConsole()
+	if err := initsys.CtrlAltDelToSignal(); err != nil {
+		con.Printf("warning: ctrl-alt-del: %v", err)
+	}
+	ctx := context.Background()
+	go initsys.ReapZombies(ctx)
+	stop := initsys.TermSignals()
+
+	q := newQueue(con)
+	q.Send("STATUS=loading kernel modules")
+	loaded, err := initsys.LoadModules("/lib/modules")
+	if err != nil {
+		return fmt.Errorf("loading modules (loaded: %s): %w", strings.Join(loaded, " "), err)
+	}
+	con.Printf("modules loaded: %s", strings.Join(loaded, " "))
+
+	creds, errs := smbios.ReadCredentials(smbios.DefaultEntriesDir)
+	for _, e := range errs {
+		con.Printf("warning: credentials: %v", e)
+	}
+	con.Printf("credentials: %s", credNames(creds))
+
+	q.Send("STATUS=configuring")
+	if h := string(creds[CredHostname]); h != "" {
+		if err := initsys.SetHostname(h); err != nil {
+			con.Printf("warning: hostname: %v", err)
+		} else {
+			con.Printf("hostname %s", h)
+		}
+	} else {
+		con.Printf("no %s credential, hostname unchanged", CredHostname)
+	}
+	if id, src, err := machineID(creds); err != nil {
+		con.Printf("warning: machine-id: %v", err)
+	} else if err := initsys.WriteMachineID("/etc/machine-id", id); err != nil {
+		con.Printf("warning: machine-id: %v", err)
+	} else {
+		con.Printf("machine-id %s (from %s)", id, src)
+	}
+
+	go q.run(func() (notify.Sender, error) {
+		return notify.Select(ctx, notify.DefaultPaths, portWait(), string(creds[CredNotifySocket]))
+	})
+
+	pressed := make(chan struct{}, 1)
+	go initsys.WatchPowerButton(ctx, "/dev/input/event*", 2*time.Second, func(string) { pressed <- struct{}{} })
+
+	q.Send("READY=1", "STATUS=ready")
+	con.Printf("ready (%s after kernel start)", uptime())
+
+	// vm-agent.poweroff-after-ready=<duration> makes a one-shot guest (smoke
+	// tests, benchmarks): it powers itself off once the host has its READY=1.
+	var oneShot <-chan time.Time
+	if d, ok := cmdlineDuration("/proc/cmdline", "vm-agent.poweroff-after-ready"); ok {
+		select {
+		case <-q.ready:
+		case <-time.After(time.Minute):
+			con.Printf("READY=1 not delivered within a minute")
+		}
+		oneShot = time.After(d)
+	}
+
+	select {
+	case <-oneShot:
+		con.Printf("one-shot guest, powering off")
+	case <-pressed:
+		con.Printf("power button, powering off")
+	case s := <-stop:
+		con.Printf("%v, powering off", s)
+	}
+	return nil
+}
+
+// cmdlineDuration reads key=<duration> from the kernel command line.
+func cmdlineDuration(path, key string) (time.Duration, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false
+	}
+	for _, f := range strings.Fields(string(b)) {
+		if v, ok := strings.CutPrefix(f, key+"="); ok {
+			d, err := time.ParseDuration(v)
+			return d, err == nil
+		}
+	}
+	return 0, false
+}
+
+// portWait is how long to wait for the notify port to show up: ports arrive
+// asynchronously after virtio_console binds, but only if there is a device at all.
+func portWait() time.Duration {
+	if devs, _ := filepath.Glob("/sys/bus/virtio/drivers/virtio_console/virtio*"); len(devs) > 0 {
+		return 5 * time.Second
+	}
+	return 0
+}
+
+// machineID prefers the credential, then the SMBIOS system UUID as systemd does in VMs.
+func machineID(creds map[string][]byte) (id, source string, err error) {
+	if v, ok := creds[CredMachineID]; ok {
+		id, err := initsys.NormalizeMachineID(string(v))
+		return id, "credential", err
+	}
+	b, err := os.ReadFile("/sys/class/dmi/id/product_uuid")
+	if err != nil {
+		return "", "", errors.New("no credential and no SMBIOS UUID")
+	}
+	id, err = initsys.NormalizeMachineID(string(b))
+	return id, "SMBIOS UUID", err
+}
+
+func credNames(creds map[string][]byte) string {
+	if len(creds) == 0 {
+		return "none"
+	}
+	names := make([]string, 0, len(creds))
+	for n := range creds {
+		names = append(names, n) // values may be secret: names only
+	}
+	sort.Strings(names)
+	return strings.Join(names, " ")
+}
+
+func uptime() string {
+	b, err := os.ReadFile("/proc/uptime")
+	if err != nil {
+		return "?"
+	}
+	f, _, _ := strings.Cut(string(b), " ")
+	if s, err := strconv.ParseFloat(f, 64); err == nil {
+		return fmt.Sprintf("%.2fs", s)
+	}
+	return "?"
+}
+
+// ensureConsole reopens /dev/console as stdin/stdout/stderr when the kernel could not
+// hand it to init (no /dev/console in the initramfs).
+func ensureConsole() {
+	var st unix.Stat_t
+	if unix.Fstat(1, &st) == nil {
+		return
+	}
+	fd, err := unix.Open("/dev/console", unix.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		return
+	}
+	for _, target := range []int{0, 1, 2} {
+		_ = unix.Dup2(fd, target)
+	}
+	if fd > 2 {
+		unix.Close(fd)
+	}
+}

@@ -1,0 +1,122 @@
+package proc
+
+import (
+	"errors"
+	"os/exec"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+func TestStartOwnSessionAndExitCode(t *testing.T) {
+	p, err := Start(exec.Command("sh", "-c", "exit 3"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("no exit")
+	}
+	if code, known := p.ExitCode(); !known || code != 3 {
+		t.Errorf("exit code %d known=%v, want 3", code, known)
+	}
+	if err := p.Signal(syscall.SIGTERM); !errors.Is(err, ErrGone) {
+		t.Errorf("signal after exit: %v", err)
+	}
+}
+
+func TestSetsid(t *testing.T) {
+	p, err := Start(exec.Command("sleep", "30"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Terminate(time.Second)
+	sid, err := unix.Getsid(p.PID)
+	if err != nil || sid != p.PID {
+		t.Errorf("session %d (%v), want its own (%d)", sid, err, p.PID)
+	}
+}
+
+func TestAdoptWatchesExitAndRejectsReusedPID(t *testing.T) {
+	cmd := exec.Command("sleep", "30")
+	p, err := Start(cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := Adopt(p.Handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Adopt(Handle{PID: p.PID, StartTicks: p.StartTicks + 1}); !errors.Is(err, ErrGone) {
+		t.Errorf("adopt with a wrong start time: %v, want ErrGone", err)
+	}
+	if a.Exited() {
+		t.Fatal("adopted process reported exited while running")
+	}
+	a.Terminate(2 * time.Second)
+	select {
+	case <-a.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("adopted process exit not observed")
+	}
+	if _, known := a.ExitCode(); known {
+		t.Error("an adopted process's exit code cannot be known")
+	}
+	<-p.Done()
+	if _, err := Adopt(p.Handle); !errors.Is(err, ErrGone) {
+		t.Errorf("adopt of an exited process: %v", err)
+	}
+}
+
+func TestTerminateEscalatesToKill(t *testing.T) {
+	p, err := Start(exec.Command("sh", "-c", "trap '' TERM; sleep 30"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // let the shell install its trap
+	start := time.Now()
+	p.Terminate(300 * time.Millisecond)
+	if !p.Exited() {
+		t.Fatal("still running after Terminate")
+	}
+	if code, _ := p.ExitCode(); code != -1 {
+		t.Errorf("exit code %d, want -1 (killed)", code)
+	}
+	if time.Since(start) < 300*time.Millisecond {
+		t.Error("SIGKILL came before the grace period")
+	}
+}
+
+func TestStartOfAQuickProcess(t *testing.T) {
+	// A process may exit before its start time is read: still ours to reap.
+	for i := 0; i < 20; i++ {
+		p, err := Start(exec.Command("true"))
+		if err != nil {
+			t.Fatalf("start %d: %v", i, err)
+		}
+		<-p.Done()
+	}
+}
+
+func TestReadStat(t *testing.T) {
+	p, err := Start(exec.Command("sleep", "30"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Terminate(time.Second)
+	// Right after fork the child may not have exec'd and mapped anything yet.
+	var st Stat
+	for i := 0; i < 100 && st.RSSBytes == 0; i++ {
+		st, err = ReadStat(p.PID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if st.RSSBytes <= 0 {
+		t.Errorf("stat %+v", st)
+	}
+}

@@ -1,0 +1,632 @@
+// Package vm is the VM lifecycle: records in bbolt, swtpm and QEMU processes
+// that outlive the hypervisor, readiness, stop/start/reboot/delete, and the
+// re-adoption of running VMs after a hypervisor restart (contract §3).
+//
+// Locking: each VM has an operation mutex (op) serialising create, start,
+// stop, reboot and delete, and a record mutex (mu) guarding the record and
+// its runtime. Every transition is persisted and wakes all waiters.
+package vm
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/giantswarm/vm-manager/gen/apierr"
+	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
+	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// Config is how VMs are run.
+type Config struct {
+	// StateDir holds vms/<id>/.
+	StateDir    string
+	QEMUBinary  string
+	SwtpmBinary string
+	OVMFCode    string
+	OVMFVars    string
+	// Accelerator is what the host report chose (kvm or tcg).
+	Accelerator hypervisorv1.Accelerator
+	QEMUVersion qemu.Version
+	// CPU is QEMU's -cpu model; empty takes qemu.Spec's default for the accelerator.
+	CPU string
+	// Region is reported to guests; the host name by default.
+	Region string
+
+	InstallTimeout time.Duration
+	BootTimeout    time.Duration
+	StopTimeout    time.Duration
+	// KillGrace is the SIGTERM→SIGKILL grace.
+	KillGrace time.Duration
+	// DetachOnExit leaves VMs running when the hypervisor stops, for the next
+	// hypervisor to re-adopt; otherwise they are powered down.
+	DetachOnExit bool
+}
+
+func (c *Config) defaults() {
+	if c.InstallTimeout == 0 {
+		c.InstallTimeout = 5 * time.Minute
+	}
+	if c.BootTimeout == 0 {
+		c.BootTimeout = 4 * time.Minute
+	}
+	if c.StopTimeout == 0 {
+		c.StopTimeout = 30 * time.Second
+	}
+	if c.KillGrace == 0 {
+		c.KillGrace = 5 * time.Second
+	}
+	if c.QEMUBinary == "" {
+		c.QEMUBinary = "qemu-system-x86_64"
+	}
+	if c.SwtpmBinary == "" {
+		c.SwtpmBinary = "swtpm"
+	}
+}
+
+// Store persists VM records.
+type Store interface {
+	GetVM(id string) (*hypervisorv1.VirtualMachine, error)
+	PutVM(vm *hypervisorv1.VirtualMachine) error
+	DeleteVM(id string) error
+	ListVMs() ([]*hypervisorv1.VirtualMachine, error)
+}
+
+// Manager runs VMs.
+type Manager struct {
+	cfg      Config
+	log      *slog.Logger
+	store    Store
+	images   ImageResolver
+	verifier attestationv1.VerifierServiceClient
+	router   *notify.Router
+
+	ctx    context.Context // ends when the hypervisor stops
+	cancel context.CancelFunc
+
+	mu       sync.Mutex
+	machines map[string]*machine
+	closing  bool
+	wg       sync.WaitGroup
+}
+
+type machine struct {
+	id string
+	op sync.Mutex
+
+	mu      sync.Mutex
+	rec     *hypervisorv1.VirtualMachine
+	run     *runtime
+	changed chan struct{}
+}
+
+// New loads the records and re-adopts the VMs whose processes still run.
+func New(cfg Config, log *slog.Logger, st Store, images ImageResolver, verifier attestationv1.VerifierServiceClient, router *notify.Router) (*Manager, error) {
+	cfg.defaults()
+	ctx, cancel := context.WithCancel(context.Background())
+	m := &Manager{cfg: cfg, log: log, store: st, images: images, verifier: verifier, router: router, ctx: ctx, cancel: cancel, machines: map[string]*machine{}}
+	recs, err := st.ListVMs()
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("load vm records: %w", err)
+	}
+	for _, rec := range recs {
+		mc := &machine{id: rec.GetId(), rec: rec, changed: make(chan struct{})}
+		m.machines[mc.id] = mc
+		m.restore(mc)
+	}
+	return m, nil
+}
+
+func (m *Manager) vmDir(id string) string { return filepath.Join(m.cfg.StateDir, "vms", id) }
+
+func (m *Manager) get(id string) (*machine, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if mc, ok := m.machines[id]; ok && vmID.MatchString(id) {
+		return mc, nil
+	}
+	return nil, apierr.Errorf(apierr.NotFound, "vm %q not found", id)
+}
+
+// snapshot returns a copy of the record and the channel closed on its next change.
+func (mc *machine) snapshot() (*hypervisorv1.VirtualMachine, <-chan struct{}) {
+	mc.mu.Lock()
+	defer mc.mu.Unlock()
+	return proto.Clone(mc.rec).(*hypervisorv1.VirtualMachine), mc.changed
+}
+
+// update applies fn to the record under its lock, persists it and wakes waiters.
+func (m *Manager) update(mc *machine, fn func(rec *hypervisorv1.VirtualMachine)) *hypervisorv1.VirtualMachine {
+	mc.mu.Lock()
+	defer mc.mu.Unlock()
+	return m.updateLocked(mc, fn)
+}
+
+func (m *Manager) updateLocked(mc *machine, fn func(rec *hypervisorv1.VirtualMachine)) *hypervisorv1.VirtualMachine {
+	before := mc.rec.GetState()
+	fn(mc.rec)
+	if err := m.store.PutVM(mc.rec); err != nil {
+		m.log.Error("persist vm record", "vm", mc.id, "error", err)
+	}
+	if after := mc.rec.GetState(); after != before {
+		m.log.Info("vm state", "vm", mc.id, "name", mc.rec.GetName(), "from", stateName(before), "to", stateName(after), "last_error", firstLine(mc.rec.GetLastError()))
+	}
+	close(mc.changed)
+	mc.changed = make(chan struct{})
+	return proto.Clone(mc.rec).(*hypervisorv1.VirtualMachine)
+}
+
+// Get returns one VM.
+func (m *Manager) Get(id string) (*hypervisorv1.VirtualMachine, error) {
+	mc, err := m.get(id)
+	if err != nil {
+		return nil, err
+	}
+	rec, _ := mc.snapshot()
+	return rec, nil
+}
+
+// List returns every VM, oldest first.
+func (m *Manager) List() []*hypervisorv1.VirtualMachine {
+	m.mu.Lock()
+	mcs := make([]*machine, 0, len(m.machines))
+	for _, mc := range m.machines {
+		mcs = append(mcs, mc)
+	}
+	m.mu.Unlock()
+	out := make([]*hypervisorv1.VirtualMachine, 0, len(mcs))
+	for _, mc := range mcs {
+		rec, _ := mc.snapshot()
+		out = append(out, rec)
+	}
+	slices.SortFunc(out, func(a, b *hypervisorv1.VirtualMachine) int {
+		if c := a.GetCreatedAt().AsTime().Compare(b.GetCreatedAt().AsTime()); c != 0 {
+			return c
+		}
+		return compareStrings(a.GetId(), b.GetId())
+	})
+	return out
+}
+
+func compareStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func newID() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Create validates, allocates and boots a VM, then waits per wait_for.
+func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMachineRequest, createdBy string) (*hypervisorv1.VirtualMachine, error) {
+	r, err := validate(req, m.images)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	if m.closing {
+		m.mu.Unlock()
+		return nil, apierr.Errorf(apierr.Conflict, "vm-manager is shutting down")
+	}
+	for _, other := range m.machines {
+		other.mu.Lock()
+		name, id := other.rec.GetName(), other.id
+		other.mu.Unlock()
+		if name == r.name {
+			m.mu.Unlock()
+			return nil, apierr.Errorf(apierr.Conflict, "vm name %q is in use by %s", r.name, id)
+		}
+	}
+	id := newID()
+	for m.machines[id] != nil {
+		id = newID()
+	}
+	machineID := make([]byte, 16)
+	_, _ = rand.Read(machineID)
+	dir := m.vmDir(id)
+	rec := &hypervisorv1.VirtualMachine{
+		Id:                 id,
+		Name:               r.name,
+		Image:              r.image.GetRef(),
+		KubernetesVersion:  r.kubernetesVersion,
+		Cpus:               r.cpus,
+		MemoryMib:          r.memoryMiB,
+		DiskGib:            r.diskGiB,
+		SshAuthorizedKeys:  r.sshKeys,
+		Hostname:           r.hostname,
+		Metadata:           r.metadata,
+		Region:             m.cfg.Region,
+		RequireAttestation: r.requireAttestation,
+		State:              hypervisorv1.State_STATE_CREATING,
+		MachineId:          hex.EncodeToString(machineID),
+		Accelerator:        m.cfg.Accelerator,
+		CreatedAt:          timestamppb.Now(),
+		CreatedBy:          createdBy,
+		Paths: &hypervisorv1.Paths{
+			Dir:          dir,
+			Console:      filepath.Join(dir, "console.log"),
+			TpmState:     filepath.Join(dir, "tpm"),
+			OvmfVars:     filepath.Join(dir, "ovmf_vars.fd"),
+			QmpSocket:    filepath.Join(dir, "qmp.sock"),
+			QemuLog:      filepath.Join(dir, "qemu.log"),
+			NotifySocket: filepath.Join(dir, "notify.sock"),
+		},
+	}
+	if r.userData != "" {
+		rec.Paths.UserData = filepath.Join(dir, "user-data")
+	}
+	if r.image.GetKind() == hypervisorv1.ImageKind_IMAGE_KIND_UKI {
+		rec.Paths.Volume = filepath.Join(dir, "disk.raw")
+	}
+	mc := &machine{id: id, rec: rec, changed: make(chan struct{})}
+	mc.op.Lock()
+	m.machines[id] = mc
+	m.mu.Unlock()
+
+	if err := m.store.PutVM(rec); err != nil {
+		m.discard(mc)
+		mc.op.Unlock()
+		return nil, err
+	}
+	err = m.prepare(rec, r)
+	if err == nil {
+		phase := hypervisorv1.Phase_PHASE_BOOT
+		if r.image.GetKind() == hypervisorv1.ImageKind_IMAGE_KIND_UKI {
+			phase = hypervisorv1.Phase_PHASE_INSTALL
+		}
+		err = m.launch(mc, phase)
+	}
+	mc.op.Unlock()
+	if err != nil {
+		// Nothing ran: the contract discards a VM whose first boot did not start.
+		m.discard(mc)
+		return nil, apierr.Errorf(apierr.VMFailed, "vm %s could not start: %v", id, err)
+	}
+	return m.wait(ctx, mc, r.waitFor, m.deadline(r.waitFor))
+}
+
+// prepare writes the VM's directory: OVMF vars copy, user-data, disk.
+func (m *Manager) prepare(rec *hypervisorv1.VirtualMachine, r *request) error {
+	p := rec.GetPaths()
+	if err := os.MkdirAll(p.GetTpmState(), 0o700); err != nil {
+		return err
+	}
+	if err := os.Chmod(p.GetDir(), 0o700); err != nil {
+		return err
+	}
+	vars, err := os.ReadFile(m.cfg.OVMFVars)
+	if err != nil {
+		return fmt.Errorf("OVMF vars template: %w", err)
+	}
+	if err := os.WriteFile(p.GetOvmfVars(), vars, 0o600); err != nil {
+		return err
+	}
+	if p.GetUserData() != "" {
+		if err := os.WriteFile(p.GetUserData(), []byte(r.userData), 0o600); err != nil {
+			return err
+		}
+	}
+	if p.GetVolume() != "" {
+		f, err := os.OpenFile(p.GetVolume(), os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o600)
+		if err != nil {
+			return err
+		}
+		err = f.Truncate(int64(r.diskGiB) << 30) // sparse
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// discard drops a VM that never ran: record, files, map entry.
+func (m *Manager) discard(mc *machine) {
+	m.mu.Lock()
+	delete(m.machines, mc.id)
+	m.mu.Unlock()
+	_ = os.RemoveAll(m.vmDir(mc.id))
+	if err := m.store.DeleteVM(mc.id); err != nil {
+		m.log.Error("delete vm record", "vm", mc.id, "error", err)
+	}
+	mc.mu.Lock()
+	close(mc.changed)
+	mc.changed = make(chan struct{})
+	mc.mu.Unlock()
+}
+
+func (m *Manager) deadline(w hypervisorv1.WaitFor) time.Duration {
+	switch w {
+	case hypervisorv1.WaitFor_WAIT_FOR_NONE:
+		return 0
+	case hypervisorv1.WaitFor_WAIT_FOR_INSTALLED:
+		return m.cfg.InstallTimeout + m.cfg.StopTimeout
+	default:
+		return m.cfg.InstallTimeout + m.cfg.StopTimeout + m.cfg.BootTimeout
+	}
+}
+
+func reached(rec *hypervisorv1.VirtualMachine, w hypervisorv1.WaitFor) bool {
+	switch w {
+	case hypervisorv1.WaitFor_WAIT_FOR_NONE:
+		return true
+	case hypervisorv1.WaitFor_WAIT_FOR_INSTALLED:
+		return rec.GetInstalledAt() != nil
+	case hypervisorv1.WaitFor_WAIT_FOR_ATTESTED:
+		return rec.GetBootedAt() != nil && rec.GetAttestation().GetUserDataReleased()
+	default:
+		return rec.GetReadyAt() != nil
+	}
+}
+
+// wait blocks until the VM reaches w, fails, or the deadline passes; the VM
+// keeps running in every case.
+func (m *Manager) wait(ctx context.Context, mc *machine, w hypervisorv1.WaitFor, d time.Duration) (*hypervisorv1.VirtualMachine, error) {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		rec, changed := mc.snapshot()
+		if reached(rec, w) {
+			return rec, nil
+		}
+		switch s := rec.GetState(); s {
+		case hypervisorv1.State_STATE_FAILED:
+			return nil, failedErr(rec, fmt.Sprintf("vm %s failed before %s", rec.GetId(), waitName(w)))
+		case hypervisorv1.State_STATE_STOPPING, hypervisorv1.State_STATE_STOPPED, hypervisorv1.State_STATE_DELETING:
+			return nil, failedErr(rec, fmt.Sprintf("vm is %s", stateName(s)))
+		}
+		select {
+		case <-changed:
+		case <-timer.C:
+			return nil, apierr.Errorf(apierr.Timeout, "vm %s did not reach %s within %s (state %s)", rec.GetId(), waitName(w), fmtDuration(d), stateName(rec.GetState()))
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// failedErr is the contract's message for a create that did not reach its milestone.
+func failedErr(rec *hypervisorv1.VirtualMachine, cause string) error {
+	state := stateName(rec.GetState())
+	if le := rec.GetLastError(); le != "" {
+		state += ": " + le
+	}
+	return apierr.Errorf(apierr.VMFailed, "%s; vm %s is %s (follow it with get_vm %s, delete it with delete_vm)", cause, rec.GetId(), state, rec.GetId())
+}
+
+func isLive(s hypervisorv1.State) bool {
+	switch s {
+	case hypervisorv1.State_STATE_INSTALLING, hypervisorv1.State_STATE_BOOTING, hypervisorv1.State_STATE_ATTESTING,
+		hypervisorv1.State_STATE_READY, hypervisorv1.State_STATE_RUNNING, hypervisorv1.State_STATE_STOPPING:
+		return true
+	}
+	return false
+}
+
+// Start boots a stopped or failed VM from its disk (phase boot).
+func (m *Manager) Start(ctx context.Context, id string) (*hypervisorv1.VirtualMachine, error) {
+	mc, err := m.get(id)
+	if err != nil {
+		return nil, err
+	}
+	mc.op.Lock()
+	defer mc.op.Unlock()
+	if err := m.startLocked(mc); err != nil {
+		return nil, err
+	}
+	rec, _ := mc.snapshot()
+	return rec, nil
+}
+
+func (m *Manager) startLocked(mc *machine) error {
+	m.mu.Lock()
+	closing := m.closing
+	m.mu.Unlock()
+	if closing {
+		return apierr.Errorf(apierr.Conflict, "vm-manager is shutting down")
+	}
+	rec, _ := mc.snapshot()
+	switch rec.GetState() {
+	case hypervisorv1.State_STATE_STOPPED, hypervisorv1.State_STATE_FAILED:
+	default:
+		return apierr.Errorf(apierr.Conflict, "vm %s is %s; only a stopped or failed vm can be started", mc.id, stateName(rec.GetState()))
+	}
+	img, err := m.images.Get(rec.GetImage())
+	if err != nil {
+		return apierr.Errorf(apierr.Conflict, "vm %s: its image %s is no longer in the catalog", mc.id, rec.GetImage())
+	}
+	if img.GetKind() == hypervisorv1.ImageKind_IMAGE_KIND_UKI && rec.GetInstalledAt() == nil {
+		return apierr.Errorf(apierr.Conflict, "vm %s was never installed; delete it and create it again", mc.id)
+	}
+	if err := m.launch(mc, hypervisorv1.Phase_PHASE_BOOT); err != nil {
+		return apierr.Errorf(apierr.VMFailed, "vm %s could not start: %v", mc.id, err)
+	}
+	return nil
+}
+
+// Stop powers the VM down (ACPI, then SIGTERM, then SIGKILL) and returns the
+// settled record. The caller going away does not cut the stop short.
+func (m *Manager) Stop(_ context.Context, id string) (*hypervisorv1.VirtualMachine, error) {
+	mc, err := m.get(id)
+	if err != nil {
+		return nil, err
+	}
+	mc.op.Lock()
+	defer mc.op.Unlock()
+	if err := m.stopLocked(mc); err != nil {
+		return nil, err
+	}
+	rec, _ := mc.snapshot()
+	return rec, nil
+}
+
+func (m *Manager) stopLocked(mc *machine) error {
+	mc.mu.Lock()
+	rt, state := mc.run, mc.rec.GetState()
+	if state == hypervisorv1.State_STATE_DELETING {
+		mc.mu.Unlock()
+		return apierr.Errorf(apierr.Conflict, "vm %s is being deleted", mc.id)
+	}
+	if rt == nil || !isLive(state) {
+		mc.mu.Unlock()
+		return apierr.Errorf(apierr.Conflict, "vm %s is not running (state %s)", mc.id, stateName(state))
+	}
+	rt.stopping.Store(true)
+	m.updateLocked(mc, func(rec *hypervisorv1.VirtualMachine) { rec.State = hypervisorv1.State_STATE_STOPPING })
+	mc.mu.Unlock()
+	m.powerOff(mc, rt)
+	return nil
+}
+
+// powerOff asks the guest to power down, escalates after the stop timeout and
+// waits until the supervisor has settled the record.
+func (m *Manager) powerOff(mc *machine, rt *runtime) {
+	if rt.mon != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := rt.mon.Powerdown(ctx); err != nil {
+			m.log.Warn("system_powerdown failed", "vm", mc.id, "error", err)
+		}
+		cancel()
+	}
+	select {
+	case <-rt.qemu.Done():
+	case <-time.After(m.cfg.StopTimeout):
+		m.log.Warn("guest did not power off within the stop timeout; terminating qemu", "vm", mc.id, "timeout", m.cfg.StopTimeout)
+		rt.qemu.Terminate(m.cfg.KillGrace)
+	}
+	<-rt.settled
+}
+
+// Reboot is Stop followed by Start.
+func (m *Manager) Reboot(_ context.Context, id string) (*hypervisorv1.VirtualMachine, error) {
+	mc, err := m.get(id)
+	if err != nil {
+		return nil, err
+	}
+	mc.op.Lock()
+	defer mc.op.Unlock()
+	rec, _ := mc.snapshot()
+	if isLive(rec.GetState()) {
+		if err := m.stopLocked(mc); err != nil {
+			return nil, err
+		}
+	}
+	if err := m.startLocked(mc); err != nil {
+		return nil, err
+	}
+	rec, _ = mc.snapshot()
+	return rec, nil
+}
+
+// Delete stops the VM and removes its files and record. Not undoable.
+func (m *Manager) Delete(_ context.Context, id string) error {
+	mc, err := m.get(id)
+	if err != nil {
+		return err
+	}
+	mc.mu.Lock()
+	if mc.rec.GetState() == hypervisorv1.State_STATE_DELETING && mc.run != nil {
+		mc.mu.Unlock()
+		return apierr.Errorf(apierr.Conflict, "vm %s is already being deleted", id)
+	}
+	mc.mu.Unlock()
+	mc.op.Lock()
+	defer mc.op.Unlock()
+	if _, err := m.get(id); err != nil {
+		return err // deleted while we waited for the op lock
+	}
+	mc.mu.Lock()
+	rt := mc.run
+	if rt != nil {
+		rt.stopping.Store(true)
+	}
+	m.updateLocked(mc, func(rec *hypervisorv1.VirtualMachine) { rec.State = hypervisorv1.State_STATE_DELETING })
+	mc.mu.Unlock()
+	if rt != nil {
+		m.powerOff(mc, rt)
+	}
+	if err := os.RemoveAll(m.vmDir(id)); err != nil {
+		return apierr.Errorf(apierr.Internal, "remove files of vm %s: %v", id, err)
+	}
+	if err := m.store.DeleteVM(id); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	delete(m.machines, id)
+	m.mu.Unlock()
+	mc.mu.Lock()
+	close(mc.changed)
+	mc.changed = make(chan struct{})
+	mc.mu.Unlock()
+	if m.verifier != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if _, err := m.verifier.ForgetVirtualMachine(ctx, &attestationv1.ForgetVirtualMachineRequest{VmId: id}); err != nil {
+			m.log.Warn("attestation could not forget the vm", "vm", id, "error", err)
+		}
+		cancel()
+	}
+	m.log.Info("vm deleted", "vm", id)
+	return nil
+}
+
+// Close stops supervising: with DetachOnExit the VMs keep running for the
+// next hypervisor, otherwise they are powered down within the stop timeout.
+func (m *Manager) Close() {
+	m.mu.Lock()
+	m.closing = true
+	mcs := make([]*machine, 0, len(m.machines))
+	for _, mc := range m.machines {
+		mcs = append(mcs, mc)
+	}
+	m.mu.Unlock()
+	if !m.cfg.DetachOnExit {
+		var wg sync.WaitGroup
+		for _, mc := range mcs {
+			wg.Go(func() {
+				if _, err := m.Stop(context.Background(), mc.id); err != nil && apierr.CodeOf(err) != apierr.Conflict {
+					m.log.Warn("stop on exit", "vm", mc.id, "error", err)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	m.cancel()
+	m.wg.Wait()
+	for _, mc := range mcs {
+		mc.mu.Lock()
+		if mc.run != nil {
+			m.log.Info("vm left running; the next hypervisor re-adopts it", "vm", mc.id, "pid", mc.run.qemu.PID)
+		}
+		mc.mu.Unlock()
+	}
+}
+
+func firstLine(s string) string {
+	for i, r := range s {
+		if r == '\n' {
+			return s[:i]
+		}
+	}
+	return s
+}

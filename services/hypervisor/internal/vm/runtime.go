@@ -1,0 +1,355 @@
+package vm
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"sync/atomic"
+	"time"
+
+	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
+	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/proc"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/swtpm"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// runtime is a VM's live processes and the goroutine watching them.
+type runtime struct {
+	phase hypervisorv1.Phase
+	qemu  *proc.Process
+	tpm   *proc.Process
+	mon   *qemu.Monitor
+
+	stopping      atomic.Bool // stop, reboot or delete asked for the power-down
+	guestShutdown atomic.Bool // QMP SHUTDOWN said the guest powered off
+
+	cancel  context.CancelFunc // ends readiness and the supervisor (detach)
+	settled chan struct{}      // closed once the record reflects the exit
+}
+
+// consoleTailLines is how much console goes into lastError.
+const consoleTailLines = 40
+
+// launch starts swtpm, then QEMU, for one phase, and the supervisor.
+// Called with the op lock held.
+func (m *Manager) launch(mc *machine, phase hypervisorv1.Phase) error {
+	rec, _ := mc.snapshot()
+	p := rec.GetPaths()
+	img, err := m.images.Get(rec.GetImage())
+	if err != nil {
+		return fmt.Errorf("image %s: %w", rec.GetImage(), err)
+	}
+	ctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
+	defer cancel()
+	tpm, err := swtpm.Start(ctx, swtpm.Config{Binary: m.cfg.SwtpmBinary, StateDir: p.GetTpmState()})
+	if err != nil {
+		return err
+	}
+	spec := m.spec(rec, img, phase)
+	args, err := spec.Args()
+	if err != nil {
+		tpm.Terminate(m.cfg.KillGrace)
+		return err
+	}
+	log, err := os.OpenFile(p.GetQemuLog(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		tpm.Terminate(m.cfg.KillGrace)
+		return err
+	}
+	// The exact argv, as JSON, so a run can be reproduced by hand (make bench does).
+	argv, _ := json.Marshal(append([]string{m.cfg.QEMUBinary}, args...))
+	fmt.Fprintf(log, "--- %s %s\n", time.Now().UTC().Format(time.RFC3339), argv)
+	cmd := exec.Command(m.cfg.QEMUBinary, args...)
+	cmd.Stdout, cmd.Stderr = log, log
+	qp, err := proc.Start(cmd)
+	log.Close() // the child holds its own descriptor
+	if err != nil {
+		tpm.Terminate(m.cfg.KillGrace)
+		return err
+	}
+	mon, err := qemu.Connect(ctx, p.GetQmpSocket())
+	if err != nil {
+		qp.Terminate(m.cfg.KillGrace)
+		tpm.Terminate(m.cfg.KillGrace)
+		return fmt.Errorf("qemu did not come up: %v%s", err, tailFile(p.GetQemuLog(), 10, "\nqemu.log:\n"))
+	}
+	att := m.beginBoot(rec, phase)
+	rt := &runtime{phase: phase, qemu: qp, tpm: tpm, mon: mon, settled: make(chan struct{})}
+	m.update(mc, func(r *hypervisorv1.VirtualMachine) {
+		r.Phase = phase
+		r.Accelerator = m.cfg.Accelerator
+		r.Processes = &hypervisorv1.Processes{
+			Qemu: &hypervisorv1.Process{Pid: int32(qp.PID), StartTicks: qp.StartTicks},
+			Tpm:  &hypervisorv1.Process{Pid: int32(tpm.PID), StartTicks: tpm.StartTicks},
+		}
+		r.Status, r.LastError, r.ReadyAt = "", "", nil
+		if phase == hypervisorv1.Phase_PHASE_INSTALL {
+			r.State = hypervisorv1.State_STATE_INSTALLING
+		} else {
+			r.State = hypervisorv1.State_STATE_BOOTING
+			r.BootedAt = timestamppb.Now()
+			r.Attestation = att
+		}
+		mc.run = rt
+	})
+	m.supervise(mc, rt)
+	return nil
+}
+
+// spec is the QEMU command of one phase.
+func (m *Manager) spec(rec *hypervisorv1.VirtualMachine, img *hypervisorv1.Image, phase hypervisorv1.Phase) qemu.Spec {
+	p := rec.GetPaths()
+	accel := qemu.AccelTCG
+	if m.cfg.Accelerator == hypervisorv1.Accelerator_ACCELERATOR_KVM {
+		accel = qemu.AccelKVM
+	}
+	s := qemu.Spec{
+		ID:           rec.GetId(),
+		QEMUVersion:  m.cfg.QEMUVersion,
+		Accel:        accel,
+		CPU:          m.cfg.CPU,
+		CPUs:         int(rec.GetCpus()),
+		MemoryMiB:    int(rec.GetMemoryMib()),
+		ConsoleLog:   p.GetConsole(),
+		QMPSocket:    p.GetQmpSocket(),
+		OVMFCode:     m.cfg.OVMFCode,
+		OVMFVars:     p.GetOvmfVars(),
+		SwtpmSocket:  tpmSocket(p.GetTpmState()),
+		NotifySocket: p.GetNotifySocket(),
+		Credentials: map[string]string{
+			"system.machine_id":  rec.GetMachineId(),
+			"firstboot.hostname": rec.GetHostname(),
+		},
+	}
+	switch {
+	case img.GetKind() == hypervisorv1.ImageKind_IMAGE_KIND_KERNEL:
+		s.Boot = qemu.BootKernel
+		s.Kernel, s.Initrd, s.Cmdline = img.GetKernel(), img.GetInitrd(), img.GetCmdline()
+	case phase == hypervisorv1.Phase_PHASE_INSTALL:
+		s.Boot = qemu.BootInstall
+		s.UKI, s.Installer, s.Volume = img.GetUki(), img.GetDisk(), p.GetVolume()
+		s.Credentials["vm.install-target"] = "/dev/disk/by-id/virtio-" + qemu.DefaultTargetSerial
+	default:
+		s.Boot = qemu.BootDisk
+		s.Volume = p.GetVolume()
+		s.FirstBoot = !rec.GetBooted()
+	}
+	return s
+}
+
+// tpmSocket is swtpm's control socket in a VM's tpm/ directory.
+func tpmSocket(stateDir string) string {
+	return swtpm.Config{StateDir: stateDir}.WithDefaults().CtrlSocket
+}
+
+// beginBoot resets attestation for a new installed boot. Attestation being
+// down must not stop a boot whose user-data is not gated.
+func (m *Manager) beginBoot(rec *hypervisorv1.VirtualMachine, phase hypervisorv1.Phase) *attestationv1.Attestation {
+	local := &attestationv1.Attestation{Required: rec.GetRequireAttestation(), UserDataReleased: !rec.GetRequireAttestation()}
+	if phase != hypervisorv1.Phase_PHASE_BOOT || m.verifier == nil {
+		return local
+	}
+	ctx, cancel := context.WithTimeout(m.ctx, 5*time.Second)
+	defer cancel()
+	att, err := m.verifier.BeginBoot(ctx, &attestationv1.BeginBootRequest{
+		VmId: rec.GetId(), Image: rec.GetImage(), KubernetesVersion: rec.GetKubernetesVersion(), Required: rec.GetRequireAttestation(),
+	})
+	if err != nil {
+		m.log.Warn("attestation did not record the boot", "vm", rec.GetId(), "error", err)
+		return local
+	}
+	return att
+}
+
+// supervise watches one run: readiness messages, QMP events, the boot
+// timeout and the QEMU process, until QEMU exits or the hypervisor detaches.
+func (m *Manager) supervise(mc *machine, rt *runtime) {
+	ctx, cancel := context.WithCancel(m.ctx)
+	rt.cancel = cancel
+	rec, _ := mc.snapshot()
+	msgs, unsubscribe := m.router.Subscribe(mc.id)
+	go m.router.AttachSerial(ctx, mc.id, rec.GetPaths().GetNotifySocket())
+
+	var bootTimer <-chan time.Time
+	if rt.phase == hypervisorv1.Phase_PHASE_BOOT && rec.GetReadyAt() == nil && rec.GetState() != hypervisorv1.State_STATE_RUNNING {
+		left := m.cfg.BootTimeout - time.Since(rec.GetBootedAt().AsTime())
+		bootTimer = time.After(max(left, 0))
+	}
+	var installTimer <-chan time.Time
+	if rt.phase == hypervisorv1.Phase_PHASE_INSTALL {
+		installTimer = time.After(m.cfg.InstallTimeout)
+	}
+	var events <-chan qemu.Event
+	if rt.mon != nil {
+		events = rt.mon.Events()
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		defer unsubscribe()
+		for {
+			select {
+			case msg := <-msgs:
+				m.onNotify(mc, rt, msg.Ready, msg.Status)
+			case ev, ok := <-events:
+				if !ok {
+					events = nil
+					continue
+				}
+				if ev.Name == "SHUTDOWN" {
+					if guest, _ := ev.Data["guest"].(bool); guest {
+						rt.guestShutdown.Store(true)
+					}
+				}
+			case <-bootTimer:
+				m.update(mc, func(r *hypervisorv1.VirtualMachine) {
+					if s := r.GetState(); s == hypervisorv1.State_STATE_BOOTING || s == hypervisorv1.State_STATE_ATTESTING {
+						r.State = hypervisorv1.State_STATE_RUNNING
+						r.LastError = fmt.Sprintf("no READY=1 within %s; the guest is up but has not reported ready", fmtDuration(m.cfg.BootTimeout))
+					}
+				})
+			case <-installTimer:
+				m.log.Warn("installer did not finish in time; killing it", "vm", mc.id)
+				rt.qemu.Terminate(m.cfg.KillGrace)
+			case <-rt.qemu.Done():
+				cancel()
+				m.exited(mc, rt)
+				return
+			case <-ctx.Done():
+				// Detach: leave the processes running for the next hypervisor.
+				if rt.mon != nil {
+					_ = rt.mon.Close()
+				}
+				close(rt.settled)
+				return
+			}
+		}
+	}()
+}
+
+func (m *Manager) onNotify(mc *machine, rt *runtime, ready bool, status string) {
+	if rt.phase != hypervisorv1.Phase_PHASE_BOOT {
+		return // only the installed boot reports readiness
+	}
+	m.update(mc, func(r *hypervisorv1.VirtualMachine) {
+		if status != "" {
+			r.Status = status
+		}
+		if !ready {
+			return
+		}
+		switch r.GetState() {
+		case hypervisorv1.State_STATE_BOOTING, hypervisorv1.State_STATE_ATTESTING, hypervisorv1.State_STATE_RUNNING:
+			r.State = hypervisorv1.State_STATE_READY
+			r.ReadyAt = timestamppb.Now()
+			r.Booted = true
+			r.LastError = ""
+		}
+	})
+}
+
+// exited settles the record after QEMU ended, and starts the installed boot
+// after a successful installer.
+func (m *Manager) exited(mc *machine, rt *runtime) {
+	if rt.mon != nil {
+		_ = rt.mon.Close()
+	}
+	rt.tpm.Terminate(m.cfg.KillGrace) // --terminate ends it with QEMU; this reaps a straggler
+	code, known := rt.qemu.ExitCode()
+	clean := (known && code == 0) || (!known && rt.guestShutdown.Load())
+	rec, _ := mc.snapshot()
+	m.mu.Lock()
+	closing := m.closing
+	m.mu.Unlock()
+	installNext := false
+	m.update(mc, func(r *hypervisorv1.VirtualMachine) {
+		r.Processes = nil
+		mc.run = nil
+		switch {
+		case rt.stopping.Load():
+			if r.GetState() != hypervisorv1.State_STATE_DELETING {
+				r.State = hypervisorv1.State_STATE_STOPPED
+			}
+		case rt.phase == hypervisorv1.Phase_PHASE_INSTALL && clean && closing:
+			r.InstalledAt = timestamppb.Now()
+			r.State = hypervisorv1.State_STATE_STOPPED
+			r.LastError = "vm-manager shut down before the installed boot started; start the VM"
+		case rt.phase == hypervisorv1.Phase_PHASE_INSTALL && clean:
+			r.InstalledAt = timestamppb.Now()
+			installNext = true
+		case rt.phase == hypervisorv1.Phase_PHASE_INSTALL:
+			r.State = hypervisorv1.State_STATE_FAILED
+			r.LastError = "installer exited: " + exitText(code, known) + tailFile(rec.GetPaths().GetConsole(), consoleTailLines, "\nconsole:\n")
+		case clean:
+			r.State = hypervisorv1.State_STATE_STOPPED
+			r.LastError = "guest shut down"
+		default:
+			r.State = hypervisorv1.State_STATE_FAILED
+			r.LastError = "qemu exited: " + exitText(code, known) + tailFile(rec.GetPaths().GetConsole(), consoleTailLines, "\nconsole:\n")
+		}
+	})
+	close(rt.settled)
+	if installNext {
+		go func() {
+			mc.op.Lock()
+			defer mc.op.Unlock()
+			if err := m.launch(mc, hypervisorv1.Phase_PHASE_BOOT); err != nil {
+				m.update(mc, func(r *hypervisorv1.VirtualMachine) {
+					r.State = hypervisorv1.State_STATE_FAILED
+					r.LastError = "installed boot did not start: " + err.Error()
+				})
+			}
+		}()
+	}
+}
+
+func exitText(code int, known bool) string {
+	switch {
+	case !known:
+		return "status unknown (adopted after a hypervisor restart)"
+	case code == -1:
+		return "killed by a signal"
+	default:
+		return fmt.Sprintf("exit status %d", code)
+	}
+}
+
+// tailFile returns the last n lines of a file behind a header, or "".
+func tailFile(path string, n int, header string) string {
+	t := tail(path, n)
+	if t == "" {
+		return ""
+	}
+	return header + t
+}
+
+// tail returns the last n lines of a file (without reading all of a huge one).
+func tail(path string, n int) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return ""
+	}
+	const maxRead = 4 << 20
+	off := max(fi.Size()-maxRead, 0)
+	buf := make([]byte, fi.Size()-off)
+	if _, err := f.ReadAt(buf, off); err != nil && !errors.Is(err, os.ErrClosed) && len(buf) == 0 {
+		return ""
+	}
+	buf = bytes.TrimRight(buf, "\n")
+	lines := bytes.Split(buf, []byte("\n"))
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return string(bytes.Join(lines, []byte("\n")))
+}

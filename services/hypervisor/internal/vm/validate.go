@@ -1,0 +1,151 @@
+package vm
+
+import (
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/giantswarm/vm-manager/gen/apierr"
+	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+)
+
+// Defaults of CreateVirtualMachine (contract §1.3).
+const (
+	DefaultCPUs      = 2
+	DefaultMemoryMiB = 2048
+	DefaultDiskGiB   = 20
+)
+
+var (
+	dnsLabel = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
+	vmID     = regexp.MustCompile(`^[0-9a-f]{8}$`)
+)
+
+// request is a validated create request with its defaults filled in.
+type request struct {
+	name, hostname, kubernetesVersion string
+	image                             *hypervisorv1.Image
+	cpus, memoryMiB, diskGiB          int32
+	userData                          string
+	sshKeys                           []string
+	metadata                          map[string]string
+	requireAttestation                bool
+	waitFor                           hypervisorv1.WaitFor
+}
+
+// ImageResolver finds images (the catalog).
+type ImageResolver interface {
+	Get(ref string) (*hypervisorv1.Image, error)
+	Default() (*hypervisorv1.Image, error)
+}
+
+func validateLabel(field, v string) error {
+	if len(v) > 63 || !dnsLabel.MatchString(v) {
+		return apierr.Invalidf(field, "%s %q is not a DNS label (lower-case letters, digits and '-', at most 63 characters)", field, v)
+	}
+	return nil
+}
+
+// validate checks a create request once, at the edge of the domain.
+func validate(req *hypervisorv1.CreateVirtualMachineRequest, images ImageResolver) (*request, error) {
+	r := &request{name: req.GetName(), userData: req.GetUserData(), metadata: req.GetMetadata()}
+	if err := validateLabel("name", r.name); err != nil {
+		return nil, err
+	}
+	r.hostname = req.GetHostname()
+	if r.hostname == "" {
+		r.hostname = r.name
+	}
+	if err := validateLabel("hostname", r.hostname); err != nil {
+		return nil, err
+	}
+	var err error
+	if req.GetImage() == "" {
+		r.image, err = images.Default()
+		if apierr.CodeOf(err) == apierr.NotFound {
+			return nil, apierr.Invalidf("image", "no image in the catalog: build one with make guest-image or check --image-dir")
+		}
+	} else {
+		r.image, err = images.Get(req.GetImage())
+		if apierr.CodeOf(err) == apierr.NotFound {
+			return nil, apierr.Invalidf("image", "unknown image %q: list_images shows what exists", req.GetImage())
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	offered := r.image.GetKubernetesVersions()
+	switch kv := req.GetKubernetesVersion(); {
+	case kv == "" && len(offered) > 0:
+		r.kubernetesVersion = offered[0]
+	case kv == "":
+	case !slices.Contains(offered, kv):
+		avail := "none"
+		if len(offered) > 0 {
+			avail = strings.Join(offered, ", ")
+		}
+		return nil, apierr.Invalidf("kubernetes_version", "image %s does not offer kubernetes %q; available: %s", r.image.GetRef(), kv, avail)
+	default:
+		r.kubernetesVersion = kv
+	}
+	r.cpus = DefaultCPUs
+	if req.Cpus != nil {
+		r.cpus = req.GetCpus()
+	}
+	if r.cpus < 1 || r.cpus > 256 {
+		return nil, apierr.Invalidf("cpus", "cpus %d is not within 1..256", r.cpus)
+	}
+	r.memoryMiB = DefaultMemoryMiB
+	if req.MemoryMib != nil {
+		r.memoryMiB = req.GetMemoryMib()
+	}
+	if r.memoryMiB < 256 {
+		return nil, apierr.Invalidf("memory_mib", "memory_mib %d is below 256", r.memoryMiB)
+	}
+	r.diskGiB = DefaultDiskGiB
+	if req.DiskGib != nil {
+		r.diskGiB = req.GetDiskGib()
+	}
+	if r.diskGiB < 1 || r.diskGiB > 4096 {
+		return nil, apierr.Invalidf("disk_gib", "disk_gib %d is not within 1..4096", r.diskGiB)
+	}
+	if req.GetNetwork() != "" {
+		return nil, apierr.Invalidf("network", "network %q not found", req.GetNetwork())
+	}
+	for i, k := range req.GetSshAuthorizedKeys() {
+		if k == "" || strings.ContainsAny(k, "\r\n") {
+			return nil, apierr.Invalidf("ssh_authorized_keys", "ssh_authorized_keys[%d] must be one non-empty line", i)
+		}
+	}
+	r.sshKeys = req.GetSshAuthorizedKeys()
+	for k := range r.metadata {
+		if k == "" || strings.ContainsAny(k, "/ \t\n") {
+			return nil, apierr.Invalidf("metadata", "metadata key %q must be non-empty without '/', space, tab or newline", k)
+		}
+	}
+	r.requireAttestation = true
+	if req.RequireAttestation != nil {
+		r.requireAttestation = req.GetRequireAttestation()
+	}
+	if r.requireAttestation {
+		return nil, apierr.Errorf(apierr.Unsupported, "require_attestation=true is not supported yet: quote verification is not wired to the IMDS; pass require_attestation=false")
+	}
+	r.waitFor = req.GetWaitFor()
+	if r.waitFor == hypervisorv1.WaitFor_WAIT_FOR_UNSPECIFIED {
+		r.waitFor = hypervisorv1.WaitFor_WAIT_FOR_READY
+	}
+	return r, nil
+}
+
+// waitName is the contract's name of a milestone.
+func waitName(w hypervisorv1.WaitFor) string {
+	return strings.ToLower(strings.TrimPrefix(w.String(), "WAIT_FOR_"))
+}
+
+func stateName(s hypervisorv1.State) string {
+	return strings.ToLower(strings.TrimPrefix(s.String(), "STATE_"))
+}
+
+func fmtDuration(d time.Duration) string { return fmt.Sprint(d.Round(time.Second)) }
