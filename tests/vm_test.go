@@ -147,7 +147,15 @@ const bootTimeout = 3 * time.Minute
 // dies, and re-adoption across a hypervisor SIGKILL.
 func TestVMLifecycle(t *testing.T) {
 	images := withPoweroffImage(t, guestImages(t))
-	c := cluster.Start(t, cluster.Processes, binDir, cluster.Options{ImageDir: images})
+	for _, mode := range []cluster.Mode{cluster.Processes, cluster.InProcess} {
+		t.Run(string(mode), func(t *testing.T) {
+			c := cluster.Start(t, mode, binDir, cluster.Options{ImageDir: images})
+			lifecycle(t, c)
+		})
+	}
+}
+
+func lifecycle(t *testing.T, c *cluster.Cluster) {
 	a := api{t: t, base: "http://" + c.Addr + "/api/v1"}
 	t.Cleanup(func() { killVMs(t, c, a) })
 
@@ -263,7 +271,7 @@ func TestVMLifecycle(t *testing.T) {
 		if len(pair) != 2 {
 			t.Skip("needs the VMs of the concurrent test")
 		}
-		c.StopService("hypervisor") // SIGKILL
+		c.StopService("hypervisor") // SIGKILL for a process; in-process, a stop that detaches
 		for _, v := range pair {
 			if !alive(v.Processes.Qemu.Pid) {
 				t.Fatalf("qemu of %s died with the hypervisor", v.Name)

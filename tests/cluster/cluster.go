@@ -32,6 +32,9 @@ var Services = []string{"attestation", "hypervisor", "gateway"}
 type Options struct {
 	// ImageDir is the hypervisor's image catalog; default <state>/images.
 	ImageDir string
+	// Quiet sends the services' logs to <Dir>/<service>.log instead of the
+	// test log (benchmarks, whose log is always printed).
+	Quiet bool
 }
 
 // Cluster is a running set of the three services.
@@ -78,7 +81,7 @@ func Start(t testing.TB, mode Mode, binDir string, opts Options) *Cluster {
 		RunDir:   filepath.Join(dir, "run"),
 		t:        t,
 		procs:    map[string]proc{},
-		logs:     &logSink{t: t},
+		logs:     &logSink{t: t, quiet: opts.Quiet, dir: dir},
 		options:  opts,
 	}
 	c.ImageDir = opts.ImageDir
@@ -286,11 +289,19 @@ func Eventually(t testing.TB, d time.Duration, what string, f func() error) {
 // logSink prefixes each service's output and sends it to t.Log until the test ends.
 type logSink struct {
 	t      testing.TB
+	quiet  bool
+	dir    string
 	mu     sync.Mutex
 	closed bool
 }
 
 func (l *logSink) writer(name string) io.Writer {
+	if l.quiet {
+		f, err := os.OpenFile(filepath.Join(l.dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err == nil {
+			return f // closed with the process; a leaked fd per restart in a test is fine
+		}
+	}
 	return writerFunc(func(p []byte) (int, error) {
 		l.mu.Lock()
 		defer l.mu.Unlock()

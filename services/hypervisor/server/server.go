@@ -11,6 +11,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
@@ -44,7 +46,12 @@ type Config struct {
 	InstallTimeout time.Duration
 	BootTimeout    time.Duration
 	StopTimeout    time.Duration
-	DetachOnExit   bool
+	// NotifyPort is the AF_VSOCK readiness port on hosts with /dev/vhost-vsock;
+	// 0 reuses the port recorded in <state>/notify-port, else the kernel picks.
+	NotifyPort uint32
+	// StopVMsOnExit powers VMs down on exit instead of leaving them for the
+	// next hypervisor (--detach-vms-on-exit=false).
+	StopVMsOnExit bool
 }
 
 // Run serves until ctx ends.
@@ -103,20 +110,35 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	hostname, _ := os.Hostname()
 	router := notify.NewRouter()
+	var vsockPort uint32
+	if report.GetVhostVsock().GetAccessible() {
+		l, port, err := listenNotify(cfg.StateDir, cfg.NotifyPort)
+		if err != nil {
+			return err
+		}
+		vsockPort = port
+		go func() {
+			if err := router.ServeVsock(ctx, l); err != nil {
+				log.Error("vsock readiness listener stopped", "error", err)
+			}
+		}()
+		log.Info("readiness over AF_VSOCK", "port", port)
+	}
 	vms, err := vm.New(vm.Config{
-		StateDir:       cfg.StateDir,
-		QEMUBinary:     qemuBin,
-		SwtpmBinary:    cfg.Host.SwtpmBinary,
-		OVMFCode:       report.GetOvmfCode(),
-		OVMFVars:       report.GetOvmfVars(),
-		Accelerator:    report.GetAccelerator(),
-		QEMUVersion:    version,
-		CPU:            cpu,
-		Region:         hostname,
-		InstallTimeout: cfg.InstallTimeout,
-		BootTimeout:    cfg.BootTimeout,
-		StopTimeout:    cfg.StopTimeout,
-		DetachOnExit:   cfg.DetachOnExit,
+		StateDir:        cfg.StateDir,
+		QEMUBinary:      qemuBin,
+		SwtpmBinary:     cfg.Host.SwtpmBinary,
+		OVMFCode:        report.GetOvmfCode(),
+		OVMFVars:        report.GetOvmfVars(),
+		Accelerator:     report.GetAccelerator(),
+		QEMUVersion:     version,
+		CPU:             cpu,
+		Region:          hostname,
+		NotifyVsockPort: vsockPort,
+		InstallTimeout:  cfg.InstallTimeout,
+		BootTimeout:     cfg.BootTimeout,
+		StopTimeout:     cfg.StopTimeout,
+		StopVMsOnExit:   cfg.StopVMsOnExit,
 	}, log, st, cat, attestationv1.NewVerifierServiceClient(aconn), router)
 	if err != nil {
 		return err
@@ -152,6 +174,29 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	_ = os.Remove(cfg.Socket)
 	log.Info("hypervisor stopped")
 	return nil
+}
+
+// listenNotify binds the vsock readiness port: the one asked for, else the
+// one recorded by an earlier run (guests booted then were told it), else a
+// new one, which is recorded.
+func listenNotify(stateDir string, port uint32) (notify.Listener, uint32, error) {
+	record := filepath.Join(stateDir, "notify-port")
+	if port == 0 {
+		if b, err := os.ReadFile(record); err == nil {
+			if n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 32); err == nil {
+				port = uint32(n)
+			}
+		}
+	}
+	l, bound, err := notify.ListenVsock(port)
+	if err != nil {
+		return nil, 0, err
+	}
+	if err := os.WriteFile(record, []byte(strconv.FormatUint(uint64(bound), 10)+"\n"), 0o600); err != nil {
+		l.Close()
+		return nil, 0, err
+	}
+	return l, bound, nil
 }
 
 // syncPolicies hands every catalog image's policy.json to attestation, which

@@ -35,6 +35,7 @@ func main() {
 			bootTimeout := fs.Duration("boot-timeout", "VM_MANAGER_BOOT_TIMEOUT", 4*time.Minute, "how long a boot may take to send READY=1 before the VM is marked running")
 			stopTimeout := fs.Duration("stop-timeout", "VM_MANAGER_STOP_TIMEOUT", 30*time.Second, "the graceful power-down window before SIGTERM and SIGKILL")
 			detach := fs.Bool("detach-vms-on-exit", "VM_MANAGER_DETACH_VMS_ON_EXIT", true, "leave VMs running when the hypervisor stops, for the next one to re-adopt; false powers them down")
+			notifyPort := fs.Int("notify-port", "VM_MANAGER_NOTIFY_PORT", 0, "AF_VSOCK port for READY=1 on hosts with /dev/vhost-vsock (0: the recorded one, else any)")
 			accel := fs.String("accelerator", "VM_MANAGER_ACCELERATOR", "auto", "auto (kvm where /dev/kvm is usable, else tcg) or tcg")
 			logFormat := fs.String("log-format", "VM_MANAGER_LOG_FORMAT", "text", "log format: text or json")
 			logLevel := fs.String("log-level", "VM_MANAGER_LOG_LEVEL", "info", "log level: debug, info, warn, error")
@@ -42,6 +43,9 @@ func main() {
 				log, err := logging.New(os.Stderr, *logFormat, *logLevel, "hypervisor")
 				if err != nil {
 					return err
+				}
+				if *notifyPort < 0 || *notifyPort > 1<<32-1 {
+					return fmt.Errorf("--notify-port=%d: want 0..4294967295", *notifyPort)
 				}
 				if *accel != "auto" && *accel != "tcg" {
 					return fmt.Errorf("--accelerator=%q: want auto or tcg", *accel)
@@ -54,7 +58,8 @@ func main() {
 					InstallTimeout:    *installTimeout,
 					BootTimeout:       *bootTimeout,
 					StopTimeout:       *stopTimeout,
-					DetachOnExit:      *detach,
+					StopVMsOnExit:     !*detach,
+					NotifyPort:        uint32(*notifyPort),
 					Host:              host.Config{QEMUBinary: *qemu, SwtpmBinary: *swtpm, OVMFCode: *ovmfCode, OVMFVars: *ovmfVars, ForceTCG: *accel == "tcg"},
 				}, log)
 			}

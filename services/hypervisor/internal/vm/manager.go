@@ -43,15 +43,19 @@ type Config struct {
 	CPU string
 	// Region is reported to guests; the host name by default.
 	Region string
+	// NotifyVsockPort is the host's AF_VSOCK readiness port on hosts with
+	// /dev/vhost-vsock; 0 means readiness travels over virtio-serial.
+	NotifyVsockPort uint32
 
 	InstallTimeout time.Duration
 	BootTimeout    time.Duration
 	StopTimeout    time.Duration
 	// KillGrace is the SIGTERM→SIGKILL grace.
 	KillGrace time.Duration
-	// DetachOnExit leaves VMs running when the hypervisor stops, for the next
-	// hypervisor to re-adopt; otherwise they are powered down.
-	DetachOnExit bool
+	// StopVMsOnExit powers VMs down when the hypervisor stops (a pod, whose
+	// end kills its children anyway). By default they keep running for the
+	// next hypervisor to re-adopt.
+	StopVMsOnExit bool
 }
 
 func (c *Config) defaults() {
@@ -590,8 +594,8 @@ func (m *Manager) Delete(_ context.Context, id string) error {
 	return nil
 }
 
-// Close stops supervising: with DetachOnExit the VMs keep running for the
-// next hypervisor, otherwise they are powered down within the stop timeout.
+// Close stops supervising: the VMs keep running for the next hypervisor, or
+// with StopVMsOnExit are powered down within the stop timeout.
 func (m *Manager) Close() {
 	m.mu.Lock()
 	m.closing = true
@@ -600,7 +604,7 @@ func (m *Manager) Close() {
 		mcs = append(mcs, mc)
 	}
 	m.mu.Unlock()
-	if !m.cfg.DetachOnExit {
+	if m.cfg.StopVMsOnExit {
 		var wg sync.WaitGroup
 		for _, mc := range mcs {
 			wg.Go(func() {

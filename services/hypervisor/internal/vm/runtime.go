@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"os/exec"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -52,37 +54,41 @@ func (m *Manager) launch(mc *machine, phase hypervisorv1.Phase) error {
 		return err
 	}
 	spec := m.spec(rec, img, phase)
+	if m.cfg.NotifyVsockPort != 0 {
+		spec.NotifySocket = ""
+		spec.VsockCID = m.allocateCID(mc.id, rec.GetCid())
+		spec.Credentials["vmm.notify_socket"] = fmt.Sprintf("vsock-stream:2:%d", m.cfg.NotifyVsockPort)
+	}
 	args, err := spec.Args()
 	if err != nil {
 		tpm.Terminate(m.cfg.KillGrace)
 		return err
 	}
-	log, err := os.OpenFile(p.GetQemuLog(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		tpm.Terminate(m.cfg.KillGrace)
-		return err
-	}
-	// The exact argv, as JSON, so a run can be reproduced by hand (make bench does).
-	argv, _ := json.Marshal(append([]string{m.cfg.QEMUBinary}, args...))
-	fmt.Fprintf(log, "--- %s %s\n", time.Now().UTC().Format(time.RFC3339), argv)
-	cmd := exec.Command(m.cfg.QEMUBinary, args...)
-	cmd.Stdout, cmd.Stderr = log, log
-	qp, err := proc.Start(cmd)
-	log.Close() // the child holds its own descriptor
-	if err != nil {
-		tpm.Terminate(m.cfg.KillGrace)
-		return err
-	}
-	mon, err := qemu.Connect(ctx, p.GetQmpSocket())
-	if err != nil {
-		qp.Terminate(m.cfg.KillGrace)
-		tpm.Terminate(m.cfg.KillGrace)
-		return fmt.Errorf("qemu did not come up: %v%s", err, tailFile(p.GetQemuLog(), 10, "\nqemu.log:\n"))
+	var (
+		qp  *proc.Process
+		mon *qemu.Monitor
+	)
+	for attempt := 0; ; attempt++ {
+		qp, mon, err = m.startQEMU(ctx, p, args)
+		if err == nil {
+			break
+		}
+		// QEMU refuses a vsock CID another VM on the host holds: take the next.
+		if spec.VsockCID == 0 || attempt >= 16 || !strings.Contains(err.Error(), "guest cid") {
+			tpm.Terminate(m.cfg.KillGrace)
+			return err
+		}
+		spec.VsockCID++
+		if args, err = spec.Args(); err != nil {
+			tpm.Terminate(m.cfg.KillGrace)
+			return err
+		}
 	}
 	att := m.beginBoot(rec, phase)
 	rt := &runtime{phase: phase, qemu: qp, tpm: tpm, mon: mon, settled: make(chan struct{})}
 	m.update(mc, func(r *hypervisorv1.VirtualMachine) {
 		r.Phase = phase
+		r.Cid = spec.VsockCID
 		r.Accelerator = m.cfg.Accelerator
 		r.Processes = &hypervisorv1.Processes{
 			Qemu: &hypervisorv1.Process{Pid: int32(qp.PID), StartTicks: qp.StartTicks},
@@ -100,6 +106,41 @@ func (m *Manager) launch(mc *machine, phase hypervisorv1.Phase) error {
 	})
 	m.supervise(mc, rt)
 	return nil
+}
+
+// startQEMU starts QEMU and connects QMP; a QEMU that does not come up is
+// ended and its log tail returned.
+func (m *Manager) startQEMU(ctx context.Context, p *hypervisorv1.Paths, args []string) (*proc.Process, *qemu.Monitor, error) {
+	log, err := os.OpenFile(p.GetQemuLog(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, nil, err
+	}
+	// The exact argv, as JSON, so a run can be reproduced by hand (make bench does).
+	argv, _ := json.Marshal(append([]string{m.cfg.QEMUBinary}, args...))
+	fmt.Fprintf(log, "--- %s %s\n", time.Now().UTC().Format(time.RFC3339), argv)
+	cmd := exec.Command(m.cfg.QEMUBinary, args...)
+	cmd.Stdout, cmd.Stderr = log, log
+	qp, err := proc.Start(cmd)
+	log.Close() // the child holds its own descriptor
+	if err != nil {
+		return nil, nil, err
+	}
+	// Stop waiting for QMP as soon as QEMU exits (a bad argument, a CID in use).
+	qctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-qp.Done():
+			cancel()
+		case <-qctx.Done():
+		}
+	}()
+	mon, err := qemu.Connect(qctx, p.GetQmpSocket())
+	if err != nil {
+		qp.Terminate(m.cfg.KillGrace)
+		return nil, nil, fmt.Errorf("qemu did not come up: %v%s", err, tailFile(p.GetQemuLog(), 10, "\nqemu.log:\n"))
+	}
+	return qp, mon, nil
 }
 
 // spec is the QEMU command of one phase.
@@ -143,6 +184,33 @@ func (m *Manager) spec(rec *hypervisorv1.VirtualMachine, img *hypervisorv1.Image
 	return s
 }
 
+// allocateCID picks the VM's vsock CID: the one it had, else the first free
+// one from a start that depends on the state directory, so two hypervisors on
+// one host rarely collide (QEMU refuses a CID in use, and launch retries).
+func (m *Manager) allocateCID(id string, had uint32) uint32 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	used := map[uint32]bool{}
+	for _, other := range m.machines {
+		if other.id == id {
+			continue
+		}
+		other.mu.Lock()
+		used[other.rec.GetCid()] = true
+		other.mu.Unlock()
+	}
+	if had >= qemu.MinCID && !used[had] {
+		return had
+	}
+	h := fnv.New32a()
+	h.Write([]byte(m.cfg.StateDir))
+	cid := qemu.MinCID + h.Sum32()%(1<<20)
+	for used[cid] {
+		cid++
+	}
+	return cid
+}
+
 // tpmSocket is swtpm's control socket in a VM's tpm/ directory.
 func tpmSocket(stateDir string) string {
 	return swtpm.Config{StateDir: stateDir}.WithDefaults().CtrlSocket
@@ -174,7 +242,12 @@ func (m *Manager) supervise(mc *machine, rt *runtime) {
 	rt.cancel = cancel
 	rec, _ := mc.snapshot()
 	msgs, unsubscribe := m.router.Subscribe(mc.id)
-	go m.router.AttachSerial(ctx, mc.id, rec.GetPaths().GetNotifySocket())
+	cid := rec.GetCid()
+	if cid != 0 {
+		m.router.MapCID(cid, mc.id)
+	} else {
+		go m.router.AttachSerial(ctx, mc.id, rec.GetPaths().GetNotifySocket())
+	}
 
 	var bootTimer <-chan time.Time
 	if rt.phase == hypervisorv1.Phase_PHASE_BOOT && rec.GetReadyAt() == nil && rec.GetState() != hypervisorv1.State_STATE_RUNNING {
@@ -193,6 +266,9 @@ func (m *Manager) supervise(mc *machine, rt *runtime) {
 	go func() {
 		defer m.wg.Done()
 		defer unsubscribe()
+		if cid != 0 {
+			defer m.router.UnmapCID(cid)
+		}
 		for {
 			select {
 			case msg := <-msgs:

@@ -1,0 +1,90 @@
+package vm
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/giantswarm/vm-manager/gen/apierr"
+	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"google.golang.org/protobuf/proto"
+)
+
+// images is a catalog port with one image offering two Kubernetes versions.
+type images struct{}
+
+var testImage = &hypervisorv1.Image{Ref: "test-guest_0.1.0", Kind: hypervisorv1.ImageKind_IMAGE_KIND_KERNEL, KubernetesVersions: []string{"v1.34.0", "v1.33.1"}}
+
+func (images) Get(ref string) (*hypervisorv1.Image, error) {
+	if ref == "test-guest" || ref == testImage.Ref {
+		return testImage, nil
+	}
+	return nil, apierr.Errorf(apierr.NotFound, "image %q not found", ref)
+}
+
+func (images) Default() (*hypervisorv1.Image, error) { return testImage, nil }
+
+func TestValidateDefaults(t *testing.T) {
+	r, err := validate(&hypervisorv1.CreateVirtualMachineRequest{Name: "t1", RequireAttestation: proto.Bool(false)}, images{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.hostname != "t1" || r.cpus != 2 || r.memoryMiB != 2048 || r.diskGiB != 20 || r.image != testImage ||
+		r.kubernetesVersion != "v1.34.0" || r.waitFor != hypervisorv1.WaitFor_WAIT_FOR_READY || r.requireAttestation {
+		t.Errorf("defaults: %+v", r)
+	}
+}
+
+func TestValidateRejects(t *testing.T) {
+	no := proto.Bool(false)
+	cases := []struct {
+		name string
+		req  *hypervisorv1.CreateVirtualMachineRequest
+		code apierr.Code
+		want string
+	}{
+		{"empty name", &hypervisorv1.CreateVirtualMachineRequest{RequireAttestation: no}, apierr.InvalidRequest, "name"},
+		{"upper case", &hypervisorv1.CreateVirtualMachineRequest{Name: "T1", RequireAttestation: no}, apierr.InvalidRequest, "DNS label"},
+		{"64 chars", &hypervisorv1.CreateVirtualMachineRequest{Name: strings.Repeat("a", 64), RequireAttestation: no}, apierr.InvalidRequest, "DNS label"},
+		{"trailing dash", &hypervisorv1.CreateVirtualMachineRequest{Name: "a-", RequireAttestation: no}, apierr.InvalidRequest, "DNS label"},
+		{"bad hostname", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", Hostname: "a.b", RequireAttestation: no}, apierr.InvalidRequest, "hostname"},
+		{"unknown image", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", Image: "nope", RequireAttestation: no}, apierr.InvalidRequest, "unknown image"},
+		{"kubernetes", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", KubernetesVersion: "v1.0.0", RequireAttestation: no}, apierr.InvalidRequest, "available: v1.34.0, v1.33.1"},
+		{"cpus 0", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", Cpus: proto.Int32(0), RequireAttestation: no}, apierr.InvalidRequest, "1..256"},
+		{"cpus 257", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", Cpus: proto.Int32(257), RequireAttestation: no}, apierr.InvalidRequest, "1..256"},
+		{"memory", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", MemoryMib: proto.Int32(255), RequireAttestation: no}, apierr.InvalidRequest, "256"},
+		{"disk 0", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", DiskGib: proto.Int32(0), RequireAttestation: no}, apierr.InvalidRequest, "1..4096"},
+		{"disk 4097", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", DiskGib: proto.Int32(4097), RequireAttestation: no}, apierr.InvalidRequest, "1..4096"},
+		{"network", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", Network: "n1", RequireAttestation: no}, apierr.InvalidRequest, "network"},
+		{"ssh key lines", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", SshAuthorizedKeys: []string{"a\nb"}, RequireAttestation: no}, apierr.InvalidRequest, "one non-empty line"},
+		{"metadata key", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", Metadata: map[string]string{"a/b": "x"}, RequireAttestation: no}, apierr.InvalidRequest, "metadata key"},
+		{"attestation", &hypervisorv1.CreateVirtualMachineRequest{Name: "a"}, apierr.Unsupported, "require_attestation"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := validate(c.req, images{})
+			if apierr.CodeOf(err) != c.code || !strings.Contains(apierr.MessageOf(err), c.want) {
+				t.Errorf("got %v (%s), want %s containing %q", err, apierr.CodeOf(err), c.code, c.want)
+			}
+		})
+	}
+}
+
+func TestTail(t *testing.T) {
+	p := t.TempDir() + "/console.log"
+	if got := tail(p, 3); got != "" {
+		t.Errorf("missing file: %q", got)
+	}
+	var b strings.Builder
+	for i := 1; i <= 10; i++ {
+		b.WriteString(strings.Repeat("x", i) + "\n")
+	}
+	if err := writeFile(p, b.String()); err != nil {
+		t.Fatal(err)
+	}
+	if got := tail(p, 3); got != "xxxxxxxx\nxxxxxxxxx\nxxxxxxxxxx" {
+		t.Errorf("tail 3: %q", got)
+	}
+}
+
+func writeFile(p, s string) error { return os.WriteFile(p, []byte(s), 0o600) }
