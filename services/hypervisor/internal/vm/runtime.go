@@ -427,5 +427,8 @@ func tail(path string, n int) string {
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
 	}
+	for i, l := range lines {
+		lines[i] = bytes.TrimSuffix(l, []byte("\r")) // the serial console ends lines in CRLF
+	}
 	return string(bytes.Join(lines, []byte("\n")))
 }
