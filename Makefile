@@ -104,6 +104,14 @@ guest-image: ## build the test guest (Debian cloud kernel + vm-agent initramfs) 
 .PHONY: test
 test: deps tools check-generated lint breaking build guest-image ## everything CI runs
 	VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -count=1 -timeout 30m $(GO_PKGS)
+	$(MAKE) fuzz
+
+FUZZTIME ?= 15s
+
+.PHONY: fuzz
+fuzz: ## the fuzz targets, each for $(FUZZTIME) (bounded, run by make test)
+	cd services/attestation && go test -run '^$$' -fuzz '^FuzzCheck$$' -fuzztime $(FUZZTIME) ./internal/verify/
+	cd services/attestation && go test -run '^$$' -fuzz '^FuzzEventLog$$' -fuzztime $(FUZZTIME) ./internal/verify/
 
 .PHONY: test-short
 test-short: ## unit tests only

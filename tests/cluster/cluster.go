@@ -324,13 +324,18 @@ type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
-// BuildBinaries builds the three binaries into dir with the workspace's code.
+// BuildBinaries builds the three binaries, and the guest's vm-agent, into
+// dir with the workspace's code.
 func BuildBinaries(dir string) error {
+	pkgs := map[string]string{"vm-agent": "github.com/giantswarm/vm-manager/guest/cmd/vm-agent"}
 	for _, s := range Services {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, "vmm-"+s), "github.com/giantswarm/vm-manager/services/"+s+"/cmd/vmm-"+s)
+		pkgs["vmm-"+s] = "github.com/giantswarm/vm-manager/services/" + s + "/cmd/vmm-" + s
+	}
+	for name, pkg := range pkgs {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, name), pkg)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("build vmm-%s: %v\n%s", s, err, out)
+			return fmt.Errorf("build %s: %v\n%s", name, err, out)
 		}
 	}
 	return nil

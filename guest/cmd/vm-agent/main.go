@@ -1,5 +1,5 @@
 // Command vm-agent is the guest agent. As PID 1 it is the init of the project's test
-// guest initramfs; otherwise it is a CLI (notify, version).
+// guest initramfs; otherwise it is a CLI (notify, attest, pcrs, version).
 package main
 
 import (
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/giantswarm/vm-manager/guest/internal/agent"
+	"github.com/giantswarm/vm-manager/guest/internal/attest"
 	"github.com/giantswarm/vm-manager/guest/internal/notify"
 	"github.com/giantswarm/vm-manager/guest/internal/smbios"
 	"github.com/giantswarm/vm-manager/guest/internal/version"
@@ -25,6 +26,8 @@ func main() {
 
 const usage = `usage:
   vm-agent notify [--socket vsock-stream:2:<port> | --port /dev/vportNpM] KEY=VALUE...
+  vm-agent attest --stage=initrd|ready [--imds-url URL] [--tpm PATH] [--timeout 90s] [--print] [--nonce HEX]
+  vm-agent pcrs [--bank=sha256] [--tpm=PATH]
   vm-agent version`
 
 func run(args []string) int {
@@ -42,6 +45,11 @@ func run(args []string) int {
 			return 1
 		}
 		return 0
+	case "attest":
+		// Exit codes: 0 verified, 2 rejected, 1 anything else.
+		return attest.Command(args[1:], os.Stdout, os.Stderr)
+	case "pcrs":
+		return attest.PCRsCommand(args[1:], os.Stdout, os.Stderr)
 	case "-h", "--help", "help":
 		fmt.Println(usage)
 		return 0

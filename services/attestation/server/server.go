@@ -32,7 +32,7 @@ type Config struct {
 
 // Run serves until ctx ends.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
-	opts := apiserver.Options{LearnGolden: cfg.LearnGolden}
+	opts := apiserver.Options{LearnGolden: cfg.LearnGolden, Log: log}
 	switch cfg.Mode {
 	case "verify", "":
 		opts.Mode = attestationv1.Mode_MODE_VERIFY

@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"log/slog"
 	"regexp"
 	"time"
 
@@ -23,6 +24,8 @@ import (
 type Options struct {
 	Mode        attestationv1.Mode
 	LearnGolden bool
+	// Log receives verdicts and learn-mode warnings; nil discards them.
+	Log *slog.Logger
 }
 
 // Server implements both services.
@@ -31,12 +34,17 @@ type Server struct {
 	attestationv1.UnimplementedVerifierServiceServer
 	store *store.Store
 	opts  Options
+	log   *slog.Logger
 	now   func() time.Time
 }
 
 // New returns the services over a store.
 func New(st *store.Store, opts Options) *Server {
-	return &Server{store: st, opts: opts, now: time.Now}
+	log := opts.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Server{store: st, opts: opts, log: log, now: time.Now}
 }
 
 var (

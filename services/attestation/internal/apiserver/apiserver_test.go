@@ -77,17 +77,6 @@ func wantCode(t *testing.T, err error, code apierr.Code) {
 	}
 }
 
-func TestStoreSchema(t *testing.T) {
-	st, err := store.Open(tempDB(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	if store.Schema.Name != "attestation" || store.Schema.Latest() != 1 {
-		t.Errorf("schema = %s v%d", store.Schema.Name, store.Schema.Latest())
-	}
-}
-
 func TestImportThenGet(t *testing.T) {
 	s, _, _ := newServer(t, tempDB(t), Options{Mode: attestationv1.Mode_MODE_VERIFY})
 	doc := policyDoc(t, true, '1')

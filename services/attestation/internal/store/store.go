@@ -7,19 +7,30 @@
 //	policies/<image>   attestationv1.ImagePolicy, protobuf binary
 //	vms/<vm id>        VM, JSON: image, Kubernetes version, boot, pinned AK,
 //	                   and the current boot's attestationv1.Attestation
+//	nonces/<vm id>/<nonce hex>
+//	                   Nonce, JSON: the boot it belongs to and its expiry
+//	golden-events/<image>
+//	                   the event log of the boot golden values were recorded
+//	                   from, JSON, to name the events a mismatch differs in
 //
 // Version history:
 //
 //	1  policies, vms
+//	2  nonces (before, nonces lived in memory and a restart stranded a
+//	   booting guest), golden-events
 package store
 
 import (
+	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"sort"
 	"time"
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	"github.com/giantswarm/vm-manager/pkg/boltdb"
+	"github.com/giantswarm/vm-manager/services/attestation/internal/verify"
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -28,6 +39,8 @@ import (
 var (
 	bucketPolicies = []byte("policies")
 	bucketVMs      = []byte("vms")
+	bucketNonces   = []byte("nonces")
+	bucketGoldenEv = []byte("golden-events")
 )
 
 // Schema is the attestation database's layout and migrations.
@@ -36,6 +49,14 @@ var Schema = boltdb.Schema{
 	Migrations: []boltdb.Migration{
 		{Version: 1, Description: "policies and vms buckets", Apply: func(tx *bolt.Tx) error {
 			for _, b := range [][]byte{bucketPolicies, bucketVMs} {
+				if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+					return err
+				}
+			}
+			return nil
+		}},
+		{Version: 2, Description: "nonces and golden-events buckets", Apply: func(tx *bolt.Tx) error {
+			for _, b := range [][]byte{bucketNonces, bucketGoldenEv} {
 				if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 					return err
 				}
@@ -51,9 +72,12 @@ type VM struct {
 	Image             string `json:"image"`
 	KubernetesVersion string `json:"kubernetesVersion,omitempty"`
 	// AKPub is the TPMT_PUBLIC pinned by the first verified initrd quote.
-	AKPub         []byte          `json:"akPub,omitempty"`
-	AKFingerprint string          `json:"akFingerprint,omitempty"`
-	Attestation   json.RawMessage `json:"attestation"` // attestationv1.Attestation, protojson
+	AKPub         []byte `json:"akPub,omitempty"`
+	AKFingerprint string `json:"akFingerprint,omitempty"`
+	// ReadyEvents is the event log of the last verified ready quote, kept
+	// for RecordGolden.
+	ReadyEvents []verify.Event  `json:"readyEvents,omitempty"`
+	Attestation json.RawMessage `json:"attestation"` // attestationv1.Attestation, protojson
 }
 
 // Store is the attestation service's persistent state.
@@ -166,9 +190,123 @@ func (s *Store) PutVM(vm *VM, att *attestationv1.Attestation) error {
 	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketVMs).Put([]byte(vm.ID), raw) })
 }
 
-// DeleteVM forgets a VM.
+// DeleteVM forgets a VM: record, pin, verdicts and nonces.
 func (s *Store) DeleteVM(id string) error {
-	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketVMs).Delete([]byte(id)) })
+	return s.db.Update(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bucketNonces).DeleteBucket([]byte(id)); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
+			return err
+		}
+		return tx.Bucket(bucketVMs).Delete([]byte(id))
+	})
+}
+
+// PutGoldenEvents keeps the event log golden values were recorded from.
+func (s *Store) PutGoldenEvents(image string, events []verify.Event) error {
+	raw, err := json.Marshal(events)
+	if err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketGoldenEv).Put([]byte(image), raw) })
+}
+
+// GoldenEvents returns the event log golden values were recorded from, if any.
+func (s *Store) GoldenEvents(image string) ([]verify.Event, error) {
+	var ev []verify.Event
+	err := s.db.View(func(tx *bolt.Tx) error {
+		if raw := tx.Bucket(bucketGoldenEv).Get([]byte(image)); raw != nil {
+			return json.Unmarshal(raw, &ev)
+		}
+		return nil
+	})
+	return ev, err
+}
+
+// Nonce is an outstanding nonce.
+type Nonce struct {
+	Boot    uint64    `json:"boot"`
+	Issued  time.Time `json:"issued"`
+	Expires time.Time `json:"expires"`
+}
+
+// AddNonce stores a nonce for a VM, sweeping expired ones and keeping at
+// most max outstanding (the oldest go first).
+func (s *Store) AddNonce(vmID string, nonce []byte, n Nonce, now time.Time, max int) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.Bucket(bucketNonces).CreateBucketIfNotExists([]byte(vmID))
+		if err != nil {
+			return err
+		}
+		type entry struct {
+			key    []byte
+			issued time.Time
+		}
+		var live []entry
+		var dead [][]byte
+		if err := b.ForEach(func(k, v []byte) error {
+			var old Nonce
+			if json.Unmarshal(v, &old) != nil || !now.Before(old.Expires) {
+				dead = append(dead, append([]byte(nil), k...))
+				return nil
+			}
+			live = append(live, entry{append([]byte(nil), k...), old.Issued})
+			return nil
+		}); err != nil {
+			return err
+		}
+		sort.Slice(live, func(i, j int) bool { return live[i].issued.Before(live[j].issued) })
+		for len(live) >= max {
+			dead = append(dead, live[0].key)
+			live = live[1:]
+		}
+		for _, k := range dead {
+			if err := b.Delete(k); err != nil {
+				return err
+			}
+		}
+		raw, err := json.Marshal(n)
+		if err != nil {
+			return err
+		}
+		return b.Put([]byte(hex.EncodeToString(nonce)), raw)
+	})
+}
+
+// ConsumeNonce deletes a nonce (any attempt uses it up) and returns it if it
+// was outstanding and unexpired.
+func (s *Store) ConsumeNonce(vmID string, nonce []byte, now time.Time) (*Nonce, bool, error) {
+	var n Nonce
+	ok := false
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketNonces).Bucket([]byte(vmID))
+		if b == nil {
+			return nil
+		}
+		key := []byte(hex.EncodeToString(nonce))
+		raw := b.Get(key)
+		if raw == nil {
+			return nil
+		}
+		if err := b.Delete(key); err != nil {
+			return err
+		}
+		if json.Unmarshal(raw, &n) == nil && now.Before(n.Expires) {
+			ok = true
+		}
+		return nil
+	})
+	return &n, ok, err
+}
+
+// NonceCount counts a VM's stored nonces, expired ones included.
+func (s *Store) NonceCount(vmID string) int {
+	n := 0
+	_ = s.db.View(func(tx *bolt.Tx) error {
+		if b := tx.Bucket(bucketNonces).Bucket([]byte(vmID)); b != nil {
+			n = b.Stats().KeyN
+		}
+		return nil
+	})
+	return n
 }
 
 // PolicyCount counts stored policies.

@@ -1,0 +1,243 @@
+package apiserver
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/giantswarm/vm-manager/gen/apierr"
+	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
+	"github.com/giantswarm/vm-manager/services/attestation/internal/policy"
+	"github.com/giantswarm/vm-manager/services/attestation/internal/store"
+	"github.com/giantswarm/vm-manager/services/attestation/internal/verify"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// Nonce rules (contract §5.1).
+const (
+	NonceSize      = 32
+	NonceTTL       = 5 * time.Minute
+	MaxOutstanding = 8
+)
+
+// IssueNonce hands out a single-use nonce bound to the VM's current boot. It
+// is stored in bbolt, so an attestation restart does not strand a guest.
+func (s *Server) IssueNonce(_ context.Context, req *attestationv1.IssueNonceRequest) (*attestationv1.IssueNonceResponse, error) {
+	vm, att, err := s.store.GetVM(req.GetVmId())
+	if err != nil {
+		return nil, err
+	}
+	nonce := make([]byte, NonceSize)
+	if _, err := rand.Read(nonce); err != nil {
+		return nil, err
+	}
+	now := s.now()
+	n := store.Nonce{Boot: att.GetBoot(), Issued: now, Expires: now.Add(NonceTTL)}
+	if err := s.store.AddNonce(vm.ID, nonce, n, now, MaxOutstanding); err != nil {
+		return nil, err
+	}
+	att.NonceIssuedAt = timestamppb.New(now)
+	if err := s.store.PutVM(vm, att); err != nil {
+		return nil, err
+	}
+	return &attestationv1.IssueNonceResponse{Nonce: nonce, ExpireTime: timestamppb.New(n.Expires), Boot: n.Boot}, nil
+}
+
+// VerifyQuote runs the contract's verification steps in order; the first
+// failure rejects. A rejection is a verdict (recorded, returned), not an error.
+func (s *Server) VerifyQuote(_ context.Context, req *attestationv1.VerifyQuoteRequest) (*attestationv1.VerifyQuoteResponse, error) {
+	stage := req.GetStage()
+	if stage != attestationv1.Stage_STAGE_INITRD && stage != attestationv1.Stage_STAGE_READY {
+		return nil, apierr.Invalidf("stage", "stage must be initrd or ready")
+	}
+	vm, att, err := s.store.GetVM(req.GetVmId())
+	if err != nil {
+		return nil, err
+	}
+	now := s.now()
+	verdict := &attestationv1.Quote{At: timestamppb.New(now), Pcrs: hexPCRs(req.GetPcrs())}
+	reject := func(reason string) (*attestationv1.VerifyQuoteResponse, error) {
+		verdict.Message = reason
+		return s.record(vm, att, stage, verdict)
+	}
+
+	// 1. The nonce: issued to this VM for this boot, unexpired, unused. Any
+	// attempt uses it up.
+	n, ok, err := s.store.ConsumeNonce(vm.ID, req.GetNonce(), now)
+	if err != nil {
+		return nil, err
+	}
+	if !ok || n.Boot != att.GetBoot() {
+		return reject("unknown or expired nonce")
+	}
+	if s.opts.Mode == attestationv1.Mode_MODE_NOOP {
+		verdict.Verified = true
+		verdict.Message = "accepted without verification (--attestation=noop)"
+		return s.record(vm, att, stage, verdict)
+	}
+	// 3. The image's policy.
+	pol, err := s.store.GetPolicy(vm.Image)
+	if apierr.CodeOf(err) == apierr.NotFound {
+		return reject(fmt.Sprintf("no policy for image %s: import its policy.json", vm.Image))
+	}
+	if err != nil {
+		return nil, err
+	}
+	// 4–10. Parse, key, signature, nonce, bank, PCR digest, coverage.
+	res, err := verify.Check(verify.Quote{
+		Stage: stage, AKPub: req.GetAkPub(), Attest: req.GetQuote(), Signature: req.GetSignature(),
+		PCRs: req.GetPcrs(), EventLog: req.GetEventLog(),
+	}, req.GetNonce())
+	if err != nil {
+		return reject(err.Error())
+	}
+	verdict.AkFingerprint = res.AKFingerprint
+	verdict.Pcrs = hexPCRs(res.PCRs)
+	// 11. The AK pinned by the first verified initrd quote.
+	if vm.AKFingerprint != "" && vm.AKFingerprint != res.AKFingerprint {
+		return reject(fmt.Sprintf("ak %s is not the key enrolled for this vm (%s)", short(res.AKFingerprint), short(vm.AKFingerprint)))
+	}
+	// 12–13. PCR 11 and the golden values.
+	out := policy.Evaluate(pol.GetDocument(), stage, vm.KubernetesVersion, res.PCRs, s.opts.LearnGolden)
+	if out.Reason != "" {
+		verdict.MismatchedEvents = verify.Mismatches(s.goldenEvents(vm.Image), res.Events, out.Mismatched)
+		return reject(out.Reason)
+	}
+	verdict.Learned = out.Learned
+	// 14. Enrolment: the first verified initrd quote pins the AK.
+	if vm.AKFingerprint == "" {
+		if stage != attestationv1.Stage_STAGE_INITRD {
+			return reject("no ak enrolled for this vm: an initrd-stage quote must verify first")
+		}
+		vm.AKPub, vm.AKFingerprint = res.AKPub, res.AKFingerprint
+	}
+	if stage == attestationv1.Stage_STAGE_READY {
+		vm.ReadyEvents = res.Events
+	}
+	// 15. The success message.
+	msg := "verified: ak " + short(res.AKFingerprint)
+	if out.Summary != "" {
+		msg += ", " + out.Summary
+	}
+	if len(out.Learned) > 0 {
+		var l []string
+		for _, i := range out.Learned {
+			l = append(l, fmt.Sprintf("%d=%x", i, res.PCRs[i]))
+		}
+		msg += "; accepted without golden value: " + strings.Join(l, " ")
+		s.log.Warn("learn mode accepted PCRs without a golden value", "vm", vm.ID, "stage", stage.String(), "pcrs", out.Learned)
+	}
+	verdict.Verified = true
+	verdict.Message = msg
+	return s.record(vm, att, stage, verdict)
+}
+
+// record stores a verdict on the VM's current boot and answers with it. A
+// rejection does not replace a verified verdict of the same boot and stage:
+// anything in the guest can post a bad quote, and the boot's trust was
+// established by the first good one. It is logged all the same.
+func (s *Server) record(vm *store.VM, att *attestationv1.Attestation, stage attestationv1.Stage, q *attestationv1.Quote) (*attestationv1.VerifyQuoteResponse, error) {
+	released := false
+	slot := &att.Ready
+	if stage == attestationv1.Stage_STAGE_INITRD {
+		slot = &att.Initrd
+		if q.GetVerified() && !att.GetUserDataReleased() {
+			att.UserDataReleased, released = true, true
+		}
+	}
+	if q.GetVerified() || !(*slot).GetVerified() {
+		*slot = q
+	}
+	if err := s.store.PutVM(vm, att); err != nil {
+		return nil, err
+	}
+	s.log.Info("attestation verdict", "vm", vm.ID, "stage", stage.String(), "verified", q.GetVerified(), "message", q.GetMessage())
+	return &attestationv1.VerifyQuoteResponse{
+		Stage: stage, Verified: q.GetVerified(), UserDataReleased: released || att.GetUserDataReleased(),
+		Message: q.GetMessage(), Attestation: att,
+	}, nil
+}
+
+// RecordGolden copies a VM's verified ready-stage PCRs into its image's
+// golden values, keeping every other field of the policy.
+func (s *Server) RecordGolden(_ context.Context, req *attestationv1.RecordGoldenRequest) (*attestationv1.ImagePolicy, error) {
+	if err := checkImage(req.GetImage()); err != nil {
+		return nil, err
+	}
+	vm, att, err := s.store.GetVM(req.GetFromVm())
+	if err != nil {
+		return nil, err
+	}
+	if vm.Image != req.GetImage() {
+		return nil, apierr.Invalidf("from_vm", "vm %s runs image %s, not %s", vm.ID, vm.Image, req.GetImage())
+	}
+	ready := att.GetReady()
+	if !ready.GetVerified() {
+		return nil, apierr.Errorf(apierr.Conflict, "vm %s has no verified ready-stage quote in its current boot", vm.ID)
+	}
+	values := map[string]any{}
+	for _, idx := range append(policy.GoldenPCRsFor(attestationv1.Stage_STAGE_READY), 9) {
+		v, ok := ready.GetPcrs()[idx]
+		if !ok {
+			if idx == 9 {
+				continue // only direct-kernel guests quote PCR 9
+			}
+			return nil, apierr.Errorf(apierr.Conflict, "the ready quote of vm %s lacks pcr %d", vm.ID, idx)
+		}
+		values[strconv.Itoa(int(idx))] = v
+	}
+	golden, err := structpb.NewValue(map[string]any{"sha256": values})
+	if err != nil {
+		return nil, err
+	}
+	p, err := s.store.UpdatePolicy(req.GetImage(), func(old *attestationv1.ImagePolicy) (*attestationv1.ImagePolicy, error) {
+		if old == nil {
+			return nil, apierr.Errorf(apierr.NotFound, "no policy for image %q: import its policy.json first", req.GetImage())
+		}
+		p := proto.Clone(old).(*attestationv1.ImagePolicy)
+		if p.Document.Fields == nil {
+			p.Document.Fields = map[string]*structpb.Value{}
+		}
+		p.Document.Fields["golden"] = golden
+		p.GoldenPcrs = policy.GoldenPCRs(p.Document)
+		p.GoldenFromVm = vm.ID
+		p.GoldenUpdateTime = timestamppb.New(s.now())
+		return p, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := s.store.PutGoldenEvents(req.GetImage(), vm.ReadyEvents); err != nil {
+		return nil, err
+	}
+	s.log.Info("golden values recorded", "image", req.GetImage(), "vm", vm.ID, "pcrs", slices.Sorted(maps.Keys(values)))
+	return p, nil
+}
+
+func (s *Server) goldenEvents(image string) []verify.Event {
+	ev, _ := s.store.GoldenEvents(image)
+	return ev
+}
+
+func hexPCRs(in map[uint32][]byte) map[uint32]string {
+	out := make(map[uint32]string, len(in))
+	for k, v := range in {
+		out[k] = hex.EncodeToString(v)
+	}
+	return out
+}
+
+func short(fp string) string {
+	if len(fp) > 16 {
+		return fp[:16]
+	}
+	return fp
+}

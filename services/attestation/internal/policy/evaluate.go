@@ -1,0 +1,140 @@
+package policy
+
+import (
+	"bytes"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// GoldenPCRsFor are the PCRs that must have a golden value (or be learned)
+// at a stage: the firmware PCRs, and PCR 13 (the Kubernetes sysext) at ready.
+// PCRs 1 and 5 differ per VM by construction (SMBIOS credentials, GPT UUIDs):
+// recorded, never compared.
+func GoldenPCRsFor(stage attestationv1.Stage) []uint32 {
+	if stage == attestationv1.Stage_STAGE_READY {
+		return []uint32{0, 2, 3, 4, 6, 7, 13}
+	}
+	return []uint32{0, 2, 3, 4, 6, 7}
+}
+
+// NeverCompared are quoted and recorded only.
+var NeverCompared = []uint32{1, 5}
+
+// Phase is the PCR 11 phase checked at a stage.
+func Phase(stage attestationv1.Stage) string {
+	if stage == attestationv1.Stage_STAGE_READY {
+		return PhaseReady
+	}
+	return PhaseInitrd
+}
+
+// Outcome is the policy half of a verdict.
+type Outcome struct {
+	// Learned lists PCRs accepted without a golden value (learn mode).
+	Learned []uint32
+	// Mismatched lists PCRs whose golden value differs, for event naming.
+	Mismatched []uint32
+	// Reason is set when the quote is rejected.
+	Reason string
+	// Summary is the success message's policy part.
+	Summary string
+}
+
+// Evaluate compares quoted PCRs with a policy document (contract §5.4 steps
+// 12 and 13). Golden values for PCRs beyond the required set (PCR 9, which
+// measures a direct-kernel image's command line and initrd under OVMF) are
+// compared too, and the quote must cover them.
+func Evaluate(doc *structpb.Struct, stage attestationv1.Stage, kubernetesVersion string, pcrs map[uint32][]byte, learn bool) Outcome {
+	f := doc.GetFields()
+	var out Outcome
+	phase := Phase(stage)
+	summary := []string{}
+	if p11 := f["pcr11"].GetStructValue(); p11 != nil {
+		want := p11.GetFields()[phase].GetStringValue()
+		if got := pcrs[11]; !equalHex(want, got) {
+			out.Reason = fmt.Sprintf("pcr 11 mismatch for phase %s: expected %s, got %x", phase, want, got)
+			return out
+		}
+		summary = append(summary, "pcr 11 phase "+phase)
+	}
+	golden := f["golden"].GetStructValue().GetFields()["sha256"].GetStructValue().GetFields()
+	var mismatches, missing []string
+	check := func(idx uint32, want string, suffix string) {
+		got, quoted := pcrs[idx]
+		switch {
+		case !quoted:
+			mismatches = append(mismatches, fmt.Sprintf("pcr %d has a golden value but was not quoted", idx))
+		case !equalHex(want, got):
+			mismatches = append(mismatches, fmt.Sprintf("pcr %d expected %s, got %x%s", idx, strings.ToLower(want), got, suffix))
+			out.Mismatched = append(out.Mismatched, idx)
+		}
+	}
+	required := GoldenPCRsFor(stage)
+	for _, idx := range required {
+		if idx == 13 {
+			continue
+		}
+		want, ok := golden[strconv.Itoa(int(idx))]
+		if !ok {
+			missing = append(missing, strconv.Itoa(int(idx)))
+			continue
+		}
+		check(idx, want.GetStringValue(), "")
+	}
+	// Further golden values (e.g. PCR 9 of a direct-kernel image).
+	var extra []uint32
+	for k := range golden {
+		n, err := strconv.Atoi(k)
+		// PCR 13 is the ready stage's alone, handled below.
+		if err == nil && n != 13 && !slices.Contains(required, uint32(n)) && !slices.Contains(NeverCompared, uint32(n)) {
+			extra = append(extra, uint32(n))
+		}
+	}
+	slices.Sort(extra)
+	for _, idx := range extra {
+		// A guest must not dodge a golden value by leaving its PCR out.
+		check(idx, golden[strconv.Itoa(int(idx))].GetStringValue(), "")
+	}
+	if stage == attestationv1.Stage_STAGE_READY {
+		want, suffix := "", ""
+		if v := f["pcr13"].GetStructValue().GetFields()[kubernetesVersion]; kubernetesVersion != "" && v != nil {
+			want, suffix = v.GetStringValue(), " for kubernetes "+kubernetesVersion
+		} else if v, ok := golden["13"]; ok {
+			want = v.GetStringValue()
+		}
+		if want != "" {
+			check(13, want, suffix)
+			if kubernetesVersion != "" {
+				summary = append(summary, "pcr 13 kubernetes "+kubernetesVersion)
+			}
+		}
+		// PCR 13 without an expected value is accepted and recorded.
+	}
+	if len(mismatches) > 0 {
+		out.Reason = "golden mismatch: " + strings.Join(mismatches, "; ")
+		return out
+	}
+	if len(missing) > 0 {
+		if !learn {
+			out.Reason = fmt.Sprintf("no golden value for pcr %s in the image policy: record one with RecordGolden (POST /api/v1/images/<image>/policy/golden) or run with --attestation-learn-golden", strings.Join(missing, ", "))
+			return out
+		}
+		for _, m := range missing {
+			n, _ := strconv.Atoi(m)
+			out.Learned = append(out.Learned, uint32(n))
+		}
+	}
+	out.Summary = strings.Join(summary, ", ")
+	return out
+}
+
+func equalHex(want string, got []byte) bool {
+	w, err := hex.DecodeString(want)
+	return err == nil && bytes.Equal(w, got)
+}

@@ -1,0 +1,512 @@
+// Package verify is the cryptographic half of TPM quote verification
+// (contract §5.4 steps 4–10): it parses and checks the attest, the
+// attestation key and the signature, binds the quote to a nonce and to the
+// PCR values the guest sent, and replays an optional TCG event log against
+// the quoted PCRs. Policy, storage and nonce bookkeeping live elsewhere.
+package verify
+
+import (
+	"bytes"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rsa"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/big"
+	"slices"
+	"strings"
+
+	"github.com/google/go-tpm/tpm2"
+
+	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
+)
+
+// Quote is a quote as the guest posts it (contract §5.2), already
+// base64/hex-decoded.
+type Quote struct {
+	Stage attestationv1.Stage
+	// AKPub is the AK's TPMT_PUBLIC; a TPM2B_PUBLIC (2-byte size prefix) is
+	// accepted too.
+	AKPub []byte
+	// Attest is the TPMS_ATTEST the TPM signed.
+	Attest []byte
+	// Signature is the TPMT_SIGNATURE over Attest.
+	Signature []byte
+	// PCRs are the sha256 bank values the guest read, by index.
+	PCRs map[uint32][]byte
+	// EventLog is binary_bios_measurements (TCG PC Client, crypto-agile);
+	// optional.
+	EventLog []byte
+}
+
+// Result is what a verified quote proves.
+type Result struct {
+	// AKPub is the normalized TPMT_PUBLIC (no size prefix): what gets pinned.
+	AKPub []byte
+	// AKFingerprint is the hex SHA-256 of AKPub.
+	AKFingerprint string
+	// PCRs are exactly the quoted selection.
+	PCRs map[uint32][]byte
+	// Events are the event log's events of the quoted PCRs, in log order,
+	// when the log was given and replays to the quoted values.
+	Events []Event
+	// EventLogError says why the given log was not usable. It never rejects
+	// the quote by itself.
+	EventLogError string
+}
+
+// Event is one measured event of a replayed log. Only PCR and Digest are
+// proven by the replay; Type and Description come from the log's
+// unmeasured fields and are hints for an operator.
+type Event struct {
+	PCR         uint32
+	Type        string // e.g. EV_EFI_BOOT_SERVICES_APPLICATION
+	Description string // firmware volume, variable name, file path, text or short hex
+	Digest      []byte // sha256
+}
+
+// Rejection is a quote that fails verification; Reason says why.
+type Rejection struct {
+	Reason string
+}
+
+func (r *Rejection) Error() string { return r.Reason }
+
+func reject(format string, args ...any) *Rejection {
+	return &Rejection{Reason: fmt.Sprintf(format, args...)}
+}
+
+// RequiredPCRs returns the sha256 PCRs a quote must cover at stage (contract
+// §5.3): 0–7 and 11 at initrd, plus 13 at ready. Unknown stages need none.
+func RequiredPCRs(stage attestationv1.Stage) []uint32 {
+	switch stage {
+	case attestationv1.Stage_STAGE_INITRD:
+		return []uint32{0, 1, 2, 3, 4, 5, 6, 7, 11}
+	case attestationv1.Stage_STAGE_READY:
+		return []uint32{0, 1, 2, 3, 4, 5, 6, 7, 11, 13}
+	}
+	return nil
+}
+
+func stageName(s attestationv1.Stage) string {
+	switch s {
+	case attestationv1.Stage_STAGE_INITRD:
+		return "initrd"
+	case attestationv1.Stage_STAGE_READY:
+		return "ready"
+	}
+	return fmt.Sprintf("%d", int32(s))
+}
+
+const pcrSize = sha256.Size
+
+// Check verifies q against nonce: contract §5.4 steps 4–10, in order, after
+// the stage (step 2). The first failure returns a *Rejection. An empty nonce
+// is the caller's mistake and returns a plain error.
+func Check(q Quote, nonce []byte) (*Result, error) {
+	if len(nonce) == 0 {
+		return nil, errors.New("verify: empty nonce")
+	}
+	switch q.Stage {
+	case attestationv1.Stage_STAGE_INITRD, attestationv1.Stage_STAGE_READY:
+	case attestationv1.Stage_STAGE_UNSPECIFIED:
+		return nil, reject("unspecified stage")
+	default:
+		return nil, reject("unknown stage %d", int32(q.Stage))
+	}
+
+	// Step 4: parse.
+	att, sel, info, rej := parseAttest(q.Attest)
+	if rej != nil {
+		return nil, rej
+	}
+	ak, rej := parseAK(q.AKPub)
+	if rej != nil {
+		return nil, rej
+	}
+	sig, rej := parseSignature(q.Signature, ak)
+	if rej != nil {
+		return nil, rej
+	}
+
+	// Step 5: signature over the attest bytes.
+	h := sig.hash.New()
+	h.Write(q.Attest)
+	if !sig.verify(ak, h.Sum(nil)) {
+		return nil, reject("quote signature does not verify")
+	}
+
+	// Step 6: qualifying data.
+	if subtle.ConstantTimeCompare(att.ExtraData.Buffer, nonce) != 1 {
+		return nil, reject("qualifying data does not match the nonce")
+	}
+
+	// Step 7: bank.
+	if sel.Hash != tpm2.TPMAlgSHA256 {
+		return nil, reject("quote is over the %s pcr bank, want sha256", algName(sel.Hash))
+	}
+
+	// Step 8: values.
+	idxs := selectedPCRs(sel.PCRSelect)
+	pcrs := make(map[uint32][]byte, len(idxs))
+	for _, i := range idxs {
+		v, ok := q.PCRs[i]
+		if !ok {
+			return nil, reject("pcr %d is quoted but missing from the pcr values", i)
+		}
+		if len(v) != pcrSize {
+			return nil, reject("pcr %d value is %d bytes, want %d", i, len(v), pcrSize)
+		}
+		pcrs[i] = bytes.Clone(v)
+	}
+
+	// Step 9: digest. TPM2_Quote hashes the PCRs with the signing scheme's
+	// hash, which is sha256 for the AKs the guest makes.
+	h = sig.hash.New()
+	for _, i := range idxs {
+		h.Write(pcrs[i])
+	}
+	if subtle.ConstantTimeCompare(h.Sum(nil), info.PCRDigest.Buffer) != 1 {
+		return nil, reject("pcr digest does not match the pcr values")
+	}
+
+	// Step 10: coverage.
+	var missing []string
+	for _, i := range RequiredPCRs(q.Stage) {
+		if _, ok := pcrs[i]; !ok {
+			missing = append(missing, fmt.Sprint(i))
+		}
+	}
+	switch len(missing) {
+	case 0:
+	case 1:
+		return nil, reject("quote does not cover pcr %s, required at the %s stage", missing[0], stageName(q.Stage))
+	default:
+		return nil, reject("quote does not cover pcrs %s, required at the %s stage", strings.Join(missing, ", "), stageName(q.Stage))
+	}
+
+	fp := sha256.Sum256(ak.raw)
+	res := &Result{
+		AKPub:         bytes.Clone(ak.raw),
+		AKFingerprint: hex.EncodeToString(fp[:]),
+		PCRs:          pcrs,
+	}
+	if len(q.EventLog) > 0 {
+		events, err := replayLog(q.EventLog, pcrs)
+		if err != nil {
+			res.EventLogError = err.Error()
+		} else {
+			res.Events = events
+		}
+	}
+	return res, nil
+}
+
+const (
+	tpmGeneratedValue = 0xff544347
+	stAttestQuote     = 0x8018
+)
+
+// parseAttest decodes a TPMS_ATTEST that must be a quote over one bank.
+func parseAttest(b []byte) (*tpm2.TPMSAttest, *tpm2.TPMSPCRSelection, *tpm2.TPMSQuoteInfo, *Rejection) {
+	// Magic and type first, so garbage gets a precise reason.
+	if len(b) < 6 {
+		return nil, nil, nil, reject("attest is %d bytes, too short for a TPMS_ATTEST", len(b))
+	}
+	if m := binary.BigEndian.Uint32(b); m != tpmGeneratedValue {
+		return nil, nil, nil, reject("attest magic is 0x%08x, not TPM_GENERATED_VALUE", m)
+	}
+	if t := binary.BigEndian.Uint16(b[4:]); t != stAttestQuote {
+		return nil, nil, nil, reject("attest type is 0x%04x, not ATTEST_QUOTE", t)
+	}
+	att, err := tpm2.Unmarshal[tpm2.TPMSAttest](b)
+	if err != nil {
+		return nil, nil, nil, reject("attest does not parse: %v", err)
+	}
+	info, err := att.Attested.Quote()
+	if err != nil {
+		return nil, nil, nil, reject("attest does not parse: %v", err)
+	}
+	// The decoder ignores trailing bytes and short size fields; a faithful
+	// re-encoding catches both.
+	if !bytes.Equal(tpm2.Marshal(*att), b) {
+		return nil, nil, nil, reject("attest is not a canonical TPMS_ATTEST (trailing or truncated bytes)")
+	}
+	if n := len(info.PCRSelect.PCRSelections); n != 1 {
+		return nil, nil, nil, reject("quote selects %d pcr banks, want exactly one", n)
+	}
+	return att, &info.PCRSelect.PCRSelections[0], info, nil
+}
+
+// akKey is a parsed attestation key.
+type akKey struct {
+	raw    []byte // TPMT_PUBLIC
+	scheme tpm2.TPMAlgID
+	hash   tpm2.TPMAlgID
+	ecc    *ecdsa.PublicKey
+	rsa    *rsa.PublicKey
+}
+
+// stripTPM2B drops a TPM2B_PUBLIC size prefix. A TPMT_PUBLIC starts with
+// its type (0x0001 or 0x0023), which never equals the remaining length of a
+// real key, so the two forms cannot be confused.
+func stripTPM2B(b []byte) []byte {
+	if len(b) >= 2 && int(binary.BigEndian.Uint16(b)) == len(b)-2 {
+		return b[2:]
+	}
+	return b
+}
+
+func parseAK(in []byte) (*akKey, *Rejection) {
+	b := stripTPM2B(in)
+	pub, err := tpm2.Unmarshal[tpm2.TPMTPublic](b)
+	if err != nil {
+		return nil, reject("ak public area does not parse: %v", err)
+	}
+
+	a := pub.ObjectAttributes
+	var bad []string
+	for _, c := range []struct {
+		ok   bool
+		name string
+	}{
+		{a.FixedTPM, "not fixedTPM"},
+		{a.FixedParent, "not fixedParent"},
+		{a.SensitiveDataOrigin, "not sensitiveDataOrigin"},
+		{a.Restricted, "not restricted"},
+		{a.SignEncrypt, "not sign"},
+		{!a.Decrypt, "can decrypt"},
+	} {
+		if !c.ok {
+			bad = append(bad, c.name)
+		}
+	}
+	if len(bad) > 0 {
+		return nil, reject("ak is unsuitable: %s (an ak must be fixedTPM, fixedParent, sensitiveDataOrigin, restricted, sign and not decrypt)", strings.Join(bad, ", "))
+	}
+
+	k := &akKey{raw: b}
+	switch pub.Type {
+	case tpm2.TPMAlgECC:
+		p, err := pub.Parameters.ECCDetail()
+		if err != nil {
+			return nil, reject("ak ecc parameters do not parse: %v", err)
+		}
+		if p.CurveID != tpm2.TPMECCNistP256 {
+			return nil, reject("ak curve 0x%04x is not nist p-256", uint16(p.CurveID))
+		}
+		if p.Scheme.Scheme != tpm2.TPMAlgECDSA {
+			return nil, reject("ak scheme %s is not ecdsa", algName(p.Scheme.Scheme))
+		}
+		s, err := p.Scheme.Details.ECDSA()
+		if err != nil {
+			return nil, reject("ak ecdsa scheme does not parse: %v", err)
+		}
+		k.scheme, k.hash = tpm2.TPMAlgECDSA, s.HashAlg
+		pt, err := pub.Unique.ECC()
+		if err != nil {
+			return nil, reject("ak ecc point does not parse: %v", err)
+		}
+		x, y := pt.X.Buffer, pt.Y.Buffer
+		if len(x) > 32 || len(y) > 32 {
+			return nil, reject("ak ecc point is not on nist p-256")
+		}
+		enc := make([]byte, 65)
+		enc[0] = 4
+		copy(enc[33-len(x):33], x)
+		copy(enc[65-len(y):], y)
+		if k.ecc, err = ecdsa.ParseUncompressedPublicKey(elliptic.P256(), enc); err != nil {
+			return nil, reject("ak ecc point is not on nist p-256")
+		}
+	case tpm2.TPMAlgRSA:
+		p, err := pub.Parameters.RSADetail()
+		if err != nil {
+			return nil, reject("ak rsa parameters do not parse: %v", err)
+		}
+		n, err := pub.Unique.RSA()
+		if err != nil {
+			return nil, reject("ak rsa modulus does not parse: %v", err)
+		}
+		mod := new(big.Int).SetBytes(n.Buffer)
+		if p.KeyBits != 2048 || len(n.Buffer) != 256 || mod.BitLen() != 2048 {
+			return nil, reject("ak rsa key is %d bits, want 2048", mod.BitLen())
+		}
+		// The TPM's default exponent is 65537, written as 0.
+		if p.Exponent != 0 && p.Exponent != 65537 {
+			return nil, reject("ak rsa exponent %d is not 65537", p.Exponent)
+		}
+		switch p.Scheme.Scheme {
+		case tpm2.TPMAlgRSASSA:
+			s, err := p.Scheme.Details.RSASSA()
+			if err != nil {
+				return nil, reject("ak rsassa scheme does not parse: %v", err)
+			}
+			k.hash = s.HashAlg
+		case tpm2.TPMAlgRSAPSS:
+			s, err := p.Scheme.Details.RSAPSS()
+			if err != nil {
+				return nil, reject("ak rsapss scheme does not parse: %v", err)
+			}
+			k.hash = s.HashAlg
+		default:
+			return nil, reject("ak scheme %s is not rsassa or rsapss", algName(p.Scheme.Scheme))
+		}
+		k.scheme = p.Scheme.Scheme
+		k.rsa = &rsa.PublicKey{N: mod, E: 65537}
+	default:
+		return nil, reject("ak type %s is not ecc or rsa", algName(pub.Type))
+	}
+	if _, ok := sigHash(k.hash); !ok {
+		return nil, reject("ak scheme hash %s is not sha256, sha384 or sha512", algName(k.hash))
+	}
+	// A fingerprint must name one encoding of one key.
+	if !bytes.Equal(tpm2.Marshal(*pub), b) {
+		return nil, reject("ak public area is not a canonical TPMT_PUBLIC (trailing or truncated bytes)")
+	}
+	return k, nil
+}
+
+func sigHash(a tpm2.TPMAlgID) (crypto.Hash, bool) {
+	switch a {
+	case tpm2.TPMAlgSHA256:
+		return crypto.SHA256, true
+	case tpm2.TPMAlgSHA384:
+		return crypto.SHA384, true
+	case tpm2.TPMAlgSHA512:
+		return crypto.SHA512, true
+	}
+	return 0, false
+}
+
+// signature is a parsed TPMT_SIGNATURE that suits its AK.
+type signature struct {
+	hash crypto.Hash
+	r, s *big.Int // ecdsa
+	rsa  []byte
+}
+
+func parseSignature(b []byte, ak *akKey) (*signature, *Rejection) {
+	ts, err := tpm2.Unmarshal[tpm2.TPMTSignature](b)
+	if err != nil {
+		return nil, reject("signature does not parse: %v", err)
+	}
+	// A restricted key signs only with its own scheme.
+	if ts.SigAlg != ak.scheme {
+		return nil, reject("signature scheme %s does not match the ak scheme %s", algName(ts.SigAlg), algName(ak.scheme))
+	}
+	var (
+		sig  signature
+		hash tpm2.TPMAlgID
+	)
+	switch ts.SigAlg {
+	case tpm2.TPMAlgECDSA:
+		e, err := ts.Signature.ECDSA()
+		if err != nil {
+			return nil, reject("signature does not parse: %v", err)
+		}
+		hash = e.Hash
+		sig.r = new(big.Int).SetBytes(e.SignatureR.Buffer)
+		sig.s = new(big.Int).SetBytes(e.SignatureS.Buffer)
+	case tpm2.TPMAlgRSASSA, tpm2.TPMAlgRSAPSS:
+		var r *tpm2.TPMSSignatureRSA
+		if ts.SigAlg == tpm2.TPMAlgRSASSA {
+			r, err = ts.Signature.RSASSA()
+		} else {
+			r, err = ts.Signature.RSAPSS()
+		}
+		if err != nil {
+			return nil, reject("signature does not parse: %v", err)
+		}
+		hash = r.Hash
+		sig.rsa = r.Sig.Buffer
+	}
+	if hash != ak.hash {
+		return nil, reject("signature hash %s does not suit the ak, whose scheme signs with %s", algName(hash), algName(ak.hash))
+	}
+	sig.hash, _ = sigHash(hash)
+	if !bytes.Equal(tpm2.Marshal(*ts), b) {
+		return nil, reject("signature is not a canonical TPMT_SIGNATURE (trailing or truncated bytes)")
+	}
+	return &sig, nil
+}
+
+func (s *signature) verify(ak *akKey, digest []byte) bool {
+	switch {
+	case ak.ecc != nil:
+		return ecdsa.Verify(ak.ecc, digest, s.r, s.s)
+	case ak.scheme == tpm2.TPMAlgRSASSA:
+		return rsa.VerifyPKCS1v15(ak.rsa, s.hash, digest, s.rsa) == nil
+	case ak.scheme == tpm2.TPMAlgRSAPSS:
+		// TPMs differ in the salt length they use; any valid one will do.
+		return rsa.VerifyPSS(ak.rsa, s.hash, digest, s.rsa, &rsa.PSSOptions{SaltLength: rsa.PSSSaltLengthAuto, Hash: s.hash}) == nil
+	}
+	return false
+}
+
+// selectedPCRs lists the indexes set in a pcrSelect bitmap, ascending.
+func selectedPCRs(bitmap []byte) []uint32 {
+	var out []uint32
+	for i, b := range bitmap {
+		for bit := range 8 {
+			if b&(1<<bit) != 0 {
+				out = append(out, uint32(i*8+bit))
+			}
+		}
+	}
+	return out
+}
+
+func algName(a tpm2.TPMAlgID) string {
+	switch a {
+	case tpm2.TPMAlgSHA1:
+		return "sha1"
+	case tpm2.TPMAlgSHA256:
+		return "sha256"
+	case tpm2.TPMAlgSHA384:
+		return "sha384"
+	case tpm2.TPMAlgSHA512:
+		return "sha512"
+	case tpm2.TPMAlgSM3256:
+		return "sm3_256"
+	case tpm2.TPMAlgRSA:
+		return "rsa"
+	case tpm2.TPMAlgECC:
+		return "ecc"
+	case tpm2.TPMAlgKeyedHash:
+		return "keyedhash"
+	case tpm2.TPMAlgSymCipher:
+		return "symcipher"
+	case tpm2.TPMAlgRSASSA:
+		return "rsassa"
+	case tpm2.TPMAlgRSAPSS:
+		return "rsapss"
+	case tpm2.TPMAlgECDSA:
+		return "ecdsa"
+	case tpm2.TPMAlgECDAA:
+		return "ecdaa"
+	case tpm2.TPMAlgSM2:
+		return "sm2"
+	case tpm2.TPMAlgECSchnorr:
+		return "ecschnorr"
+	case tpm2.TPMAlgHMAC:
+		return "hmac"
+	case tpm2.TPMAlgNull:
+		return "null"
+	}
+	return fmt.Sprintf("0x%04x", uint16(a))
+}
+
+// sortedKeys returns m's keys ascending.
+func sortedKeys[V any](m map[uint32]V) []uint32 {
+	out := make([]uint32, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}

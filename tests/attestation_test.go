@@ -1,0 +1,216 @@
+package tests
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/giantswarm/vm-manager/gen/apierr"
+	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
+	"github.com/giantswarm/vm-manager/tests/cluster"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+var zeros = strings.Repeat("0", 64)
+
+// attPolicy is a policy whose golden values are a fresh swtpm's PCRs (zeros).
+func attPolicy(pcr0 string) string {
+	return fmt.Sprintf(`{"image_id":"att-image","image_version":"1.0.0",
+ "pcr11":{"enter-initrd":"%[1]s","enter-initrd:leave-initrd:sysinit:ready":"%[1]s"},
+ "pcr13":{"v1.34.0":"%[1]s"},
+ "golden":{"sha256":{"0":"%[2]s","2":"%[1]s","3":"%[1]s","4":"%[1]s","6":"%[1]s","7":"%[1]s"}}}`, zeros, pcr0)
+}
+
+// swtpmServer starts a TPM the way a guest would see one: vm-agent talks to
+// its server socket.
+func swtpmServer(t *testing.T) string {
+	t.Helper()
+	requireTool(t, "swtpm")
+	dir, err := os.MkdirTemp("", "vmm-tpm-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "tpm.sock")
+	cmd := exec.Command("swtpm", "socket", "--tpm2", "--tpmstate", "dir="+dir,
+		"--server", "type=unixio,path="+sock, "--ctrl", "type=unixio,path="+filepath.Join(dir, "ctrl.sock"),
+		"--flags", "not-need-init,startup-clear")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	cluster.Eventually(t, 5*time.Second, "swtpm socket", func() error {
+		c, err := net.Dial("unix", sock)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	})
+	return sock
+}
+
+// guestQuote has the real guest agent quote the TPM for a nonce.
+func guestQuote(t *testing.T, tpm string, stage attestationv1.Stage, nonce []byte) *attestationv1.VerifyQuoteRequest {
+	t.Helper()
+	name := map[attestationv1.Stage]string{attestationv1.Stage_STAGE_INITRD: "initrd", attestationv1.Stage_STAGE_READY: "ready"}[stage]
+	out, err := exec.Command(filepath.Join(binDir, "vm-agent"), "attest", "--stage="+name, "--print", "--nonce", hex.EncodeToString(nonce), "--tpm", tpm).Output()
+	if err != nil {
+		t.Fatalf("vm-agent attest --print: %v", err)
+	}
+	var body struct {
+		Nonce, AKPub, Quote, Signature string
+		PCRs                           map[string]map[string]string
+	}
+	if err := json.Unmarshal(out, &struct {
+		Nonce     *string                       `json:"nonce"`
+		AKPub     *string                       `json:"ak_pub"`
+		Quote     *string                       `json:"quote"`
+		Signature *string                       `json:"signature"`
+		PCRs      *map[string]map[string]string `json:"pcrs"`
+	}{&body.Nonce, &body.AKPub, &body.Quote, &body.Signature, &body.PCRs}); err != nil {
+		t.Fatalf("vm-agent output: %v\n%s", err, out)
+	}
+	b64 := func(s string) []byte {
+		b, err := base64.StdEncoding.DecodeString(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	req := &attestationv1.VerifyQuoteRequest{Stage: stage, Nonce: nonce, AkPub: b64(body.AKPub), Quote: b64(body.Quote), Signature: b64(body.Signature), Pcrs: map[uint32][]byte{}}
+	for idx, v := range body.PCRs["sha256"] {
+		i, _ := strconv.Atoi(idx)
+		req.Pcrs[uint32(i)], _ = hex.DecodeString(v)
+	}
+	return req
+}
+
+// TestAttestation drives the attestation service as the hypervisor does, over
+// its unix socket, with quotes from the real guest agent and a real swtpm:
+// nonces surviving a SIGKILL of the service, verdicts, pins, rejections, and
+// recording golden values.
+func TestAttestation(t *testing.T) {
+	images := t.TempDir()
+	for name, content := range map[string]string{
+		"att-image_1.0.0.vmlinuz": "k", "att-image_1.0.0.initrd": "i", "att-image_1.0.0.policy.json": attPolicy(zeros),
+	} {
+		if err := os.WriteFile(filepath.Join(images, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := cluster.Start(t, cluster.Processes, binDir, cluster.Options{ImageDir: images})
+	api := "http://" + c.Addr + "/api/v1"
+	cluster.Eventually(t, 20*time.Second, "policy import", func() error {
+		if code, _, b := do(t, "GET", api+"/images/att-image_1.0.0/policy", ""); code != 200 {
+			return fmt.Errorf("%d %s", code, b)
+		}
+		return nil
+	})
+	verifier := func() attestationv1.VerifierServiceClient {
+		conn, err := grpc.NewClient("unix://"+c.Socket("attestation"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return attestationv1.NewVerifierServiceClient(conn)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	v := verifier()
+	const vm, other = "0a0b0c0d", "0e0e0e0e"
+	for _, id := range []string{vm, other} {
+		if _, err := v.BeginBoot(ctx, &attestationv1.BeginBootRequest{VmId: id, Image: "att-image_1.0.0", KubernetesVersion: "v1.34.0", Required: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tpm := swtpmServer(t)
+	nonce := func(id string) []byte {
+		t.Helper()
+		n, err := v.IssueNonce(ctx, &attestationv1.IssueNonceRequest{VmId: id})
+		if err != nil || len(n.GetNonce()) != 32 {
+			t.Fatalf("IssueNonce: %v %v", n, err)
+		}
+		return n.GetNonce()
+	}
+	expect := func(req *attestationv1.VerifyQuoteRequest, verified bool, msg string) *attestationv1.VerifyQuoteResponse {
+		t.Helper()
+		resp, err := v.VerifyQuote(ctx, req)
+		if err != nil {
+			t.Fatalf("VerifyQuote: %v", err)
+		}
+		if resp.GetVerified() != verified || !strings.Contains(resp.GetMessage(), msg) {
+			t.Fatalf("verdict %v %q, want %v %q", resp.GetVerified(), resp.GetMessage(), verified, msg)
+		}
+		return resp
+	}
+
+	// A nonce issued before a SIGKILL still verifies after the restart.
+	n := nonce(vm)
+	c.StopService("attestation")
+	c.StartService("attestation")
+	initrd := guestQuote(t, tpm, attestationv1.Stage_STAGE_INITRD, n)
+	initrd.VmId = vm
+	resp := expect(initrd, true, "verified: ak ")
+	if !resp.GetUserDataReleased() || resp.GetAttestation().GetInitrd().GetAkFingerprint() == "" {
+		t.Errorf("verified initrd quote: %+v", resp)
+	}
+	pinned := resp.GetAttestation().GetInitrd().GetAkFingerprint()
+	// The same nonce again: single use.
+	expect(initrd, false, "unknown or expired nonce")
+	// Another VM's nonce.
+	q := guestQuote(t, tpm, attestationv1.Stage_STAGE_INITRD, nonce(other))
+	q.VmId = vm
+	expect(q, false, "unknown or expired nonce")
+
+	ready := guestQuote(t, tpm, attestationv1.Stage_STAGE_READY, nonce(vm))
+	ready.VmId = vm
+	expect(ready, true, "pcr 13 kubernetes v1.34.0")
+
+	// Pins and verdicts survive a SIGKILL.
+	c.StopService("attestation")
+	c.StartService("attestation")
+	var att struct {
+		Required, UserDataReleased bool
+		Initrd, Ready              struct {
+			Verified      bool
+			AkFingerprint string
+		}
+	}
+	getJSON(t, api+"/vms/"+vm+"/attestation", &att)
+	if !att.Required || !att.UserDataReleased || !att.Initrd.Verified || !att.Ready.Verified || att.Initrd.AkFingerprint != pinned {
+		t.Errorf("attestation after restart: %+v", att)
+	}
+	// Another TPM (another AK) for the pinned VM.
+	q = guestQuote(t, swtpmServer(t), attestationv1.Stage_STAGE_INITRD, nonce(vm))
+	q.VmId = vm
+	expect(q, false, "is not the key enrolled for this vm")
+
+	// A golden mismatch on PCR 0.
+	if code, _, b := do(t, "PUT", api+"/images/att-image_1.0.0/policy", attPolicy(strings.Repeat("f", 64))); code != 200 {
+		t.Fatalf("import policy: %d %s", code, b)
+	}
+	q = guestQuote(t, tpm, attestationv1.Stage_STAGE_INITRD, nonce(vm))
+	q.VmId = vm
+	expect(q, false, "golden mismatch: pcr 0 expected "+strings.Repeat("f", 64)+", got "+zeros)
+
+	// RecordGolden takes the VM's verified ready PCRs.
+	code, _, b := do(t, "POST", api+"/images/att-image_1.0.0/policy/golden", `{"from_vm":"`+vm+`"}`)
+	if code != 200 || !strings.Contains(string(b), `"goldenFromVm": "`+vm+`"`) {
+		t.Fatalf("record golden: %d %s", code, b)
+	}
+	q = guestQuote(t, tpm, attestationv1.Stage_STAGE_INITRD, nonce(vm))
+	q.VmId = vm
+	expect(q, true, "verified")
+	expectError(t, "POST", api+"/images/att-image_1.0.0/policy/golden", `{"from_vm":"`+other+`"}`, 409, apierr.Conflict)
+}
