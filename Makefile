@@ -119,7 +119,9 @@ test-short: ## unit tests only
 
 .PHONY: bench
 bench: build guest-image ## benchmarks; ratios are printed side by side
-	VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -run '^$$' -bench . -benchtime 5x $(GO_PKGS)
+	cd tests && VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -run '^$$' -bench CreateToReady -benchtime 5x .
+	cd tests && go test -run '^$$' -bench VerifyQuote -benchtime 200x .
+	cd services/attestation && go test -run '^$$' -bench . ./internal/verify/
 
 # ---- run --------------------------------------------------------------------
 

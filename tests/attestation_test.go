@@ -34,7 +34,9 @@ func attPolicy(pcr0 string) string {
 
 // swtpmServer starts a TPM the way a guest would see one: vm-agent talks to
 // its server socket.
-func swtpmServer(t *testing.T) string {
+func swtpmServer(t *testing.T) string { return swtpmServerTB(t) }
+
+func swtpmServerTB(t testing.TB) string {
 	t.Helper()
 	requireTool(t, "swtpm")
 	dir, err := os.MkdirTemp("", "vmm-tpm-")
@@ -61,7 +63,7 @@ func swtpmServer(t *testing.T) string {
 }
 
 // guestQuote has the real guest agent quote the TPM for a nonce.
-func guestQuote(t *testing.T, tpm string, stage attestationv1.Stage, nonce []byte) *attestationv1.VerifyQuoteRequest {
+func guestQuote(t testing.TB, tpm string, stage attestationv1.Stage, nonce []byte) *attestationv1.VerifyQuoteRequest {
 	t.Helper()
 	name := map[attestationv1.Stage]string{attestationv1.Stage_STAGE_INITRD: "initrd", attestationv1.Stage_STAGE_READY: "ready"}[stage]
 	out, err := exec.Command(filepath.Join(binDir, "vm-agent"), "attest", "--stage="+name, "--print", "--nonce", hex.EncodeToString(nonce), "--tpm", tpm).Output()
