@@ -184,6 +184,15 @@ func lifecycle(t *testing.T, c *cluster.Cluster) {
 				Attestation        string
 			}
 		}
+		var att struct {
+			Required         *bool
+			UserDataReleased bool
+			Boot             int
+		}
+		getJSON(t, a.base+"/vms/"+t1.ID+"/attestation", &att)
+		if att.Required == nil || *att.Required || !att.UserDataReleased || att.Boot != 1 {
+			t.Errorf("attestation service's view of the boot: %+v", att)
+		}
 		getJSON(t, a.base+"/vms/"+t1.ID+"/metrics", &met)
 		h := met.Host
 		if h.State != "ready" || h.Pid == nil || *h.Pid != t1.Processes.Qemu.Pid || h.MemoryRSSBytes == nil || *h.MemoryRSSBytes <= 0 || h.BootToReadySeconds == nil || h.Attestation != "disabled" {
@@ -244,6 +253,7 @@ func lifecycle(t *testing.T, c *cluster.Cluster) {
 			t.Errorf("vm directory %s still exists: %v", v.Paths.Dir, err)
 		}
 		expectError(t, "GET", a.base+"/vms/"+t1.ID, "", 404, apierr.NotFound)
+		expectError(t, "GET", a.base+"/vms/"+t1.ID+"/attestation", "", 404, apierr.NotFound)
 	})
 
 	var pair []vmJSON
