@@ -131,8 +131,9 @@ func TestAttestation(t *testing.T) {
 	defer cancel()
 	v := verifier()
 	const vm, other = "0a0b0c0d", "0e0e0e0e"
+	firmware := &attestationv1.FirmwareBuild{Sha256: strings.Repeat("ab", 32), Package: "ovmf", Version: "2022.11-6"}
 	for _, id := range []string{vm, other} {
-		if _, err := v.BeginBoot(ctx, &attestationv1.BeginBootRequest{VmId: id, Image: "att-image_1.0.0", KubernetesVersion: "v1.34.0", Required: true}); err != nil {
+		if _, err := v.BeginBoot(ctx, &attestationv1.BeginBootRequest{VmId: id, Image: "att-image_1.0.0", KubernetesVersion: "v1.34.0", Required: true, Firmware: firmware}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -208,11 +209,47 @@ func TestAttestation(t *testing.T) {
 
 	// RecordGolden takes the VM's verified ready PCRs.
 	code, _, b := do(t, "POST", api+"/images/att-image_1.0.0/policy/golden", `{"from_vm":"`+vm+`"}`)
-	if code != 200 || !strings.Contains(string(b), `"goldenFromVm": "`+vm+`"`) {
+	var recorded struct {
+		GoldenFromVm string
+		GoldenPcrs   []int
+		Document     struct {
+			GoldenFirmware map[string]string `json:"golden_firmware"`
+		}
+	}
+	if code != 200 || json.Unmarshal(b, &recorded) != nil || recorded.GoldenFromVm != vm || len(recorded.GoldenPcrs) != 7 ||
+		recorded.Document.GoldenFirmware["sha256"] != firmware.GetSha256() || recorded.Document.GoldenFirmware["version"] != firmware.GetVersion() {
 		t.Fatalf("record golden: %d %s", code, b)
 	}
 	q = guestQuote(t, tpm, attestationv1.Stage_STAGE_INITRD, nonce(vm))
 	q.VmId = vm
 	expect(q, true, "verified")
+
+	// A firmware update breaks PCR 0: the rejection says the build changed.
+	if _, err := v.BeginBoot(ctx, &attestationv1.BeginBootRequest{VmId: vm, Image: "att-image_1.0.0", KubernetesVersion: "v1.34.0", Required: true,
+		Firmware: &attestationv1.FirmwareBuild{Sha256: strings.Repeat("cd", 32), Package: "ovmf", Version: "2025.02-1"}}); err != nil {
+		t.Fatal(err)
+	}
+	_, _, b = do(t, "GET", api+"/images/att-image_1.0.0/policy", "")
+	var stored struct{ Document map[string]any }
+	if err := json.Unmarshal(b, &stored); err != nil {
+		t.Fatal(err)
+	}
+	policyDoc := stored.Document
+	policyDoc["golden"].(map[string]any)["sha256"].(map[string]any)["0"] = strings.Repeat("e", 64)
+	raw, _ := json.Marshal(policyDoc)
+	if code, _, b := do(t, "PUT", api+"/images/att-image_1.0.0/policy", string(raw)); code != 200 {
+		t.Fatalf("import: %d %s", code, b)
+	}
+	q = guestQuote(t, tpm, attestationv1.Stage_STAGE_INITRD, nonce(vm))
+	q.VmId = vm
+	expect(q, false, "the golden values were recorded on firmware ovmf 2022.11-6 (sha256 abababababababab), this vm boots ovmf 2025.02-1 (sha256 cdcdcdcdcdcdcdcd)")
+
+	// A policy without golden values rejects outside learn mode.
+	if code, _, b := do(t, "DELETE", api+"/images/att-image_1.0.0/policy/golden", ""); code != 200 {
+		t.Fatalf("clear golden: %d %s", code, b)
+	}
+	q = guestQuote(t, tpm, attestationv1.Stage_STAGE_INITRD, nonce(vm))
+	q.VmId = vm
+	expect(q, false, "no golden value for pcr 0, 2, 3, 4, 6, 7 in the image policy")
 	expectError(t, "POST", api+"/images/att-image_1.0.0/policy/golden", `{"from_vm":"`+other+`"}`, 409, apierr.Conflict)
 }

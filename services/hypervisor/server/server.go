@@ -134,6 +134,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		QEMUVersion:     version,
 		CPU:             cpu,
 		Region:          hostname,
+		Firmware:        report.GetFirmware(),
 		NotifyVsockPort: vsockPort,
 		InstallTimeout:  cfg.InstallTimeout,
 		BootTimeout:     cfg.BootTimeout,

@@ -586,6 +586,69 @@ func (x *AttestationStatus) GetPolicyCount() uint32 {
 	return 0
 }
 
+// FirmwareBuild identifies an OVMF build: golden PCRs 0 and 7 depend on it.
+type FirmwareBuild struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Hex SHA-256 of the code image.
+	Sha256 string `protobuf:"bytes,1,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	// The distribution package that ships it, when known.
+	Package       string `protobuf:"bytes,2,opt,name=package,proto3" json:"package,omitempty"`
+	Version       string `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FirmwareBuild) Reset() {
+	*x = FirmwareBuild{}
+	mi := &file_vmmanager_attestation_v1_attestation_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FirmwareBuild) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FirmwareBuild) ProtoMessage() {}
+
+func (x *FirmwareBuild) ProtoReflect() protoreflect.Message {
+	mi := &file_vmmanager_attestation_v1_attestation_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FirmwareBuild.ProtoReflect.Descriptor instead.
+func (*FirmwareBuild) Descriptor() ([]byte, []int) {
+	return file_vmmanager_attestation_v1_attestation_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *FirmwareBuild) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
+func (x *FirmwareBuild) GetPackage() string {
+	if x != nil {
+		return x.Package
+	}
+	return ""
+}
+
+func (x *FirmwareBuild) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
 var File_vmmanager_attestation_v1_attestation_proto protoreflect.FileDescriptor
 
 const file_vmmanager_attestation_v1_attestation_proto_rawDesc = "" +
@@ -632,7 +695,11 @@ const file_vmmanager_attestation_v1_attestation_proto_rawDesc = "" +
 	"\x04mode\x18\x01 \x01(\x0e2\x1e.vmmanager.attestation.v1.ModeB\x03\xe0A\x03R\x04mode\x12&\n" +
 	"\flearn_golden\x18\x02 \x01(\bB\x03\xe0A\x03R\vlearnGolden\x12\x1f\n" +
 	"\bwarnings\x18\x03 \x03(\tB\x03\xe0A\x03R\bwarnings\x12&\n" +
-	"\fpolicy_count\x18\x04 \x01(\rB\x03\xe0A\x03R\vpolicyCount*A\n" +
+	"\fpolicy_count\x18\x04 \x01(\rB\x03\xe0A\x03R\vpolicyCount\"[\n" +
+	"\rFirmwareBuild\x12\x16\n" +
+	"\x06sha256\x18\x01 \x01(\tR\x06sha256\x12\x18\n" +
+	"\apackage\x18\x02 \x01(\tR\apackage\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\tR\aversion*A\n" +
 	"\x05Stage\x12\x15\n" +
 	"\x11STAGE_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fSTAGE_INITRD\x10\x01\x12\x0f\n" +
@@ -655,7 +722,7 @@ func file_vmmanager_attestation_v1_attestation_proto_rawDescGZIP() []byte {
 }
 
 var file_vmmanager_attestation_v1_attestation_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_vmmanager_attestation_v1_attestation_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_vmmanager_attestation_v1_attestation_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_vmmanager_attestation_v1_attestation_proto_goTypes = []any{
 	(Stage)(0),                    // 0: vmmanager.attestation.v1.Stage
 	(Mode)(0),                     // 1: vmmanager.attestation.v1.Mode
@@ -664,20 +731,21 @@ var file_vmmanager_attestation_v1_attestation_proto_goTypes = []any{
 	(*EventMismatch)(nil),         // 4: vmmanager.attestation.v1.EventMismatch
 	(*ImagePolicy)(nil),           // 5: vmmanager.attestation.v1.ImagePolicy
 	(*AttestationStatus)(nil),     // 6: vmmanager.attestation.v1.AttestationStatus
-	nil,                           // 7: vmmanager.attestation.v1.Quote.PcrsEntry
-	(*timestamppb.Timestamp)(nil), // 8: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 9: google.protobuf.Struct
+	(*FirmwareBuild)(nil),         // 7: vmmanager.attestation.v1.FirmwareBuild
+	nil,                           // 8: vmmanager.attestation.v1.Quote.PcrsEntry
+	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 10: google.protobuf.Struct
 }
 var file_vmmanager_attestation_v1_attestation_proto_depIdxs = []int32{
-	8,  // 0: vmmanager.attestation.v1.Attestation.nonce_issued_at:type_name -> google.protobuf.Timestamp
+	9,  // 0: vmmanager.attestation.v1.Attestation.nonce_issued_at:type_name -> google.protobuf.Timestamp
 	3,  // 1: vmmanager.attestation.v1.Attestation.initrd:type_name -> vmmanager.attestation.v1.Quote
 	3,  // 2: vmmanager.attestation.v1.Attestation.ready:type_name -> vmmanager.attestation.v1.Quote
-	8,  // 3: vmmanager.attestation.v1.Quote.at:type_name -> google.protobuf.Timestamp
-	7,  // 4: vmmanager.attestation.v1.Quote.pcrs:type_name -> vmmanager.attestation.v1.Quote.PcrsEntry
+	9,  // 3: vmmanager.attestation.v1.Quote.at:type_name -> google.protobuf.Timestamp
+	8,  // 4: vmmanager.attestation.v1.Quote.pcrs:type_name -> vmmanager.attestation.v1.Quote.PcrsEntry
 	4,  // 5: vmmanager.attestation.v1.Quote.mismatched_events:type_name -> vmmanager.attestation.v1.EventMismatch
-	9,  // 6: vmmanager.attestation.v1.ImagePolicy.document:type_name -> google.protobuf.Struct
-	8,  // 7: vmmanager.attestation.v1.ImagePolicy.import_time:type_name -> google.protobuf.Timestamp
-	8,  // 8: vmmanager.attestation.v1.ImagePolicy.golden_update_time:type_name -> google.protobuf.Timestamp
+	10, // 6: vmmanager.attestation.v1.ImagePolicy.document:type_name -> google.protobuf.Struct
+	9,  // 7: vmmanager.attestation.v1.ImagePolicy.import_time:type_name -> google.protobuf.Timestamp
+	9,  // 8: vmmanager.attestation.v1.ImagePolicy.golden_update_time:type_name -> google.protobuf.Timestamp
 	1,  // 9: vmmanager.attestation.v1.AttestationStatus.mode:type_name -> vmmanager.attestation.v1.Mode
 	10, // [10:10] is the sub-list for method output_type
 	10, // [10:10] is the sub-list for method input_type
@@ -697,7 +765,7 @@ func file_vmmanager_attestation_v1_attestation_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vmmanager_attestation_v1_attestation_proto_rawDesc), len(file_vmmanager_attestation_v1_attestation_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -31,7 +31,10 @@ type BeginBootRequest struct {
 	// The VM's Kubernetes version, for the PCR 13 lookup; empty for none.
 	KubernetesVersion string `protobuf:"bytes,3,opt,name=kubernetes_version,json=kubernetesVersion,proto3" json:"kubernetes_version,omitempty"`
 	// Whether user-data waits for a verified initrd quote.
-	Required      bool `protobuf:"varint,4,opt,name=required,proto3" json:"required,omitempty"`
+	Required bool `protobuf:"varint,4,opt,name=required,proto3" json:"required,omitempty"`
+	// The firmware the VM boots, so golden values recorded from it name their
+	// build and a mismatch can say the firmware changed.
+	Firmware      *FirmwareBuild `protobuf:"bytes,5,opt,name=firmware,proto3" json:"firmware,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -92,6 +95,13 @@ func (x *BeginBootRequest) GetRequired() bool {
 		return x.Required
 	}
 	return false
+}
+
+func (x *BeginBootRequest) GetFirmware() *FirmwareBuild {
+	if x != nil {
+		return x.Firmware
+	}
+	return nil
 }
 
 type IssueNonceRequest struct {
@@ -485,12 +495,13 @@ var File_vmmanager_attestation_v1_verifier_service_proto protoreflect.FileDescri
 
 const file_vmmanager_attestation_v1_verifier_service_proto_rawDesc = "" +
 	"\n" +
-	"/vmmanager/attestation/v1/verifier_service.proto\x12\x18vmmanager.attestation.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\"\x92\x01\n" +
+	"/vmmanager/attestation/v1/verifier_service.proto\x12\x18vmmanager.attestation.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\"\xd7\x01\n" +
 	"\x10BeginBootRequest\x12\x18\n" +
 	"\x05vm_id\x18\x01 \x01(\tB\x03\xe0A\x02R\x04vmId\x12\x19\n" +
 	"\x05image\x18\x02 \x01(\tB\x03\xe0A\x02R\x05image\x12-\n" +
 	"\x12kubernetes_version\x18\x03 \x01(\tR\x11kubernetesVersion\x12\x1a\n" +
-	"\brequired\x18\x04 \x01(\bR\brequired\"-\n" +
+	"\brequired\x18\x04 \x01(\bR\brequired\x12C\n" +
+	"\bfirmware\x18\x05 \x01(\v2'.vmmanager.attestation.v1.FirmwareBuildR\bfirmware\"-\n" +
 	"\x11IssueNonceRequest\x12\x18\n" +
 	"\x05vm_id\x18\x01 \x01(\tB\x03\xe0A\x02R\x04vmId\"{\n" +
 	"\x12IssueNonceResponse\x12\x14\n" +
@@ -551,29 +562,31 @@ var file_vmmanager_attestation_v1_verifier_service_proto_goTypes = []any{
 	(*ForgetVirtualMachineRequest)(nil),  // 5: vmmanager.attestation.v1.ForgetVirtualMachineRequest
 	(*ForgetVirtualMachineResponse)(nil), // 6: vmmanager.attestation.v1.ForgetVirtualMachineResponse
 	nil,                                  // 7: vmmanager.attestation.v1.VerifyQuoteRequest.PcrsEntry
-	(*timestamppb.Timestamp)(nil),        // 8: google.protobuf.Timestamp
-	(Stage)(0),                           // 9: vmmanager.attestation.v1.Stage
-	(*Attestation)(nil),                  // 10: vmmanager.attestation.v1.Attestation
+	(*FirmwareBuild)(nil),                // 8: vmmanager.attestation.v1.FirmwareBuild
+	(*timestamppb.Timestamp)(nil),        // 9: google.protobuf.Timestamp
+	(Stage)(0),                           // 10: vmmanager.attestation.v1.Stage
+	(*Attestation)(nil),                  // 11: vmmanager.attestation.v1.Attestation
 }
 var file_vmmanager_attestation_v1_verifier_service_proto_depIdxs = []int32{
-	8,  // 0: vmmanager.attestation.v1.IssueNonceResponse.expire_time:type_name -> google.protobuf.Timestamp
-	9,  // 1: vmmanager.attestation.v1.VerifyQuoteRequest.stage:type_name -> vmmanager.attestation.v1.Stage
-	7,  // 2: vmmanager.attestation.v1.VerifyQuoteRequest.pcrs:type_name -> vmmanager.attestation.v1.VerifyQuoteRequest.PcrsEntry
-	9,  // 3: vmmanager.attestation.v1.VerifyQuoteResponse.stage:type_name -> vmmanager.attestation.v1.Stage
-	10, // 4: vmmanager.attestation.v1.VerifyQuoteResponse.attestation:type_name -> vmmanager.attestation.v1.Attestation
-	0,  // 5: vmmanager.attestation.v1.VerifierService.BeginBoot:input_type -> vmmanager.attestation.v1.BeginBootRequest
-	1,  // 6: vmmanager.attestation.v1.VerifierService.IssueNonce:input_type -> vmmanager.attestation.v1.IssueNonceRequest
-	3,  // 7: vmmanager.attestation.v1.VerifierService.VerifyQuote:input_type -> vmmanager.attestation.v1.VerifyQuoteRequest
-	5,  // 8: vmmanager.attestation.v1.VerifierService.ForgetVirtualMachine:input_type -> vmmanager.attestation.v1.ForgetVirtualMachineRequest
-	10, // 9: vmmanager.attestation.v1.VerifierService.BeginBoot:output_type -> vmmanager.attestation.v1.Attestation
-	2,  // 10: vmmanager.attestation.v1.VerifierService.IssueNonce:output_type -> vmmanager.attestation.v1.IssueNonceResponse
-	4,  // 11: vmmanager.attestation.v1.VerifierService.VerifyQuote:output_type -> vmmanager.attestation.v1.VerifyQuoteResponse
-	6,  // 12: vmmanager.attestation.v1.VerifierService.ForgetVirtualMachine:output_type -> vmmanager.attestation.v1.ForgetVirtualMachineResponse
-	9,  // [9:13] is the sub-list for method output_type
-	5,  // [5:9] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	8,  // 0: vmmanager.attestation.v1.BeginBootRequest.firmware:type_name -> vmmanager.attestation.v1.FirmwareBuild
+	9,  // 1: vmmanager.attestation.v1.IssueNonceResponse.expire_time:type_name -> google.protobuf.Timestamp
+	10, // 2: vmmanager.attestation.v1.VerifyQuoteRequest.stage:type_name -> vmmanager.attestation.v1.Stage
+	7,  // 3: vmmanager.attestation.v1.VerifyQuoteRequest.pcrs:type_name -> vmmanager.attestation.v1.VerifyQuoteRequest.PcrsEntry
+	10, // 4: vmmanager.attestation.v1.VerifyQuoteResponse.stage:type_name -> vmmanager.attestation.v1.Stage
+	11, // 5: vmmanager.attestation.v1.VerifyQuoteResponse.attestation:type_name -> vmmanager.attestation.v1.Attestation
+	0,  // 6: vmmanager.attestation.v1.VerifierService.BeginBoot:input_type -> vmmanager.attestation.v1.BeginBootRequest
+	1,  // 7: vmmanager.attestation.v1.VerifierService.IssueNonce:input_type -> vmmanager.attestation.v1.IssueNonceRequest
+	3,  // 8: vmmanager.attestation.v1.VerifierService.VerifyQuote:input_type -> vmmanager.attestation.v1.VerifyQuoteRequest
+	5,  // 9: vmmanager.attestation.v1.VerifierService.ForgetVirtualMachine:input_type -> vmmanager.attestation.v1.ForgetVirtualMachineRequest
+	11, // 10: vmmanager.attestation.v1.VerifierService.BeginBoot:output_type -> vmmanager.attestation.v1.Attestation
+	2,  // 11: vmmanager.attestation.v1.VerifierService.IssueNonce:output_type -> vmmanager.attestation.v1.IssueNonceResponse
+	4,  // 12: vmmanager.attestation.v1.VerifierService.VerifyQuote:output_type -> vmmanager.attestation.v1.VerifyQuoteResponse
+	6,  // 13: vmmanager.attestation.v1.VerifierService.ForgetVirtualMachine:output_type -> vmmanager.attestation.v1.ForgetVirtualMachineResponse
+	10, // [10:14] is the sub-list for method output_type
+	6,  // [6:10] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_vmmanager_attestation_v1_verifier_service_proto_init() }

@@ -184,6 +184,9 @@ func (s *Server) BeginBoot(_ context.Context, req *attestationv1.BeginBootReques
 		return nil, err
 	}
 	vm.Image, vm.KubernetesVersion = req.GetImage(), req.GetKubernetesVersion()
+	if fw := req.GetFirmware(); fw.GetSha256() != "" {
+		vm.Firmware = &store.Firmware{SHA256: fw.GetSha256(), Package: fw.GetPackage(), Version: fw.GetVersion()}
+	}
 	next := &attestationv1.Attestation{Required: req.GetRequired(), UserDataReleased: !req.GetRequired(), Boot: att.GetBoot() + 1}
 	if err := s.store.PutVM(vm, next); err != nil {
 		return nil, err

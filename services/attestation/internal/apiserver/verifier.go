@@ -109,7 +109,7 @@ func (s *Server) VerifyQuote(_ context.Context, req *attestationv1.VerifyQuoteRe
 	out := policy.Evaluate(pol.GetDocument(), stage, vm.KubernetesVersion, res.PCRs, s.opts.LearnGolden)
 	if out.Reason != "" {
 		verdict.MismatchedEvents = verify.Mismatches(s.goldenEvents(vm.Image), res.Events, out.Mismatched)
-		return reject(out.Reason)
+		return reject(out.Reason + firmwareNote(pol.GetDocument(), vm.Firmware, out.Mismatched))
 	}
 	verdict.Learned = out.Learned
 	// 14. Enrolment: the first verified initrd quote pins the AK.
@@ -207,6 +207,18 @@ func (s *Server) RecordGolden(_ context.Context, req *attestationv1.RecordGolden
 			p.Document.Fields = map[string]*structpb.Value{}
 		}
 		p.Document.Fields["golden"] = golden
+		delete(p.Document.Fields, "golden_firmware")
+		if fw := vm.Firmware; fw != nil {
+			m := map[string]any{"sha256": fw.SHA256}
+			if fw.Package != "" {
+				m["package"], m["version"] = fw.Package, fw.Version
+			}
+			v, err := structpb.NewValue(m)
+			if err != nil {
+				return nil, err
+			}
+			p.Document.Fields["golden_firmware"] = v
+		}
 		p.GoldenPcrs = policy.GoldenPCRs(p.Document)
 		p.GoldenFromVm = vm.ID
 		p.GoldenUpdateTime = timestamppb.New(s.now())
@@ -225,6 +237,28 @@ func (s *Server) RecordGolden(_ context.Context, req *attestationv1.RecordGolden
 func (s *Server) goldenEvents(image string) []verify.Event {
 	ev, _ := s.store.GoldenEvents(image)
 	return ev
+}
+
+// firmwareNote explains a firmware PCR mismatch by a change of firmware build,
+// when the policy names the build its golden values came from.
+func firmwareNote(doc *structpb.Struct, running *store.Firmware, mismatched []uint32) string {
+	if running == nil || !slices.ContainsFunc(mismatched, func(i uint32) bool { return i == 0 || i == 7 }) {
+		return ""
+	}
+	golden := doc.GetFields()["golden_firmware"].GetStructValue().GetFields()
+	want := golden["sha256"].GetStringValue()
+	if want == "" || strings.EqualFold(want, running.SHA256) {
+		return ""
+	}
+	name := func(pkg, ver, sum string) string {
+		if pkg == "" {
+			return "sha256 " + short(sum)
+		}
+		return fmt.Sprintf("%s %s (sha256 %s)", pkg, ver, short(sum))
+	}
+	return fmt.Sprintf("; the golden values were recorded on firmware %s, this vm boots %s",
+		name(golden["package"].GetStringValue(), golden["version"].GetStringValue(), want),
+		name(running.Package, running.Version, running.SHA256))
 }
 
 func hexPCRs(in map[uint32][]byte) map[uint32]string {

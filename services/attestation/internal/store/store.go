@@ -74,10 +74,19 @@ type VM struct {
 	// AKPub is the TPMT_PUBLIC pinned by the first verified initrd quote.
 	AKPub         []byte `json:"akPub,omitempty"`
 	AKFingerprint string `json:"akFingerprint,omitempty"`
+	// Firmware is the OVMF build the VM boots, as the hypervisor reported it.
+	Firmware *Firmware `json:"firmware,omitempty"`
 	// ReadyEvents is the event log of the last verified ready quote, kept
 	// for RecordGolden.
 	ReadyEvents []verify.Event  `json:"readyEvents,omitempty"`
 	Attestation json.RawMessage `json:"attestation"` // attestationv1.Attestation, protojson
+}
+
+// Firmware identifies an OVMF build.
+type Firmware struct {
+	SHA256  string `json:"sha256"`
+	Package string `json:"package,omitempty"`
+	Version string `json:"version,omitempty"`
 }
 
 // Store is the attestation service's persistent state.

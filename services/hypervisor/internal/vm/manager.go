@@ -43,6 +43,9 @@ type Config struct {
 	CPU string
 	// Region is reported to guests; the host name by default.
 	Region string
+	// Firmware is the OVMF build VMs boot (from the host report), handed to
+	// attestation so golden values name it.
+	Firmware *hypervisorv1.Firmware
 	// NotifyVsockPort is the host's AF_VSOCK readiness port on hosts with
 	// /dev/vhost-vsock; 0 means readiness travels over virtio-serial.
 	NotifyVsockPort uint32

@@ -227,6 +227,7 @@ func (m *Manager) beginBoot(rec *hypervisorv1.VirtualMachine, phase hypervisorv1
 	defer cancel()
 	att, err := m.verifier.BeginBoot(ctx, &attestationv1.BeginBootRequest{
 		VmId: rec.GetId(), Image: rec.GetImage(), KubernetesVersion: rec.GetKubernetesVersion(), Required: rec.GetRequireAttestation(),
+		Firmware: &attestationv1.FirmwareBuild{Sha256: m.cfg.Firmware.GetSha256(), Package: m.cfg.Firmware.GetPackage(), Version: m.cfg.Firmware.GetVersion()},
 	})
 	if err != nil {
 		m.log.Warn("attestation did not record the boot", "vm", rec.GetId(), "error", err)
