@@ -23,6 +23,7 @@ import (
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/apiserver"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/catalog"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/host"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/imds"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store"
@@ -176,6 +177,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	log.Info("hypervisor stopped")
 	return nil
 }
+
+// The VM manager is what each network's IMDS serves guests from (mounted in
+// the userspace network stack).
+var _ imds.VMs = (*vm.Manager)(nil)
 
 // listenNotify binds the vsock readiness port: the one asked for, else the
 // one recorded by an earlier run (guests booted then were told it), else a

@@ -38,6 +38,7 @@ type VMs interface {
 	Delete(ctx context.Context, id string) error
 	Console(id string, lines int32) (*hypervisorv1.GetVirtualMachineConsoleResponse, error)
 	Metrics(id string) (*hypervisorv1.VirtualMachineMetrics, error)
+	Report(id string) (*hypervisorv1.GetVirtualMachineReportResponse, error)
 }
 
 // Server is the HypervisorService.
@@ -135,8 +136,5 @@ func (s *Server) ForwardVirtualMachinePort(_ context.Context, req *hypervisorv1.
 }
 
 func (s *Server) GetVirtualMachineReport(_ context.Context, req *hypervisorv1.GetVirtualMachineReportRequest) (*hypervisorv1.GetVirtualMachineReportResponse, error) {
-	if _, err := s.vms.Get(req.GetId()); err != nil {
-		return nil, err
-	}
-	return nil, apierr.Errorf(apierr.NotFound, "vm %s has not uploaded a report yet", req.GetId())
+	return s.vms.Report(req.GetId())
 }

@@ -31,7 +31,9 @@ import (
 // Config is how VMs are run.
 type Config struct {
 	// StateDir holds vms/<id>/.
-	StateDir    string
+	StateDir string
+	// ImageDir is the catalog, whose sysupdate/ tree guests may fetch.
+	ImageDir    string
 	QEMUBinary  string
 	SwtpmBinary string
 	OVMFCode    string

@@ -1,0 +1,202 @@
+package vm
+
+import (
+	"context"
+	"io"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/giantswarm/vm-manager/gen/apierr"
+	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
+	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// This file is what a guest reaches through the IMDS: nonces and quotes
+// (relayed to the attestation service, which decides), user-data behind the
+// attestation gate, keys, reports and sysupdate files.
+
+// ByIP finds the VM holding a lease on ip; VMs being deleted are excluded.
+func (m *Manager) ByIP(ip netip.Addr) (*hypervisorv1.VirtualMachine, bool) {
+	ip = ip.Unmap()
+	for _, rec := range m.List() {
+		if rec.GetState() == hypervisorv1.State_STATE_DELETING || rec.GetIp() == "" {
+			continue
+		}
+		if a, err := netip.ParseAddr(rec.GetIp()); err == nil && a == ip {
+			return rec, true
+		}
+	}
+	return nil, false
+}
+
+// IssueNonce asks attestation for a nonce; the first one of a boot moves a VM
+// that requires attestation from booting to attesting.
+func (m *Manager) IssueNonce(ctx context.Context, vmID string) ([]byte, error) {
+	mc, err := m.get(vmID)
+	if err != nil {
+		return nil, err
+	}
+	if m.verifier == nil {
+		return nil, apierr.Errorf(apierr.Unavailable, "no attestation service")
+	}
+	resp, err := m.verifier.IssueNonce(ctx, &attestationv1.IssueNonceRequest{VmId: vmID})
+	if err != nil {
+		return nil, err
+	}
+	m.update(mc, func(r *hypervisorv1.VirtualMachine) {
+		if r.Attestation == nil {
+			r.Attestation = &attestationv1.Attestation{}
+		}
+		r.Attestation.NonceIssuedAt = timestamppb.Now()
+		if r.GetRequireAttestation() && r.GetState() == hypervisorv1.State_STATE_BOOTING {
+			r.State = hypervisorv1.State_STATE_ATTESTING
+		}
+	})
+	return resp.GetNonce(), nil
+}
+
+// rejectedPrefix marks a lastError written by a rejected initrd quote, which
+// a verified retry clears.
+const rejectedPrefix = "initrd attestation rejected: "
+
+// SubmitQuote relays a quote to attestation and copies the verdict onto the
+// VM record; a verified initrd quote opens the user-data gate.
+func (m *Manager) SubmitQuote(ctx context.Context, vmID string, q *attestationv1.VerifyQuoteRequest) (*attestationv1.VerifyQuoteResponse, error) {
+	mc, err := m.get(vmID)
+	if err != nil {
+		return nil, err
+	}
+	if m.verifier == nil {
+		return nil, apierr.Errorf(apierr.Unavailable, "no attestation service")
+	}
+	q.VmId = vmID
+	resp, err := m.verifier.VerifyQuote(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	m.update(mc, func(r *hypervisorv1.VirtualMachine) {
+		r.Attestation = resp.GetAttestation()
+		if q.GetStage() != attestationv1.Stage_STAGE_INITRD {
+			return
+		}
+		switch {
+		case !resp.GetVerified():
+			r.LastError = rejectedPrefix + resp.GetMessage()
+		case strings.HasPrefix(r.GetLastError(), rejectedPrefix):
+			r.LastError = ""
+		}
+	})
+	return resp, nil
+}
+
+// UserData returns the VM's user-data, whether it has any, and whether the
+// attestation gate is open.
+func (m *Manager) UserData(vmID string) ([]byte, bool, bool, error) {
+	mc, err := m.get(vmID)
+	if err != nil {
+		return nil, false, false, err
+	}
+	rec, _ := mc.snapshot()
+	path := rec.GetPaths().GetUserData()
+	if path == "" {
+		return nil, false, false, nil
+	}
+	released := rec.GetAttestation().GetUserDataReleased()
+	if !released {
+		return nil, true, false, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, true, true, err
+	}
+	return b, true, true, nil
+}
+
+// SSHKeys are the keys served at public-keys/: vm-manager's per-VM key first
+// (once the VM has one), then the caller's.
+func (m *Manager) SSHKeys(vmID string) []string {
+	rec, err := m.Get(vmID)
+	if err != nil {
+		return nil
+	}
+	var keys []string
+	if k := rec.GetSshPublicKey(); k != "" {
+		keys = append(keys, k)
+	}
+	return append(keys, rec.GetSshAuthorizedKeys()...)
+}
+
+// StoreReport keeps the guest's last report upload in vms/<id>/report.json.
+func (m *Manager) StoreReport(vmID string, body []byte) error {
+	mc, err := m.get(vmID)
+	if err != nil {
+		return err
+	}
+	rec, _ := mc.snapshot()
+	path := filepath.Join(rec.GetPaths().GetDir(), "report.json")
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, body, 0o600); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	if rec.GetPaths().GetReport() != path {
+		m.update(mc, func(r *hypervisorv1.VirtualMachine) { r.Paths.Report = path })
+	}
+	return nil
+}
+
+// Report returns the guest's last upload as JSON (a non-JSON upload as a string).
+func (m *Manager) Report(vmID string) (*hypervisorv1.GetVirtualMachineReportResponse, error) {
+	mc, err := m.get(vmID)
+	if err != nil {
+		return nil, err
+	}
+	rec, _ := mc.snapshot()
+	path := rec.GetPaths().GetReport()
+	if path == "" {
+		return nil, apierr.Errorf(apierr.NotFound, "vm %s has not uploaded a report yet", vmID)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, apierr.Errorf(apierr.NotFound, "vm %s has not uploaded a report yet", vmID)
+	}
+	fi, _ := os.Stat(path)
+	v := &structpb.Value{}
+	if err := v.UnmarshalJSON(b); err != nil {
+		v = structpb.NewStringValue(string(b))
+	}
+	resp := &hypervisorv1.GetVirtualMachineReportResponse{Report: v}
+	if fi != nil {
+		resp.ReceivedAt = timestamppb.New(fi.ModTime())
+	}
+	return resp, nil
+}
+
+// SysupdateFile opens <image-dir>/sysupdate/<component>/<file>: one level, a
+// regular file, nothing that climbs out.
+func (m *Manager) SysupdateFile(component, file string) (io.ReadSeekCloser, int64, error) {
+	for _, part := range []string{component, file} {
+		if part == "" || part == "." || part == ".." || strings.ContainsAny(part, "/\\\x00") {
+			return nil, 0, apierr.Errorf(apierr.NotFound, "no such sysupdate file")
+		}
+	}
+	if m.cfg.ImageDir == "" {
+		return nil, 0, apierr.Errorf(apierr.NotFound, "no image directory")
+	}
+	f, err := os.Open(filepath.Join(m.cfg.ImageDir, "sysupdate", component, file))
+	if err != nil {
+		return nil, 0, apierr.Errorf(apierr.NotFound, "no such sysupdate file")
+	}
+	fi, err := f.Stat()
+	if err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, 0, apierr.Errorf(apierr.NotFound, "no such sysupdate file")
+	}
+	return f, fi.Size(), nil
+}
