@@ -262,11 +262,21 @@ func foundation(t *testing.T, c *cluster.Cluster, mode cluster.Mode) {
 	})
 
 	t.Run("lists", func(t *testing.T) {
-		for _, path := range []string{"/vms", "/networks"} {
-			code, _, b := do(t, "GET", api+path, "")
-			if code != 200 || strings.TrimSpace(string(b)) != "[]" {
-				t.Errorf("GET %s: %d %s, want an empty JSON array", path, code, b)
+		code, _, b := do(t, "GET", api+"/vms", "")
+		if code != 200 || strings.TrimSpace(string(b)) != "[]" {
+			t.Errorf("GET /vms: %d %s, want an empty JSON array", code, b)
+		}
+		var nets []struct {
+			Spec struct {
+				Name, Cidr string
+				EnableIMDS bool `json:"enableIMDS"`
 			}
+			Gateway string
+			Leases  []any
+		}
+		getJSON(t, api+"/networks", &nets)
+		if len(nets) != 1 || nets[0].Spec.Name != "default" || nets[0].Spec.Cidr != "192.168.127.0/24" || nets[0].Gateway != "192.168.127.1" || !nets[0].Spec.EnableIMDS || nets[0].Leases == nil {
+			t.Errorf("networks %+v, want the default network", nets)
 		}
 	})
 

@@ -24,6 +24,10 @@ type vmJSON struct {
 	State       string `json:"state"`
 	Phase       string `json:"phase"`
 	Accelerator string `json:"accelerator"`
+	Network     string `json:"network"`
+	IP          string `json:"ip"`
+	MAC         string `json:"mac"`
+	Zone        string `json:"zone"`
 	LastError   string `json:"lastError"`
 	Status      string `json:"status"`
 	Booted      bool   `json:"booted"`
@@ -203,6 +207,34 @@ func lifecycle(t *testing.T, c *cluster.Cluster) {
 		t.FailNow()
 	}
 	a.t = t
+
+	t.Run("networks", func(t *testing.T) {
+		a.t = t
+		if t1.Network != "default" || !strings.HasPrefix(t1.IP, "192.168.127.") || t1.Zone != "default" || !strings.HasPrefix(t1.MAC, "02:") || !strings.HasSuffix(t1.MAC, ":c0:a8:7f:02") {
+			t.Errorf("t1 on the network: %+v", t1)
+		}
+		var def struct {
+			Leases []struct{ VMID, IP, MAC string } `json:"leases"`
+		}
+		getJSON(t, a.base+"/networks/default", &def)
+		if len(def.Leases) != 1 || def.Leases[0].IP != t1.IP || def.Leases[0].MAC != t1.MAC {
+			t.Errorf("default network leases %+v", def.Leases)
+		}
+		expectError(t, "DELETE", a.base+"/networks/default", "", 409, apierr.Conflict)
+		code, _, b := do(t, "POST", a.base+"/networks", `{"name":"n1","cidr":"10.10.0.0/29","dns_search_domain":"lab.local"}`)
+		if code != 201 || !strings.Contains(string(b), `"gateway": "10.10.0.1"`) {
+			t.Fatalf("create network: %d %s", code, b)
+		}
+		expectError(t, "POST", a.base+"/networks", `{"name":"n1","cidr":"10.20.0.0/24"}`, 409, apierr.Conflict)
+		expectError(t, "POST", a.base+"/networks", `{"name":"n2","cidr":"10.20.0.0/30"}`, 400, apierr.InvalidRequest)
+		expectError(t, "POST", a.base+"/networks", `{"name":"n2","cidr":"169.254.0.0/24"}`, 400, apierr.InvalidRequest)
+		expectError(t, "POST", a.base+"/networks", `{"name":"N2","cidr":"10.20.0.0/24"}`, 400, apierr.InvalidRequest)
+		expectError(t, "POST", a.base+"/vms", `{"name":"x","network":"nope","require_attestation":false}`, 400, apierr.InvalidRequest)
+		if code, _, b := do(t, "DELETE", a.base+"/networks/n1", ""); code != 204 {
+			t.Errorf("delete network: %d %s", code, b)
+		}
+		expectError(t, "GET", a.base+"/networks/n1", "", 404, apierr.NotFound)
+	})
 
 	t.Run("validation and conflicts", func(t *testing.T) {
 		a.t = t

@@ -238,7 +238,9 @@ func (c *Cluster) startInProcess(name string) proc {
 		}
 	case "hypervisor":
 		run = func() error {
-			return hypervisor.Run(ctx, hypervisor.Config{StateDir: c.StateDir, ImageDir: c.ImageDir, Socket: c.Socket(name), AttestationSocket: c.Socket("attestation")}, log)
+			// The binary's defaults, spelled out.
+			return hypervisor.Run(ctx, hypervisor.Config{StateDir: c.StateDir, ImageDir: c.ImageDir, Socket: c.Socket(name), AttestationSocket: c.Socket("attestation"),
+				DefaultNetwork: "default", DefaultSubnet: "192.168.127.0/24"}, log)
 		}
 	case "gateway":
 		run = func() error {

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/giantswarm/vm-manager/guest/internal/initsys"
+	"github.com/giantswarm/vm-manager/guest/internal/netcfg"
 	"github.com/giantswarm/vm-manager/guest/internal/notify"
 	"github.com/giantswarm/vm-manager/guest/internal/smbios"
 	"github.com/giantswarm/vm-manager/guest/internal/version"
@@ -82,14 +83,16 @@ func boot(con *Console) error {
 	con.Printf("credentials: %s", credNames(creds))
 
 	q.Send("STATUS=configuring")
+	credHostname := false
 	if h := string(creds[CredHostname]); h != "" {
 		if err := initsys.SetHostname(h); err != nil {
 			con.Printf("warning: hostname: %v", err)
 		} else {
 			con.Printf("hostname %s", h)
+			credHostname = true
 		}
 	} else {
-		con.Printf("no %s credential, hostname unchanged", CredHostname)
+		con.Printf("no %s credential, hostname from the IMDS if there is one", CredHostname)
 	}
 	if id, src, err := machineID(creds); err != nil {
 		con.Printf("warning: machine-id: %v", err)
@@ -106,8 +109,19 @@ func boot(con *Console) error {
 	pressed := make(chan struct{}, 1)
 	go initsys.WatchPowerButton(ctx, "/dev/input/event*", 2*time.Second, func(string) { pressed <- struct{}{} })
 
-	q.Send("READY=1", "STATUS=ready")
+	// Network and IMDS: a VM without a NIC (or without a DHCP answer) still becomes
+	// ready, it just gets nothing from the IMDS.
+	q.Send("STATUS=configuring network")
+	if lease := configureNetwork(ctx, con); lease != nil {
+		q.Send("STATUS=provisioning from the IMDS")
+		attestOff := cmdlineValue("/proc/cmdline", "vm-agent.attest") == "off"
+		newBootProvisioner(con, credHostname, attestOff).run(ctx)
+	}
+
+	// The console line first: a host that reads the console once READY=1 arrives
+	// must find it there.
 	con.Printf("ready (%s after kernel start)", uptime())
+	q.Send("READY=1", "STATUS=ready")
 
 	// vm-agent.poweroff-after-ready=<duration> makes a one-shot guest (smoke
 	// tests, benchmarks): it powers itself off once the host has its READY=1.
@@ -132,19 +146,45 @@ func boot(con *Console) error {
 	return nil
 }
 
-// cmdlineDuration reads key=<duration> from the kernel command line.
-func cmdlineDuration(path, key string) (time.Duration, bool) {
+// configureNetwork runs DHCP on the first NIC; nil when there is no network.
+func configureNetwork(ctx context.Context, con *Console) *netcfg.Lease {
+	start := time.Now()
+	lease, err := netcfg.Configure(ctx, netcfg.Options{Logf: con.Printf})
+	switch {
+	case errors.Is(err, netcfg.ErrNoInterface):
+		con.Printf("warning: no network interface; continuing without network")
+		return nil
+	case err != nil:
+		con.Printf("warning: network: %v; continuing without network", err)
+		return nil
+	}
+	con.Printf("dhcp %s", lease)
+	con.Printf("network: %s in %.2fs, imds %s %s", lease.Interface, time.Since(start).Seconds(), netcfg.IMDSAddr, lease.IMDSRoute)
+	return lease
+}
+
+// cmdlineValue reads key=<value> from the kernel command line ("" when absent).
+func cmdlineValue(path, key string) string {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return 0, false
+		return ""
 	}
 	for _, f := range strings.Fields(string(b)) {
 		if v, ok := strings.CutPrefix(f, key+"="); ok {
-			d, err := time.ParseDuration(v)
-			return d, err == nil
+			return v
 		}
 	}
-	return 0, false
+	return ""
+}
+
+// cmdlineDuration reads key=<duration> from the kernel command line.
+func cmdlineDuration(path, key string) (time.Duration, bool) {
+	v := cmdlineValue(path, key)
+	if v == "" {
+		return 0, false
+	}
+	d, err := time.ParseDuration(v)
+	return d, err == nil
 }
 
 // portWait is how long to wait for the notify port to show up: ports arrive

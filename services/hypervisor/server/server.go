@@ -47,6 +47,10 @@ type Config struct {
 	InstallTimeout time.Duration
 	BootTimeout    time.Duration
 	StopTimeout    time.Duration
+	// DefaultNetwork is created at start from DefaultSubnet when missing and
+	// used by VMs created without a network.
+	DefaultNetwork string
+	DefaultSubnet  string
 	// NotifyPort is the AF_VSOCK readiness port on hosts with /dev/vhost-vsock;
 	// 0 reuses the port recorded in <state>/notify-port, else the kernel picks.
 	NotifyPort uint32
@@ -136,6 +140,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		CPU:             cpu,
 		Region:          hostname,
 		Firmware:        report.GetFirmware(),
+		DefaultNetwork:  cfg.DefaultNetwork,
+		DefaultSubnet:   cfg.DefaultSubnet,
 		NotifyVsockPort: vsockPort,
 		InstallTimeout:  cfg.InstallTimeout,
 		BootTimeout:     cfg.BootTimeout,
@@ -148,7 +154,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	defer vms.Close()
 
 	srv := mesh.NewServer(log)
-	hypervisorv1.RegisterHypervisorServiceServer(srv, apiserver.New(prober, cat, st, vms))
+	hypervisorv1.RegisterHypervisorServiceServer(srv, apiserver.New(prober, cat, vms))
 	ln, err := mesh.Listen(cfg.Socket)
 	if err != nil {
 		return err

@@ -35,6 +35,8 @@ func main() {
 			bootTimeout := fs.Duration("boot-timeout", "VM_MANAGER_BOOT_TIMEOUT", 4*time.Minute, "how long a boot may take to send READY=1 before the VM is marked running")
 			stopTimeout := fs.Duration("stop-timeout", "VM_MANAGER_STOP_TIMEOUT", 30*time.Second, "the graceful power-down window before SIGTERM and SIGKILL")
 			detach := fs.Bool("detach-vms-on-exit", "VM_MANAGER_DETACH_VMS_ON_EXIT", true, "leave VMs running when the hypervisor stops, for the next one to re-adopt; false powers them down")
+			defaultNet := fs.String("default-network", "VM_MANAGER_DEFAULT_NETWORK", "default", "network created at start and used by VMs created without one (empty: none)")
+			subnet := fs.String("network-subnet", "VM_MANAGER_NETWORK_SUBNET", "192.168.127.0/24", "IPv4 CIDR of the default network")
 			notifyPort := fs.Int("notify-port", "VM_MANAGER_NOTIFY_PORT", 0, "AF_VSOCK port for READY=1 on hosts with /dev/vhost-vsock (0: the recorded one, else any)")
 			accel := fs.String("accelerator", "VM_MANAGER_ACCELERATOR", "auto", "auto (kvm where /dev/kvm is usable, else tcg) or tcg")
 			logFormat := fs.String("log-format", "VM_MANAGER_LOG_FORMAT", "text", "log format: text or json")
@@ -60,6 +62,8 @@ func main() {
 					StopTimeout:       *stopTimeout,
 					StopVMsOnExit:     !*detach,
 					NotifyPort:        uint32(*notifyPort),
+					DefaultNetwork:    *defaultNet,
+					DefaultSubnet:     *subnet,
 					Host:              host.Config{QEMUBinary: *qemu, SwtpmBinary: *swtpm, OVMFCode: *ovmfCode, OVMFVars: *ovmfVars, ForceTCG: *accel == "tcg"},
 				}, log)
 			}

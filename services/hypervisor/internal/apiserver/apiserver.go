@@ -21,12 +21,6 @@ type Catalog interface {
 	Get(ref string) (*hypervisorv1.Image, error)
 }
 
-// Store holds network records.
-type Store interface {
-	GetNetwork(name string) (*hypervisorv1.Network, error)
-	ListNetworks() ([]*hypervisorv1.Network, error)
-}
-
 // VMs is the VM lifecycle.
 type VMs interface {
 	Create(ctx context.Context, req *hypervisorv1.CreateVirtualMachineRequest, createdBy string) (*hypervisorv1.VirtualMachine, error)
@@ -39,6 +33,11 @@ type VMs interface {
 	Console(id string, lines int32) (*hypervisorv1.GetVirtualMachineConsoleResponse, error)
 	Metrics(id string) (*hypervisorv1.VirtualMachineMetrics, error)
 	Report(id string) (*hypervisorv1.GetVirtualMachineReportResponse, error)
+
+	CreateNetwork(ctx context.Context, req *hypervisorv1.CreateNetworkRequest, createdBy string) (*hypervisorv1.Network, error)
+	GetNetwork(name string) (*hypervisorv1.Network, error)
+	ListNetworks() []*hypervisorv1.Network
+	DeleteNetwork(ctx context.Context, name string) error
 }
 
 // Server is the HypervisorService.
@@ -46,13 +45,12 @@ type Server struct {
 	hypervisorv1.UnimplementedHypervisorServiceServer
 	host    HostProber
 	catalog Catalog
-	store   Store
 	vms     VMs
 }
 
 // New returns a HypervisorService over its dependencies.
-func New(host HostProber, catalog Catalog, store Store, vms VMs) *Server {
-	return &Server{host: host, catalog: catalog, store: store, vms: vms}
+func New(host HostProber, catalog Catalog, vms VMs) *Server {
+	return &Server{host: host, catalog: catalog, vms: vms}
 }
 
 func (s *Server) GetHost(ctx context.Context, _ *hypervisorv1.GetHostRequest) (*hypervisorv1.Host, error) {
@@ -68,15 +66,22 @@ func (s *Server) GetImage(_ context.Context, req *hypervisorv1.GetImageRequest) 
 }
 
 func (s *Server) ListNetworks(context.Context, *hypervisorv1.ListNetworksRequest) (*hypervisorv1.ListNetworksResponse, error) {
-	nets, err := s.store.ListNetworks()
-	if err != nil {
-		return nil, err
-	}
-	return &hypervisorv1.ListNetworksResponse{Networks: nets}, nil
+	return &hypervisorv1.ListNetworksResponse{Networks: s.vms.ListNetworks()}, nil
 }
 
 func (s *Server) GetNetwork(_ context.Context, req *hypervisorv1.GetNetworkRequest) (*hypervisorv1.Network, error) {
-	return s.store.GetNetwork(req.GetName())
+	return s.vms.GetNetwork(req.GetName())
+}
+
+func (s *Server) CreateNetwork(ctx context.Context, req *hypervisorv1.CreateNetworkRequest) (*hypervisorv1.Network, error) {
+	return s.vms.CreateNetwork(ctx, req, "")
+}
+
+func (s *Server) DeleteNetwork(ctx context.Context, req *hypervisorv1.DeleteNetworkRequest) (*hypervisorv1.DeleteNetworkResponse, error) {
+	if err := s.vms.DeleteNetwork(ctx, req.GetName()); err != nil {
+		return nil, err
+	}
+	return &hypervisorv1.DeleteNetworkResponse{Name: req.GetName(), Deleted: true}, nil
 }
 
 func (s *Server) ListVirtualMachines(context.Context, *hypervisorv1.ListVirtualMachinesRequest) (*hypervisorv1.ListVirtualMachinesResponse, error) {

@@ -151,6 +151,20 @@ func (s *Store) ListNetworks() ([]*hypervisorv1.Network, error) {
 	return out, err
 }
 
+// PutNetwork writes a network record (spec, gateway, leases).
+func (s *Store) PutNetwork(n *hypervisorv1.Network) error {
+	raw, err := proto.Marshal(n)
+	if err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketNetworks).Put([]byte(n.GetSpec().GetName()), raw) })
+}
+
+// DeleteNetwork removes a network record.
+func (s *Store) DeleteNetwork(name string) error {
+	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketNetworks).Delete([]byte(name)) })
+}
+
 // PolicySynced returns the digest of the policy last handed to attestation for ref.
 func (s *Store) PolicySynced(ref string) (string, error) {
 	var digest string

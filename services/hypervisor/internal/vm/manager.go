@@ -48,6 +48,10 @@ type Config struct {
 	// Firmware is the OVMF build VMs boot (from the host report), handed to
 	// attestation so golden values name it.
 	Firmware *hypervisorv1.Firmware
+	// DefaultNetwork is created at start (from DefaultSubnet) when missing,
+	// and is the network of a VM created without one. Empty: no default.
+	DefaultNetwork string
+	DefaultSubnet  string
 	// NotifyVsockPort is the host's AF_VSOCK readiness port on hosts with
 	// /dev/vhost-vsock; 0 means readiness travels over virtio-serial.
 	NotifyVsockPort uint32
@@ -90,6 +94,9 @@ type Store interface {
 	PutVM(vm *hypervisorv1.VirtualMachine) error
 	DeleteVM(id string) error
 	ListVMs() ([]*hypervisorv1.VirtualMachine, error)
+	ListNetworks() ([]*hypervisorv1.Network, error)
+	PutNetwork(n *hypervisorv1.Network) error
+	DeleteNetwork(name string) error
 }
 
 // Manager runs VMs.
@@ -106,6 +113,7 @@ type Manager struct {
 
 	mu       sync.Mutex
 	machines map[string]*machine
+	networks map[string]*netState // nil value: being created
 	closing  bool
 	wg       sync.WaitGroup
 }
@@ -124,7 +132,13 @@ type machine struct {
 func New(cfg Config, log *slog.Logger, st Store, images ImageResolver, verifier attestationv1.VerifierServiceClient, router *notify.Router) (*Manager, error) {
 	cfg.defaults()
 	ctx, cancel := context.WithCancel(context.Background())
-	m := &Manager{cfg: cfg, log: log, store: st, images: images, verifier: verifier, router: router, ctx: ctx, cancel: cancel, machines: map[string]*machine{}}
+	m := &Manager{cfg: cfg, log: log, store: st, images: images, verifier: verifier, router: router, ctx: ctx, cancel: cancel,
+		machines: map[string]*machine{}, networks: map[string]*netState{}}
+	// Networks first: re-adopted VMs redial their network's socket.
+	if err := m.startNetworks(); err != nil {
+		cancel()
+		return nil, err
+	}
 	recs, err := st.ListVMs()
 	if err != nil {
 		cancel()
@@ -249,6 +263,10 @@ func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMac
 	for m.machines[id] != nil {
 		id = newID()
 	}
+	netName := req.GetNetwork()
+	if netName == "" {
+		netName = m.cfg.DefaultNetwork
+	}
 	machineID := make([]byte, 16)
 	_, _ = rand.Read(machineID)
 	dir := m.vmDir(id)
@@ -290,6 +308,15 @@ func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMac
 	mc.op.Lock()
 	m.machines[id] = mc
 	m.mu.Unlock()
+	if netName != "" {
+		ip, mac, err := m.attach(netName, id)
+		if err != nil {
+			m.discard(mc)
+			mc.op.Unlock()
+			return nil, err
+		}
+		rec.Network, rec.Ip, rec.Mac, rec.Zone = netName, ip.String(), mac, netName
+	}
 
 	if err := m.store.PutVM(rec); err != nil {
 		m.discard(mc)
@@ -350,8 +377,11 @@ func (m *Manager) prepare(rec *hypervisorv1.VirtualMachine, r *request) error {
 	return nil
 }
 
-// discard drops a VM that never ran: record, files, map entry.
+// discard drops a VM that never ran: record, files, lease, map entry.
 func (m *Manager) discard(mc *machine) {
+	if n := mc.rec.GetNetwork(); n != "" {
+		m.detach(n, mc.id)
+	}
 	m.mu.Lock()
 	delete(m.machines, mc.id)
 	m.mu.Unlock()
@@ -575,6 +605,9 @@ func (m *Manager) Delete(_ context.Context, id string) error {
 	if rt != nil {
 		m.powerOff(mc, rt)
 	}
+	if n := mc.rec.GetNetwork(); n != "" {
+		m.detach(n, id)
+	}
 	if err := os.RemoveAll(m.vmDir(id)); err != nil {
 		return apierr.Errorf(apierr.Internal, "remove files of vm %s: %v", id, err)
 	}
@@ -622,6 +655,15 @@ func (m *Manager) Close() {
 	}
 	m.cancel()
 	m.wg.Wait()
+	m.mu.Lock()
+	for name, ns := range m.networks {
+		if ns != nil {
+			if err := ns.run.Close(); err != nil {
+				m.log.Warn("close network", "network", name, "error", err)
+			}
+		}
+	}
+	m.mu.Unlock()
 	for _, mc := range mcs {
 		mc.mu.Lock()
 		if mc.run != nil {

@@ -168,6 +168,9 @@ func (m *Manager) spec(rec *hypervisorv1.VirtualMachine, img *hypervisorv1.Image
 			"firstboot.hostname": rec.GetHostname(),
 		},
 	}
+	if rec.GetNetwork() != "" {
+		s.NetdevSocket, s.MAC = m.netSocket(rec.GetNetwork()), rec.GetMac()
+	}
 	switch {
 	case img.GetKind() == hypervisorv1.ImageKind_IMAGE_KIND_KERNEL:
 		s.Boot = qemu.BootKernel

@@ -111,9 +111,6 @@ func validate(req *hypervisorv1.CreateVirtualMachineRequest, images ImageResolve
 	if r.diskGiB < 1 || r.diskGiB > 4096 {
 		return nil, apierr.Invalidf("disk_gib", "disk_gib %d is not within 1..4096", r.diskGiB)
 	}
-	if req.GetNetwork() != "" {
-		return nil, apierr.Invalidf("network", "network %q not found", req.GetNetwork())
-	}
 	for i, k := range req.GetSshAuthorizedKeys() {
 		if k == "" || strings.ContainsAny(k, "\r\n") {
 			return nil, apierr.Invalidf("ssh_authorized_keys", "ssh_authorized_keys[%d] must be one non-empty line", i)

@@ -55,7 +55,6 @@ func TestValidateRejects(t *testing.T) {
 		{"memory", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", MemoryMib: proto.Int32(255), RequireAttestation: no}, apierr.InvalidRequest, "256"},
 		{"disk 0", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", DiskGib: proto.Int32(0), RequireAttestation: no}, apierr.InvalidRequest, "1..4096"},
 		{"disk 4097", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", DiskGib: proto.Int32(4097), RequireAttestation: no}, apierr.InvalidRequest, "1..4096"},
-		{"network", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", Network: "n1", RequireAttestation: no}, apierr.InvalidRequest, "network"},
 		{"ssh key lines", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", SshAuthorizedKeys: []string{"a\nb"}, RequireAttestation: no}, apierr.InvalidRequest, "one non-empty line"},
 		{"metadata key", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", Metadata: map[string]string{"a/b": "x"}, RequireAttestation: no}, apierr.InvalidRequest, "metadata key"},
 		{"attestation", &hypervisorv1.CreateVirtualMachineRequest{Name: "a"}, apierr.Unsupported, "require_attestation"},

@@ -1,0 +1,259 @@
+// Package imds is the guest's client for vm-manager's IMDS (contract §6): plain-text
+// keys under http://169.254.169.254/giantswarm/v1, the caller identified by its IP.
+package imds
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// DefaultURL is the IMDS base URL (contract §6.1).
+const DefaultURL = "http://169.254.169.254/giantswarm/v1"
+
+// ErrNotFound is a 404: the key is unset.
+var ErrNotFound = errors.New("not found")
+
+// ErrNoUserData is a 204 on /user-data: the VM has none.
+var ErrNoUserData = errors.New("no user-data")
+
+// ErrGated is /user-data still answering 503 when the wait ran out.
+var ErrGated = errors.New("user-data still gated")
+
+// Client fetches keys with a short per-request timeout and a few retries.
+type Client struct {
+	BaseURL  string
+	HTTP     *http.Client
+	Attempts int           // per key, for transport errors and 5xx other than the user-data gate; default 3
+	Backoff  time.Duration // between attempts, doubling; default 200 ms
+
+	// For tests: the clock the 503 wait uses.
+	Now   func() time.Time
+	Sleep func(ctx context.Context, d time.Duration) error
+}
+
+// New returns a client with the boot defaults: 3 s per request, never via a proxy.
+func New(baseURL string) *Client {
+	tr := &http.Transport{
+		Proxy:                 nil, // link-local: never through a proxy
+		DialContext:           (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
+		ResponseHeaderTimeout: 3 * time.Second,
+		MaxIdleConnsPerHost:   2,
+		IdleConnTimeout:       30 * time.Second,
+	}
+	return &Client{BaseURL: baseURL, HTTP: &http.Client{Transport: tr, Timeout: 5 * time.Second}}
+}
+
+func (c *Client) attempts() int {
+	if c.Attempts <= 0 {
+		return 3
+	}
+	return c.Attempts
+}
+
+func (c *Client) now() time.Time {
+	if c.Now != nil {
+		return c.Now()
+	}
+	return time.Now()
+}
+
+func (c *Client) sleep(ctx context.Context, d time.Duration) error {
+	if c.Sleep != nil {
+		return c.Sleep(ctx, d)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// Response is one answer.
+type Response struct {
+	Status     int
+	Body       []byte
+	RetryAfter string
+}
+
+// get does one GET of key (a path under the base URL, e.g. "/hostname").
+func (c *Client) get(ctx context.Context, key string) (*Response, error) {
+	u := strings.TrimSuffix(c.BaseURL, "/") + key
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	rsp, err := c.HTTP.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer rsp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(rsp.Body, 32<<20))
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: %w", key, err)
+	}
+	return &Response{Status: rsp.StatusCode, Body: body, RetryAfter: rsp.Header.Get("Retry-After")}, nil
+}
+
+// Get fetches key, retrying transport errors and 5xx; pass is the set of
+// statuses returned as they are rather than retried (always 200 and 404).
+func (c *Client) Get(ctx context.Context, key string, pass ...int) (*Response, error) {
+	backoff := c.Backoff
+	if backoff <= 0 {
+		backoff = 200 * time.Millisecond
+	}
+	var last error
+	for i := 0; i < c.attempts(); i++ {
+		if i > 0 {
+			if err := c.sleep(ctx, backoff); err != nil {
+				break
+			}
+			backoff *= 2
+		}
+		r, err := c.get(ctx, key)
+		if err != nil {
+			last = err
+			continue
+		}
+		switch {
+		case r.Status == http.StatusOK, r.Status == http.StatusNotFound:
+			return r, nil
+		case contains(pass, r.Status):
+			return r, nil
+		case r.Status >= 500:
+			last = fmt.Errorf("GET %s: %d %s: %s", key, r.Status, http.StatusText(r.Status), snippet(r.Body))
+			continue
+		default:
+			return r, fmt.Errorf("GET %s: %d %s: %s", key, r.Status, http.StatusText(r.Status), snippet(r.Body))
+		}
+	}
+	if last == nil {
+		last = ctx.Err()
+	}
+	return nil, last
+}
+
+// Text fetches a plain-text key; ErrNotFound for a 404.
+func (c *Client) Text(ctx context.Context, key string) (string, error) {
+	r, err := c.Get(ctx, key)
+	if err != nil {
+		return "", err
+	}
+	if r.Status == http.StatusNotFound {
+		return "", ErrNotFound
+	}
+	return string(r.Body), nil
+}
+
+// Hostname is /hostname, trimmed.
+func (c *Client) Hostname(ctx context.Context) (string, error) {
+	s, err := c.Text(ctx, "/hostname")
+	return strings.TrimSpace(s), err
+}
+
+// PublicKeys lists /public-keys/ and fetches each /public-keys/{n}, in index order.
+// Keys that vanish between the list and the fetch (404) are skipped.
+func (c *Client) PublicKeys(ctx context.Context) ([]string, error) {
+	idx, err := c.Text(ctx, "/public-keys/")
+	if errors.Is(err, ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var keys []string
+	for _, line := range strings.Split(idx, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" {
+			continue
+		}
+		// The index is "<n>" (or EC2's "<n>=<name>"): only the number is used.
+		n, _, _ := strings.Cut(line, "=")
+		if _, err := strconv.ParseUint(n, 10, 32); err != nil {
+			return keys, fmt.Errorf("/public-keys/: bad index line %q", line)
+		}
+		k, err := c.Text(ctx, "/public-keys/"+n)
+		if errors.Is(err, ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return keys, err
+		}
+		if k = strings.TrimSpace(k); k != "" {
+			keys = append(keys, k)
+		}
+	}
+	return keys, nil
+}
+
+// UserData fetches /user-data. 204 gives ErrNoUserData, 404 ErrNotFound. While the
+// IMDS gates it (503) it retries after Retry-After (default 2 s) until wait has
+// passed, then returns ErrGated wrapped with the IMDS's reason. onGated is called
+// on each 503 (may be nil).
+func (c *Client) UserData(ctx context.Context, wait time.Duration, onGated func(reason string, retry time.Duration)) ([]byte, error) {
+	deadline := c.now().Add(wait)
+	for {
+		r, err := c.Get(ctx, "/user-data", http.StatusNoContent, http.StatusServiceUnavailable)
+		if err != nil {
+			return nil, err
+		}
+		switch r.Status {
+		case http.StatusOK:
+			return r.Body, nil
+		case http.StatusNoContent:
+			return nil, ErrNoUserData
+		case http.StatusNotFound:
+			return nil, ErrNotFound
+		}
+		// 503: gated until the initrd-stage attestation verifies.
+		reason := snippet(r.Body)
+		d := RetryAfter(r.RetryAfter, 2*time.Second)
+		left := deadline.Sub(c.now())
+		if left <= 0 {
+			return nil, fmt.Errorf("%w after %s: %s", ErrGated, wait, reason)
+		}
+		d = min(d, left)
+		if onGated != nil {
+			onGated(reason, d)
+		}
+		if err := c.sleep(ctx, d); err != nil {
+			return nil, fmt.Errorf("%w: %v: %s", ErrGated, err, reason)
+		}
+	}
+}
+
+// RetryAfter parses a Retry-After value in seconds (HTTP dates are not used by the
+// IMDS); def when absent or invalid, at least 100 ms so a 0 does not spin.
+func RetryAfter(v string, def time.Duration) time.Duration {
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil || n < 0 {
+		return def
+	}
+	return max(time.Duration(n)*time.Second, 100*time.Millisecond)
+}
+
+func contains(s []int, v int) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+func snippet(b []byte) string {
+	s := strings.TrimSpace(string(b))
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	return s
+}

@@ -1,0 +1,159 @@
+package imds
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// fakeClock makes the 503 wait instant: Sleep advances Now.
+type fakeClock struct {
+	t     time.Time
+	slept []time.Duration
+}
+
+func (c *fakeClock) now() time.Time { return c.t }
+func (c *fakeClock) sleep(_ context.Context, d time.Duration) error {
+	c.slept = append(c.slept, d)
+	c.t = c.t.Add(d)
+	return nil
+}
+
+func newClient(t *testing.T, h http.Handler) (*Client, *fakeClock) {
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	c := New(srv.URL + "/giantswarm/v1")
+	clk := &fakeClock{t: time.Unix(1e9, 0)}
+	c.Now, c.Sleep = clk.now, clk.sleep
+	return c, clk
+}
+
+func TestKeys(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /giantswarm/v1/hostname", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("vm-1")) })
+	mux.HandleFunc("GET /giantswarm/v1/public-keys/", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("0\n1\n2")) })
+	mux.HandleFunc("GET /giantswarm/v1/public-keys/0", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ssh-ed25519 AAAA vmm")) })
+	mux.HandleFunc("GET /giantswarm/v1/public-keys/1", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(404) })
+	mux.HandleFunc("GET /giantswarm/v1/public-keys/2", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ssh-rsa BBBB user@host\n")) })
+	c, _ := newClient(t, mux)
+	ctx := context.Background()
+	if h, err := c.Hostname(ctx); err != nil || h != "vm-1" {
+		t.Errorf("hostname %q %v", h, err)
+	}
+	keys, err := c.PublicKeys(ctx)
+	if err != nil || strings.Join(keys, "|") != "ssh-ed25519 AAAA vmm|ssh-rsa BBBB user@host" {
+		t.Errorf("keys %q %v", keys, err)
+	}
+	if _, err := c.Text(ctx, "/region"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("unset key: %v", err)
+	}
+}
+
+func TestEmptyKeyList(t *testing.T) {
+	c, _ := newClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	keys, err := c.PublicKeys(context.Background())
+	if err != nil || len(keys) != 0 {
+		t.Fatalf("%q %v", keys, err)
+	}
+}
+
+// Transport errors and 5xx are retried a few times; 403 is not.
+func TestRetries(t *testing.T) {
+	var n atomic.Int32
+	c, clk := newClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/giantswarm/v1/hostname":
+			if n.Add(1) < 3 {
+				http.Error(w, "busy", 500)
+				return
+			}
+			w.Write([]byte("late"))
+		default:
+			http.Error(w, "forbidden: client address is not a managed VM", 403)
+		}
+	}))
+	if h, err := c.Hostname(context.Background()); err != nil || h != "late" || n.Load() != 3 {
+		t.Errorf("%q %v after %d", h, err, n.Load())
+	}
+	if len(clk.slept) != 2 || clk.slept[1] != 2*clk.slept[0] {
+		t.Errorf("backoff %v", clk.slept)
+	}
+	if _, err := c.Text(context.Background(), "/zone"); err == nil || !strings.Contains(err.Error(), "403") {
+		t.Errorf("403: %v", err)
+	}
+
+	c.HTTP.Timeout = 200 * time.Millisecond
+	c.BaseURL = "http://127.0.0.1:1/giantswarm/v1" // nothing listens
+	if _, err := c.Hostname(context.Background()); err == nil {
+		t.Error("no server: no error")
+	}
+}
+
+func TestUserData(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		gated   int // 503s before the answer
+		status  int
+		body    string
+		want    string
+		wantErr error
+		slept   int
+	}{
+		{name: "released", status: 200, body: `{"ignition":{}}`, want: `{"ignition":{}}`},
+		{name: "none", status: 204, wantErr: ErrNoUserData},
+		{name: "gated then released", gated: 3, status: 200, body: "x", want: "x", slept: 3},
+		{name: "gated for good", gated: 1000, wantErr: ErrGated, slept: 30}, // 60 s / Retry-After 2
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var n atomic.Int32
+			c, clk := newClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path != "/giantswarm/v1/user-data" {
+					http.NotFound(w, r)
+					return
+				}
+				if int(n.Add(1)) <= tc.gated {
+					w.Header().Set("Retry-After", "2")
+					http.Error(w, "user-data is released after the initrd-stage attestation verifies", 503)
+					return
+				}
+				w.WriteHeader(tc.status)
+				w.Write([]byte(tc.body))
+			}))
+			var reasons []string
+			b, err := c.UserData(context.Background(), 60*time.Second, func(reason string, d time.Duration) {
+				reasons = append(reasons, reason)
+				if d != 2*time.Second {
+					t.Errorf("retry after %s", d)
+				}
+			})
+			if !errors.Is(err, tc.wantErr) || string(b) != tc.want {
+				t.Fatalf("%q %v", b, err)
+			}
+			if len(clk.slept) != tc.slept {
+				t.Errorf("slept %d times, want %d", len(clk.slept), tc.slept)
+			}
+			if tc.gated > 0 && !strings.Contains(reasons[0], "initrd-stage attestation") {
+				t.Errorf("reason %q", reasons[0])
+			}
+			if tc.wantErr == ErrGated && !strings.Contains(err.Error(), "after 1m0s") {
+				t.Errorf("message %v", err)
+			}
+		})
+	}
+}
+
+func TestRetryAfter(t *testing.T) {
+	for in, want := range map[string]time.Duration{
+		"2": 2 * time.Second, "": 5 * time.Second, "x": 5 * time.Second, "0": 100 * time.Millisecond,
+		"-1": 5 * time.Second, "Wed, 21 Oct 2015 07:28:00 GMT": 5 * time.Second,
+	} {
+		if got := RetryAfter(in, 5*time.Second); got != want {
+			t.Errorf("%q: %s, want %s", in, got, want)
+		}
+	}
+}

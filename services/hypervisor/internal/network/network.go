@@ -1,0 +1,392 @@
+package network
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/containers/gvisor-tap-vsock/pkg/types"
+	"github.com/containers/gvisor-tap-vsock/pkg/virtualnetwork"
+	"github.com/giantswarm/vm-manager/gen/apierr"
+)
+
+const (
+	// MTU of every network.
+	MTU = 1500
+	// GatewayMAC is the MAC of the gateway in every network. Guest MACs all
+	// start with 02:, so they never collide with it.
+	GatewayMAC = "5a:94:ef:e4:0c:ee"
+	// MaxSocketPath is the longest unix socket path (sun_path is 108 bytes
+	// including the terminating NUL).
+	MaxSocketPath = 107
+
+	// reservedMAC owns the DHCP leases of the host alias and the broadcast
+	// address so they can never be handed out. It is the broadcast MAC, which
+	// no guest can use as its source address.
+	reservedMAC = "ff:ff:ff:ff:ff:ff"
+	imdsPort    = 80
+)
+
+// Network is one running userspace network.
+type Network struct {
+	spec   Spec
+	plan   Plan
+	socket string
+	log    *slog.Logger
+	vn     *virtualnetwork.VirtualNetwork
+
+	ln      net.Listener
+	imdsSrv *http.Server
+	cancel  context.CancelFunc
+	stop    func() bool // detaches the parent-context watcher
+	wg      sync.WaitGroup
+
+	toVMs, fromVMs atomic.Uint64 // bytes on the QEMU sockets, frame lengths included
+
+	mu     sync.Mutex
+	closed bool
+	leases map[string]netip.Addr // vmID -> IP
+	conns  map[net.Conn]struct{}
+}
+
+// Start creates the network described by spec, listens for QEMU stream
+// connections on socketPath (its directory is created with mode 0700), and
+// serves imds (if not nil) on 169.254.169.254:80 inside the network.
+//
+// leases are the restored vmID -> IP leases. A restored lease that is outside
+// the pool or whose IP is already held by another VM (checked in vmID order)
+// is dropped with a warning.
+//
+// The network runs until Close is called or ctx is cancelled.
+func Start(ctx context.Context, spec Spec, socketPath string, leases map[string]netip.Addr, imds http.Handler, log *slog.Logger) (*Network, error) {
+	if err := Validate(spec); err != nil {
+		return nil, err
+	}
+	plan, err := PlanFor(spec.CIDR)
+	if err != nil {
+		return nil, err
+	}
+	if socketPath == "" || len(socketPath) > MaxSocketPath {
+		return nil, apierr.Invalidf("socketPath", "network socket path %q must be 1 to %d bytes long", socketPath, MaxSocketPath)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("network", spec.Name)
+
+	n := &Network{
+		spec:   spec,
+		plan:   plan,
+		socket: socketPath,
+		log:    log,
+		leases: make(map[string]netip.Addr, len(leases)),
+		conns:  make(map[net.Conn]struct{}),
+	}
+	n.restore(leases)
+
+	vn, err := virtualnetwork.New(n.configuration())
+	if err != nil {
+		return nil, apierr.Errorf(apierr.Internal, "network %s: create virtual network: %w", spec.Name, err)
+	}
+	n.vn = vn
+
+	if imds != nil {
+		iln, err := vn.Listen("tcp", netip.AddrPortFrom(IMDSAddr, imdsPort).String())
+		if err != nil {
+			return nil, apierr.Errorf(apierr.Internal, "network %s: listen on IMDS address: %w", spec.Name, err)
+		}
+		n.imdsSrv = &http.Server{Handler: imds, ReadHeaderTimeout: 10 * time.Second}
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			if err := n.imdsSrv.Serve(iln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Warn("IMDS server stopped", "err", err)
+			}
+		}()
+	}
+
+	ln, err := listenUnix(socketPath)
+	if err != nil {
+		if n.imdsSrv != nil {
+			_ = n.imdsSrv.Close()
+		}
+		n.wg.Wait()
+		return nil, apierr.Errorf(apierr.Internal, "network %s: %w", spec.Name, err)
+	}
+	n.ln = ln
+
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	n.cancel = cancel
+	n.stop = context.AfterFunc(ctx, func() { _ = n.Close() })
+	n.wg.Add(1)
+	go n.acceptLoop(runCtx)
+	log.Info("network started", "cidr", plan.Prefix.String(), "socket", socketPath, "leases", len(n.leases), "imds", imds != nil)
+	return n, nil
+}
+
+// configuration builds the gvisor-tap-vsock configuration. The library has
+// no way to add DHCP static leases after creation (its IP pool is private),
+// so every pool address is registered with its derived MAC up front; the
+// host alias and the broadcast address are registered too so that nobody can
+// ever lease them, and an unknown MAC gets no address at all.
+func (n *Network) configuration() *types.Configuration {
+	static := make(map[string]string, n.plan.PoolSize()+2)
+	for ip := n.plan.PoolFirst; ip.Compare(n.plan.PoolLast) <= 0; ip = ip.Next() {
+		static[ip.String()] = MAC(n.spec.Name, ip)
+	}
+	static[n.plan.HostAlias.String()] = reservedMAC
+	static[n.plan.Broadcast.String()] = reservedMAC
+	var search []string
+	if n.spec.DNSSearchDomain != "" {
+		search = []string{n.spec.DNSSearchDomain}
+	}
+	return &types.Configuration{
+		MTU:               MTU,
+		Subnet:            n.plan.Prefix.String(),
+		GatewayIP:         n.plan.Gateway.String(),
+		GatewayMacAddress: GatewayMAC,
+		DNSSearchDomains:  search,
+		// No NAT entry and no virtual IP for the host alias: it is opt-in
+		// (enableHostAlias) and off for every API-created network, so guests
+		// must not reach the host's loopback through it.
+		NAT:               map[string]string{},
+		Forwards:          map[string]string{},
+		GatewayVirtualIPs: []string{IMDSAddr.String()},
+		DHCPStaticLeases:  static,
+		Protocol:          types.QemuProtocol,
+		// Keeps the NAT from forwarding 169.254.0.0/16 to the host's own
+		// link-local network; the IMDS listener is local to the stack.
+		Ec2MetadataAccess: false,
+	}
+}
+
+func (n *Network) restore(leases map[string]netip.Addr) {
+	ids := make([]string, 0, len(leases))
+	for id := range leases {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	held := make(map[netip.Addr]string, len(leases))
+	for _, id := range ids {
+		ip := leases[id].Unmap()
+		switch {
+		case id == "":
+			n.log.Warn("dropping restored lease without a VM id", "ip", ip)
+		case !n.plan.InPool(ip):
+			n.log.Warn("dropping restored lease outside the pool", "vm", id, "ip", ip)
+		case held[ip] != "":
+			n.log.Warn("dropping restored lease held twice", "vm", id, "ip", ip, "holder", held[ip])
+		default:
+			held[ip] = id
+			n.leases[id] = ip
+		}
+	}
+}
+
+func listenUnix(path string) (net.Listener, error) {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create socket directory: %w", err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("chmod socket directory: %w", err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("remove stale socket: %w", err)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	ln.(*net.UnixListener).SetUnlinkOnClose(true)
+	if err := os.Chmod(path, 0o600); err != nil {
+		_ = ln.Close()
+		return nil, fmt.Errorf("chmod socket: %w", err)
+	}
+	return ln, nil
+}
+
+func (n *Network) acceptLoop(ctx context.Context) {
+	defer n.wg.Done()
+	for {
+		conn, err := n.ln.Accept()
+		if err != nil {
+			if ctx.Err() == nil && !errors.Is(err, net.ErrClosed) {
+				n.log.Error("accept on network socket failed", "err", err)
+			}
+			return
+		}
+		n.mu.Lock()
+		if n.closed {
+			n.mu.Unlock()
+			_ = conn.Close()
+			return
+		}
+		n.conns[conn] = struct{}{}
+		n.mu.Unlock()
+		n.log.Debug("QEMU attached")
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			// AcceptQemu returns when the connection fails or is closed; it
+			// closes conn itself.
+			if err := n.vn.AcceptQemu(ctx, &countingConn{Conn: conn, n: n}); err != nil && ctx.Err() == nil {
+				n.log.Debug("QEMU detached", "err", err)
+			}
+			_ = conn.Close()
+			n.mu.Lock()
+			delete(n.conns, conn)
+			n.mu.Unlock()
+		}()
+	}
+}
+
+// Name returns the network name.
+func (n *Network) Name() string { return n.spec.Name }
+
+// Plan returns the address plan.
+func (n *Network) Plan() Plan { return n.plan }
+
+// SocketPath returns the QEMU socket path.
+func (n *Network) SocketPath() string { return n.socket }
+
+// Allocate returns the lease of vmID, creating one at the lowest free pool
+// address if it has none, and the MAC the VM must use. A full pool or a
+// closed network is an apierr conflict.
+func (n *Network) Allocate(vmID string) (netip.Addr, string, error) {
+	if vmID == "" {
+		return netip.Addr{}, "", apierr.Invalidf("vmId", "empty VM id")
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return netip.Addr{}, "", apierr.Errorf(apierr.Conflict, "network %s is closed", n.spec.Name)
+	}
+	if ip, ok := n.leases[vmID]; ok {
+		return ip, MAC(n.spec.Name, ip), nil
+	}
+	used := make(map[netip.Addr]struct{}, len(n.leases))
+	for _, ip := range n.leases {
+		used[ip] = struct{}{}
+	}
+	for ip := n.plan.PoolFirst; ip.Compare(n.plan.PoolLast) <= 0; ip = ip.Next() {
+		if _, ok := used[ip]; !ok {
+			n.leases[vmID] = ip
+			return ip, MAC(n.spec.Name, ip), nil
+		}
+	}
+	return netip.Addr{}, "", apierr.Errorf(apierr.Conflict, "network %s: address pool %s is exhausted (%d addresses)", n.spec.Name, n.plan.Prefix, n.plan.PoolSize())
+}
+
+// Release frees the lease of vmID, if any.
+func (n *Network) Release(vmID string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	delete(n.leases, vmID)
+}
+
+// Leases returns a copy of the vmID -> IP leases.
+func (n *Network) Leases() map[string]netip.Addr {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make(map[string]netip.Addr, len(n.leases))
+	for k, v := range n.leases {
+		out[k] = v
+	}
+	return out
+}
+
+// DialContextTCP dials addr ("ip:port") from the gateway into the network
+// (for port forwards and exec).
+func (n *Network) DialContextTCP(ctx context.Context, addr string) (net.Conn, error) {
+	n.mu.Lock()
+	closed := n.closed
+	n.mu.Unlock()
+	if closed {
+		return nil, apierr.Errorf(apierr.Conflict, "network %s is closed", n.spec.Name)
+	}
+	return n.vn.DialContextTCP(ctx, addr)
+}
+
+// Stats are the traffic counters of a network.
+type Stats struct {
+	Attachments  int    // open QEMU connections
+	BytesToVMs   uint64 // bytes written to QEMU sockets, 4-byte frame lengths included
+	BytesFromVMs uint64 // bytes read from QEMU sockets, 4-byte frame lengths included
+}
+
+// Stats returns the current counters. (The library's own BytesSent and
+// BytesReceived are read without synchronisation, so the sockets are counted
+// here instead.)
+func (n *Network) Stats() Stats {
+	n.mu.Lock()
+	a := len(n.conns)
+	n.mu.Unlock()
+	return Stats{Attachments: a, BytesToVMs: n.toVMs.Load(), BytesFromVMs: n.fromVMs.Load()}
+}
+
+type countingConn struct {
+	net.Conn
+	n *Network
+}
+
+func (c *countingConn) Read(b []byte) (int, error) {
+	k, err := c.Conn.Read(b)
+	c.n.fromVMs.Add(uint64(max(k, 0)))
+	return k, err
+}
+
+func (c *countingConn) Write(b []byte) (int, error) {
+	k, err := c.Conn.Write(b)
+	c.n.toVMs.Add(uint64(max(k, 0)))
+	return k, err
+}
+
+// Close stops accepting QEMU connections, disconnects the attached ones,
+// stops the IMDS server and removes the socket. Leases are kept (Leases still
+// works) but Allocate fails. gVisor stacks cannot be stopped, so some of the
+// library's goroutines linger. Close is idempotent.
+func (n *Network) Close() error {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return nil
+	}
+	n.closed = true
+	conns := make([]net.Conn, 0, len(n.conns))
+	for c := range n.conns {
+		conns = append(conns, c)
+	}
+	n.mu.Unlock()
+
+	n.stop()
+	n.cancel()
+	var errs []error
+	if err := n.ln.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+		errs = append(errs, err)
+	}
+	for _, c := range conns {
+		_ = c.Close()
+	}
+	if n.imdsSrv != nil {
+		if err := n.imdsSrv.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	n.wg.Wait()
+	n.log.Info("network closed")
+	return errors.Join(errs...)
+}
