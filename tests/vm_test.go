@@ -166,7 +166,8 @@ func lifecycle(t *testing.T, c *cluster.Cluster) {
 	var t1 vmJSON
 	t.Run("create waits for ready", func(t *testing.T) {
 		a.t = t
-		t1 = a.vm("POST", "/vms", `{"name":"t1","image":"test-guest","require_attestation":false,"memory_mib":512,"cpus":1}`, 201)
+		ignition := `{\"ignition\":{\"version\":\"3.4.0\"},\"storage\":{\"files\":[{\"path\":\"/etc/hello\",\"contents\":{\"source\":\"data:,hi\"}}]}}`
+		t1 = a.vm("POST", "/vms", `{"name":"t1","image":"test-guest","require_attestation":false,"memory_mib":512,"cpus":1,"user_data":"`+ignition+`"}`, 201)
 		if t1.State != "ready" || t1.Phase != "boot" || !t1.Booted || t1.ReadyAt == "" || t1.Processes == nil {
 			t.Fatalf("created vm %+v", t1)
 		}
@@ -177,6 +178,13 @@ func lifecycle(t *testing.T, c *cluster.Cluster) {
 		getJSON(t, a.base+"/vms/"+t1.ID+"/console?lines=200", &con)
 		if !strings.Contains(con.Console, "vm-agent: ") || !strings.Contains(con.Console, "t1") {
 			t.Errorf("console lacks the guest's progress:\n%s", con.Console)
+		}
+		// DHCP on the userspace network, the IMDS behind the gateway, user-data
+		// released (attestation not required) and applied.
+		for _, want := range []string{"vm-agent: dhcp " + t1.IP + "/24 via 192.168.127.1", "vm-agent: ignition: wrote /etc/hello"} {
+			if !strings.Contains(con.Console, want) {
+				t.Errorf("console lacks %q:\n%s", want, con.Console)
+			}
 		}
 		var met struct {
 			Host struct {

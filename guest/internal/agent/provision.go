@@ -63,11 +63,10 @@ func (p *provisioner) run(ctx context.Context) {
 	} else {
 		initrd = p.attest(ctx, attest.StageInitrd)
 	}
-	if initrd == attestRejected {
-		p.con.Printf("user-data not fetched: the initrd attestation was rejected")
-	} else {
-		p.userData(ctx)
-	}
+	// The IMDS decides whether user-data is released: a VM that does not
+	// require attestation gets it even after a rejected quote. After a
+	// rejection a gated answer will not change, so it is asked once.
+	p.userData(ctx, initrd == attestRejected)
 	if !p.attestOff {
 		p.attest(ctx, attest.StageReady)
 	}
@@ -137,10 +136,13 @@ func keySummary(k string) string {
 	return "?"
 }
 
-func (p *provisioner) userData(ctx context.Context) {
+func (p *provisioner) userData(ctx context.Context, rejected bool) {
 	wait := p.userDataWait
 	if wait <= 0 {
 		wait = UserDataWait
+	}
+	if rejected {
+		wait = 0 // ask once
 	}
 	gated := 0
 	data, err := p.imds.UserData(ctx, wait, func(reason string, retry time.Duration) {
@@ -155,6 +157,9 @@ func (p *provisioner) userData(ctx context.Context) {
 		return
 	case errors.Is(err, imds.ErrNotFound):
 		p.con.Printf("no user-data (404)")
+		return
+	case errors.Is(err, imds.ErrGated) && rejected:
+		p.con.Printf("user-data stays gated: the initrd attestation was rejected")
 		return
 	case errors.Is(err, imds.ErrGated):
 		p.con.Printf("giving up on user-data: %v", err)

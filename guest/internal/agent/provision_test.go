@@ -182,15 +182,16 @@ func TestProvisionCredentialHostnameWins(t *testing.T) {
 	}
 }
 
-// A rejected initrd attestation: no user-data request at all, the ready stage still runs.
+// A rejected initrd attestation: user-data is asked for once (the gate stays
+// shut, no waiting), the ready stage still runs.
 func TestProvisionRejected(t *testing.T) {
 	fx := newFixture(t, &fakeIMDS{userData: userData, verdict: map[string]attestResult{"initrd": attestRejected, "ready": attestRejected}})
 	fx.p.run(context.Background())
 	ev := strings.Join(fx.f.events, ", ")
-	if strings.Contains(ev, "/user-data") || !strings.HasSuffix(ev, "attest initrd, attest ready") {
+	if strings.Count(ev, "GET /user-data") != 1 || !strings.HasSuffix(ev, "GET /user-data, attest ready") {
 		t.Errorf("events %s", ev)
 	}
-	if !strings.Contains(fx.out.String(), "user-data not fetched: the initrd attestation was rejected") {
+	if !strings.Contains(fx.out.String(), "user-data stays gated: the initrd attestation was rejected") {
 		t.Errorf("console:\n%s", fx.out)
 	}
 	if _, err := os.Stat(filepath.Join(fx.p.root, "etc/motd")); err == nil {

@@ -197,8 +197,8 @@ func (c *Client) PublicKeys(ctx context.Context) ([]string, error) {
 
 // UserData fetches /user-data. 204 gives ErrNoUserData, 404 ErrNotFound. While the
 // IMDS gates it (503) it retries after Retry-After (default 2 s) until wait has
-// passed, then returns ErrGated wrapped with the IMDS's reason. onGated is called
-// on each 503 (may be nil).
+// passed (wait <= 0 asks once), then returns ErrGated wrapped with the IMDS's
+// reason. onGated is called on each 503 it waits out (may be nil).
 func (c *Client) UserData(ctx context.Context, wait time.Duration, onGated func(reason string, retry time.Duration)) ([]byte, error) {
 	deadline := c.now().Add(wait)
 	for {
@@ -218,7 +218,7 @@ func (c *Client) UserData(ctx context.Context, wait time.Duration, onGated func(
 		reason := snippet(r.Body)
 		d := RetryAfter(r.RetryAfter, 2*time.Second)
 		left := deadline.Sub(c.now())
-		if left <= 0 {
+		if wait <= 0 || left <= 0 {
 			return nil, fmt.Errorf("%w after %s: %s", ErrGated, wait, reason)
 		}
 		d = min(d, left)
