@@ -251,7 +251,6 @@ func lifecycle(t *testing.T, c *cluster.Cluster) {
 		expectError(t, "POST", a.base+"/vms", `{"name":"x","cpus":0,"require_attestation":false}`, 400, apierr.InvalidRequest)
 		expectError(t, "POST", a.base+"/vms", `{"name":"x","memory_mib":128,"require_attestation":false}`, 400, apierr.InvalidRequest)
 		expectError(t, "POST", a.base+"/vms", `{"name":"x","image":"nope","require_attestation":false}`, 400, apierr.InvalidRequest)
-		expectError(t, "POST", a.base+"/vms", `{"name":"x","image":"test-guest"}`, 501, apierr.Unsupported)
 		expectError(t, "POST", a.base+"/vms/"+t1.ID+"/start", "", 409, apierr.Conflict)
 		expectError(t, "GET", a.base+"/vms/"+t1.ID+"/console?lines=abc", "", 400, apierr.InvalidRequest)
 		var list []vmJSON
@@ -342,6 +341,56 @@ func lifecycle(t *testing.T, c *cluster.Cluster) {
 		a.vm("DELETE", "/vms/"+pair[0].ID, "", 204)
 		a.vm("DELETE", "/vms/"+pair[1].ID, "", 204)
 		waitGone(t, pair[1].Processes.Qemu.Pid, "qemu")
+	})
+
+	t.Run("attestation gates user-data", func(t *testing.T) {
+		a.t = t
+		ignition := `{\"ignition\":{\"version\":\"3.4.0\"},\"storage\":{\"files\":[{\"path\":\"/etc/secret\",\"contents\":{\"source\":\"data:,s3cret\"}}]}}`
+		// require_attestation defaults to true; the image has no policy yet.
+		v := a.vm("POST", "/vms", `{"name":"gated","image":"test-guest","memory_mib":512,"cpus":1,"user_data":"`+ignition+`"}`, 201)
+		var att struct {
+			Required, UserDataReleased bool
+			Initrd                     struct {
+				Verified bool
+				Message  string
+				Pcrs     map[string]string
+			}
+		}
+		getJSON(t, a.base+"/vms/"+v.ID+"/attestation", &att)
+		if !att.Required || att.UserDataReleased || att.Initrd.Verified || !strings.HasPrefix(att.Initrd.Message, "no policy for image test-guest_0.1.0") {
+			t.Fatalf("without a policy: %+v", att)
+		}
+		if v = a.get(v.ID); !strings.HasPrefix(v.LastError, "initrd attestation rejected: no policy") {
+			t.Errorf("lastError %q", v.LastError)
+		}
+		var con struct{ Console string }
+		getJSON(t, a.base+"/vms/"+v.ID+"/console?lines=500", &con)
+		if !strings.Contains(con.Console, "Attestation rejected: no policy") || strings.Contains(con.Console, "/etc/secret") {
+			t.Errorf("console of the rejected boot:\n%s", con.Console)
+		}
+		// The operator takes the firmware PCRs of this boot as golden values.
+		golden := map[string]string{}
+		for _, i := range []string{"0", "2", "3", "4", "6", "7"} {
+			golden[i] = att.Initrd.Pcrs[i]
+		}
+		policy, _ := json.Marshal(map[string]any{"image_id": "test-guest", "image_version": "0.1.0", "golden": map[string]any{"sha256": golden}})
+		if code, _, b := do(t, "PUT", a.base+"/images/test-guest_0.1.0/policy", string(policy)); code != 200 {
+			t.Fatalf("import policy: %d %s", code, b)
+		}
+		a.vm("POST", "/vms/"+v.ID+"/reboot", "", 200)
+		v = a.waitState(v.ID, "ready", bootTimeout)
+		getJSON(t, a.base+"/vms/"+v.ID+"/attestation", &att)
+		if !att.UserDataReleased || !att.Initrd.Verified || v.LastError != "" {
+			t.Fatalf("after the policy: %+v, lastError %q", att, v.LastError)
+		}
+		getJSON(t, a.base+"/vms/"+v.ID+"/console?lines=60", &con)
+		if !strings.Contains(con.Console, "attestation verified: verified: ak ") || !strings.Contains(con.Console, "ignition: wrote /etc/secret") {
+			t.Errorf("console of the verified boot:\n%s", con.Console)
+		}
+		a.vm("DELETE", "/vms/"+v.ID, "", 204)
+		if code, _, b := do(t, "DELETE", a.base+"/images/test-guest_0.1.0/policy/golden", ""); code != 200 {
+			t.Errorf("clear golden: %d %s", code, b)
+		}
 	})
 
 	t.Run("guest powers itself off", func(t *testing.T) {

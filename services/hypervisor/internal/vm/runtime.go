@@ -329,7 +329,10 @@ func (m *Manager) onNotify(mc *machine, rt *runtime, ready bool, status string) 
 			r.State = hypervisorv1.State_STATE_READY
 			r.ReadyAt = timestamppb.Now()
 			r.Booted = true
-			r.LastError = ""
+			// READY=1 keeps an attestation rejection: the guest is up, not trusted.
+			if !strings.HasPrefix(r.GetLastError(), rejectedPrefix) {
+				r.LastError = ""
+			}
 		}
 	})
 }

@@ -126,9 +126,6 @@ func validate(req *hypervisorv1.CreateVirtualMachineRequest, images ImageResolve
 	if req.RequireAttestation != nil {
 		r.requireAttestation = req.GetRequireAttestation()
 	}
-	if r.requireAttestation {
-		return nil, apierr.Errorf(apierr.Unsupported, "require_attestation=true is not supported yet: quote verification is not wired to the IMDS; pass require_attestation=false")
-	}
 	r.waitFor = req.GetWaitFor()
 	if r.waitFor == hypervisorv1.WaitFor_WAIT_FOR_UNSPECIFIED {
 		r.waitFor = hypervisorv1.WaitFor_WAIT_FOR_READY

@@ -25,12 +25,12 @@ func (images) Get(ref string) (*hypervisorv1.Image, error) {
 func (images) Default() (*hypervisorv1.Image, error) { return testImage, nil }
 
 func TestValidateDefaults(t *testing.T) {
-	r, err := validate(&hypervisorv1.CreateVirtualMachineRequest{Name: "t1", RequireAttestation: proto.Bool(false)}, images{})
+	r, err := validate(&hypervisorv1.CreateVirtualMachineRequest{Name: "t1"}, images{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if r.hostname != "t1" || r.cpus != 2 || r.memoryMiB != 2048 || r.diskGiB != 20 || r.image != testImage ||
-		r.kubernetesVersion != "v1.34.0" || r.waitFor != hypervisorv1.WaitFor_WAIT_FOR_READY || r.requireAttestation {
+		r.kubernetesVersion != "v1.34.0" || r.waitFor != hypervisorv1.WaitFor_WAIT_FOR_READY || !r.requireAttestation {
 		t.Errorf("defaults: %+v", r)
 	}
 }
@@ -57,7 +57,6 @@ func TestValidateRejects(t *testing.T) {
 		{"disk 4097", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", DiskGib: proto.Int32(4097), RequireAttestation: no}, apierr.InvalidRequest, "1..4096"},
 		{"ssh key lines", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", SshAuthorizedKeys: []string{"a\nb"}, RequireAttestation: no}, apierr.InvalidRequest, "one non-empty line"},
 		{"metadata key", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", Metadata: map[string]string{"a/b": "x"}, RequireAttestation: no}, apierr.InvalidRequest, "metadata key"},
-		{"attestation", &hypervisorv1.CreateVirtualMachineRequest{Name: "a"}, apierr.Unsupported, "require_attestation"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
