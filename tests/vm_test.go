@@ -368,9 +368,10 @@ func lifecycle(t *testing.T, c *cluster.Cluster) {
 		if !strings.Contains(con.Console, "Attestation rejected: no policy") || strings.Contains(con.Console, "/etc/secret") {
 			t.Errorf("console of the rejected boot:\n%s", con.Console)
 		}
-		// The operator takes the firmware PCRs of this boot as golden values.
+		// The operator takes this boot's PCRs as golden values: the firmware's,
+		// and PCR 9, which pins the initrd and command line of a direct-kernel boot.
 		golden := map[string]string{}
-		for _, i := range []string{"0", "2", "3", "4", "6", "7"} {
+		for _, i := range []string{"0", "2", "3", "4", "6", "7", "9"} {
 			golden[i] = att.Initrd.Pcrs[i]
 		}
 		policy, _ := json.Marshal(map[string]any{"image_id": "test-guest", "image_version": "0.1.0", "golden": map[string]any{"sha256": golden}})

@@ -16,13 +16,16 @@ const (
 	StageReady  = "ready"
 )
 
-// StagePCRs returns the PCR indexes quoted at stage, ascending.
+// StagePCRs returns the PCR indexes quoted at stage, ascending: the
+// contract's (0–7 and 11, plus 13 at ready) and PCR 9, which holds the
+// initrd and command line of a direct-kernel boot under OVMF, so an image
+// policy can pin them.
 func StagePCRs(stage string) ([]uint, error) {
 	switch stage {
 	case StageInitrd:
-		return []uint{0, 1, 2, 3, 4, 5, 6, 7, 11}, nil
+		return []uint{0, 1, 2, 3, 4, 5, 6, 7, 9, 11}, nil
 	case StageReady:
-		return []uint{0, 1, 2, 3, 4, 5, 6, 7, 11, 13}, nil
+		return []uint{0, 1, 2, 3, 4, 5, 6, 7, 9, 11, 13}, nil
 	}
 	return nil, fmt.Errorf("unknown stage %q (want %s or %s)", stage, StageInitrd, StageReady)
 }

@@ -54,7 +54,7 @@ func TestTemplatesMatchGoTPMTools(t *testing.T) {
 }
 
 func TestStagePCRs(t *testing.T) {
-	for stage, want := range map[string]int{StageInitrd: 9, StageReady: 10} {
+	for stage, want := range map[string]int{StageInitrd: 10, StageReady: 11} {
 		pcrs, err := StagePCRs(stage)
 		if err != nil || len(pcrs) != want {
 			t.Errorf("%s: %v %v", stage, pcrs, err)
