@@ -7,6 +7,7 @@ import (
 	"compress/gzip"
 	"flag"
 	"fmt"
+	"github.com/giantswarm/vm-manager/guest/internal/initsys"
 	"os"
 	"path"
 	"path/filepath"
@@ -185,7 +186,7 @@ func collect(c config) (map[string]cpio.Entry, []string, error) {
 func wantedModules(c config) ([]string, error) {
 	var want []string
 	if c.moduleOrder != "" {
-		names, err := readOrderFile(c.moduleOrder)
+		names, err := initsys.ReadModuleOrder(c.moduleOrder)
 		if err != nil {
 			return nil, err
 		}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"debug/elf"
 	"fmt"
@@ -115,22 +114,6 @@ func modinfoDepends(path string) ([]string, error) {
 		}
 	}
 	return deps, nil
-}
-
-// readOrderFile reads module names, one per line, with # comments.
-func readOrderFile(path string) ([]string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	var names []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line, _, _ := strings.Cut(sc.Text(), "#")
-		names = append(names, strings.Fields(line)...)
-	}
-	return names, sc.Err()
 }
 
 // resolveOrder returns the modules to load, dependencies first, keeping the requested

@@ -81,7 +81,8 @@ func LoadModules(dir string) ([]string, error) {
 	return loaded, nil
 }
 
-// ReadModuleOrder reads a modules.load file: names, blank lines and # comments.
+// ReadModuleOrder reads a modules.load file: one name per line, blank lines and
+// # comments. mkinitramfs reads its -module-order file with it too.
 func ReadModuleOrder(path string) ([]string, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -91,8 +92,8 @@ func ReadModuleOrder(path string) ([]string, error) {
 	var names []string
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
+		line, _, _ := strings.Cut(sc.Text(), "#")
+		if line = strings.TrimSpace(line); line == "" {
 			continue
 		}
 		if strings.Contains(line, "/") {
