@@ -205,6 +205,9 @@ func lifecycle(t *testing.T, c *cluster.Cluster) {
 		if att.Required == nil || *att.Required || !att.UserDataReleased || att.Boot != 1 {
 			t.Errorf("attestation service's view of the boot: %+v", att)
 		}
+		if r := a.exec(t1.ID, "cat", "/etc/hello"); r.Stdout != "hi" || r.ExitCode != 0 {
+			t.Errorf("exec cat /etc/hello: %+v", r)
+		}
 		getJSON(t, a.base+"/vms/"+t1.ID+"/metrics", &met)
 		h := met.Host
 		if h.State != "ready" || h.Pid == nil || *h.Pid != t1.Processes.Qemu.Pid || h.MemoryRSSBytes == nil || *h.MemoryRSSBytes <= 0 || h.BootToReadySeconds == nil || h.Attestation != "disabled" {
@@ -320,6 +323,7 @@ func lifecycle(t *testing.T, c *cluster.Cluster) {
 		if len(pair) != 2 {
 			t.Skip("needs the VMs of the concurrent test")
 		}
+		fwd := a.forward(pair[0].ID, 22)
 		c.StopService("hypervisor") // SIGKILL for a process; in-process, a stop that detaches
 		for _, v := range pair {
 			if !alive(v.Processes.Qemu.Pid) {
@@ -333,6 +337,13 @@ func lifecycle(t *testing.T, c *cluster.Cluster) {
 			if now.State != "ready" || now.Processes == nil || now.Processes.Qemu.Pid != v.Processes.Qemu.Pid {
 				t.Errorf("%s after restart: %+v (was qemu pid %d)", v.Name, now, v.Processes.Qemu.Pid)
 			}
+		}
+		// The NIC is dialled again and the forward bound again.
+		if r := a.exec(pair[0].ID, "hostname"); r.Stdout != "c0\n" {
+			t.Errorf("exec after re-adoption: %+v", r)
+		}
+		if line, err := sshBanner(fwd); err != nil || !strings.HasPrefix(line, "SSH-2.0-") {
+			t.Errorf("forward after re-adoption answered %q, %v", line, err)
 		}
 		stopped := a.vm("POST", "/vms/"+pair[0].ID+"/stop", "", 200)
 		if stopped.State != "stopped" {

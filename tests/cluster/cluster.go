@@ -35,6 +35,10 @@ type Options struct {
 	// Quiet sends the services' logs to <Dir>/<service>.log instead of the
 	// test log (benchmarks, whose log is always printed).
 	Quiet bool
+	// LearnGolden starts attestation in learn mode (PCRs without a golden
+	// value are accepted and listed as learned); SetLearnGolden changes it
+	// for the next start of the service.
+	LearnGolden bool
 }
 
 // Cluster is a running set of the three services.
@@ -112,7 +116,15 @@ func (c *Cluster) env() []string {
 		"VM_MANAGER_IMAGE_DIR=" + c.ImageDir,
 		"VM_MANAGER_LISTEN=" + c.Addr,
 		"VM_MANAGER_LOG_LEVEL=debug",
+		fmt.Sprintf("VM_MANAGER_ATTESTATION_LEARN_GOLDEN=%t", c.options.LearnGolden),
 	}
+}
+
+// SetLearnGolden sets attestation's learn mode for its next start.
+func (c *Cluster) SetLearnGolden(on bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.options.LearnGolden = on
 }
 
 // StartService starts one service (again).
@@ -234,7 +246,7 @@ func (c *Cluster) startInProcess(name string) proc {
 	switch name {
 	case "attestation":
 		run = func() error {
-			return attestation.Run(ctx, attestation.Config{StateDir: c.StateDir, Socket: c.Socket(name), Mode: "verify"}, log)
+			return attestation.Run(ctx, attestation.Config{StateDir: c.StateDir, Socket: c.Socket(name), Mode: "verify", LearnGolden: c.options.LearnGolden}, log)
 		}
 	case "hypervisor":
 		run = func() error {

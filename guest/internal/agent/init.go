@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/giantswarm/vm-manager/guest/internal/imds"
 	"github.com/giantswarm/vm-manager/guest/internal/initsys"
 	"github.com/giantswarm/vm-manager/guest/internal/netcfg"
 	"github.com/giantswarm/vm-manager/guest/internal/notify"
@@ -112,16 +113,24 @@ func boot(con *Console) error {
 	// Network and IMDS: a VM without a NIC (or without a DHCP answer) still becomes
 	// ready, it just gets nothing from the IMDS.
 	q.Send("STATUS=configuring network")
-	if lease := configureNetwork(ctx, con); lease != nil {
+	lease := configureNetwork(ctx, con)
+	attested := attestResults{initrd: attestSkipped, ready: attestSkipped}
+	if lease != nil {
+		// Before provisioning: the host may connect as soon as its key is in
+		// authorized_keys.
+		startSSHD(con)
 		q.Send("STATUS=provisioning from the IMDS")
 		attestOff := cmdlineValue("/proc/cmdline", "vm-agent.attest") == "off"
-		newBootProvisioner(con, credHostname, attestOff).run(ctx)
+		attested = newBootProvisioner(con, credHostname, attestOff).run(ctx)
 	}
 
 	// The console line first: a host that reads the console once READY=1 arrives
 	// must find it there.
 	con.Printf("ready (%s after kernel start)", uptime())
 	q.Send("READY=1", "STATUS=ready")
+	if lease != nil {
+		go uploadReports(ctx, con, imds.New(imds.DefaultURL), "/proc", attested, ReportInterval)
+	}
 
 	// vm-agent.poweroff-after-ready=<duration> makes a one-shot guest (smoke
 	// tests, benchmarks): it powers itself off once the host has its READY=1.

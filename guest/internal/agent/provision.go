@@ -52,24 +52,26 @@ func (p *provisioner) path(abs string) string {
 }
 
 // run: hostname, public keys, initrd attestation, user-data (+ Ignition files), ready
-// attestation. Every step failing only prints: the VM still becomes ready.
-func (p *provisioner) run(ctx context.Context) {
+// attestation. Every step failing only prints: the VM still becomes ready. The
+// attestation results go into the reports.
+func (p *provisioner) run(ctx context.Context) attestResults {
 	p.hostname(ctx)
 	p.publicKeys(ctx)
 
-	initrd := attestSkipped
+	res := attestResults{initrd: attestSkipped, ready: attestSkipped}
 	if p.attestOff {
 		p.con.Printf("attestation off (vm-agent.attest=off)")
 	} else {
-		initrd = p.attest(ctx, attest.StageInitrd)
+		res.initrd = p.attest(ctx, attest.StageInitrd)
 	}
 	// The IMDS decides whether user-data is released: a VM that does not
 	// require attestation gets it even after a rejected quote. After a
 	// rejection a gated answer will not change, so it is asked once.
-	p.userData(ctx, initrd == attestRejected)
+	p.userData(ctx, res.initrd == attestRejected)
 	if !p.attestOff {
-		p.attest(ctx, attest.StageReady)
+		res.ready = p.attest(ctx, attest.StageReady)
 	}
+	return res
 }
 
 func (p *provisioner) hostname(ctx context.Context) {

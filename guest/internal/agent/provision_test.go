@@ -108,7 +108,9 @@ const userData = `{"ignition":{"version":"3.4.0"},"storage":{"files":[
 
 func TestProvisionFullFlow(t *testing.T) {
 	fx := newFixture(t, &fakeIMDS{userData: userData})
-	fx.p.run(context.Background())
+	if res := fx.p.run(context.Background()); res != (attestResults{initrd: attestVerified, ready: attestVerified}) {
+		t.Errorf("results %+v", res)
+	}
 	out := fx.out.String()
 	t.Logf("console:\n%s", out)
 
@@ -185,8 +187,10 @@ func TestProvisionCredentialHostnameWins(t *testing.T) {
 // A rejected initrd attestation: user-data is asked for once (the gate stays
 // shut, no waiting), the ready stage still runs.
 func TestProvisionRejected(t *testing.T) {
-	fx := newFixture(t, &fakeIMDS{userData: userData, verdict: map[string]attestResult{"initrd": attestRejected, "ready": attestRejected}})
-	fx.p.run(context.Background())
+	fx := newFixture(t, &fakeIMDS{userData: userData, verdict: map[string]attestResult{"initrd": attestRejected, "ready": attestFailed}})
+	if res := fx.p.run(context.Background()); res != (attestResults{initrd: attestRejected, ready: attestFailed}) {
+		t.Errorf("results %+v", res)
+	}
 	ev := strings.Join(fx.f.events, ", ")
 	if strings.Count(ev, "GET /user-data") != 1 || !strings.HasSuffix(ev, "GET /user-data, attest ready") {
 		t.Errorf("events %s", ev)
@@ -224,7 +228,9 @@ func TestProvisionAttestOff(t *testing.T) {
 	f := &fakeIMDS{userData: userData, gateOpen: true} // e.g. --attestation=noop on the host
 	fx := newFixture(t, f)
 	fx.p.attestOff = true
-	fx.p.run(context.Background())
+	if res := fx.p.run(context.Background()); res != (attestResults{initrd: attestSkipped, ready: attestSkipped}) {
+		t.Errorf("results %+v", res)
+	}
 	if strings.Contains(strings.Join(f.events, ","), "attest") {
 		t.Errorf("attested: %v", f.events)
 	}

@@ -3,6 +3,7 @@
 package imds
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -229,6 +230,27 @@ func (c *Client) UserData(ctx context.Context, wait time.Duration, onGated func(
 			return nil, fmt.Errorf("%w: %v: %s", ErrGated, err, reason)
 		}
 	}
+}
+
+// PostReport sends a JSON report to /report once (no retries: reports are sent
+// again periodically anyway); the IMDS answers 204.
+func (c *Client) PostReport(ctx context.Context, body []byte) error {
+	u := strings.TrimSuffix(c.BaseURL, "/") + "/report"
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	rsp, err := c.HTTP.Do(req)
+	if err != nil {
+		return err
+	}
+	defer rsp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(rsp.Body, 4<<10))
+	if rsp.StatusCode != http.StatusNoContent {
+		return fmt.Errorf("POST /report: %d %s: %s", rsp.StatusCode, http.StatusText(rsp.StatusCode), snippet(msg))
+	}
+	return nil
 }
 
 // RetryAfter parses a Retry-After value in seconds (HTTP dates are not used by the

@@ -3,6 +3,7 @@ package imds
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -155,5 +156,36 @@ func TestRetryAfter(t *testing.T) {
 		if got := RetryAfter(in, 5*time.Second); got != want {
 			t.Errorf("%q: %s, want %s", in, got, want)
 		}
+	}
+}
+
+func TestPostReport(t *testing.T) {
+	var got struct {
+		method, ctype, body string
+	}
+	status := 204
+	c, _ := newClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/giantswarm/v1/report" {
+			http.NotFound(w, r)
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		got.method, got.ctype, got.body = r.Method, r.Header.Get("Content-Type"), string(b)
+		if status != 204 {
+			http.Error(w, "report must be valid JSON", status)
+			return
+		}
+		w.WriteHeader(status)
+	}))
+	ctx := context.Background()
+	if err := c.PostReport(ctx, []byte(`{"a":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	if got.method != "POST" || got.ctype != "application/json" || got.body != `{"a":1}` {
+		t.Errorf("request %+v", got)
+	}
+	status = 400
+	if err := c.PostReport(ctx, []byte(`{`)); err == nil || !strings.Contains(err.Error(), "400") || !strings.Contains(err.Error(), "valid JSON") {
+		t.Errorf("400: %v", err)
 	}
 }

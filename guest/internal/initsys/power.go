@@ -3,7 +3,6 @@ package initsys
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"io"
 	"os"
 	"os/signal"
@@ -112,34 +111,4 @@ func TermSignals() <-chan os.Signal {
 	ch := make(chan os.Signal, 1)
 	signal.Notify(ch, unix.SIGTERM, unix.SIGINT)
 	return ch
-}
-
-// ReapZombies waits for every child that exits, as PID 1 must for orphans re-parented
-// to it, until ctx ends. Later code that runs children with os/exec must coordinate
-// with this loop, or it will steal their exit statuses.
-func ReapZombies(ctx context.Context) {
-	ch := make(chan os.Signal, 16)
-	signal.Notify(ch, unix.SIGCHLD)
-	defer signal.Stop(ch)
-	for {
-		reapAll()
-		select {
-		case <-ctx.Done():
-			return
-		case <-ch:
-		}
-	}
-}
-
-func reapAll() {
-	for {
-		var ws unix.WaitStatus
-		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if pid <= 0 || err != nil {
-			return
-		}
-	}
 }

@@ -1157,10 +1157,12 @@ func (x *ExecVirtualMachineRequest) GetCommand() []string {
 }
 
 type ExecVirtualMachineResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Stdout        string                 `protobuf:"bytes,1,opt,name=stdout,proto3" json:"stdout,omitempty"`
-	Stderr        string                 `protobuf:"bytes,2,opt,name=stderr,proto3" json:"stderr,omitempty"`
-	ExitCode      int32                  `protobuf:"varint,3,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Stdout   string                 `protobuf:"bytes,1,opt,name=stdout,proto3" json:"stdout,omitempty"`
+	Stderr   string                 `protobuf:"bytes,2,opt,name=stderr,proto3" json:"stderr,omitempty"`
+	ExitCode int32                  `protobuf:"varint,3,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	// stdout or stderr went over 1 MiB and was cut there.
+	Truncated     bool `protobuf:"varint,4,opt,name=truncated,proto3" json:"truncated,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1214,6 +1216,13 @@ func (x *ExecVirtualMachineResponse) GetExitCode() int32 {
 		return x.ExitCode
 	}
 	return 0
+}
+
+func (x *ExecVirtualMachineResponse) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
 }
 
 type ForwardVirtualMachinePortRequest struct {
@@ -1271,8 +1280,9 @@ func (x *ForwardVirtualMachinePortRequest) GetPort() int32 {
 
 type ForwardVirtualMachinePortResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Port  int32                  `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	// The VM id.
+	Id   string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Port int32  `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
 	// 127.0.0.1:<port> on the host.
 	Address       string `protobuf:"bytes,3,opt,name=address,proto3" json:"address,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -1776,6 +1786,9 @@ type NetworkMetrics struct {
 	BytesSent     int64                  `protobuf:"varint,2,opt,name=bytes_sent,proto3" json:"bytes_sent,omitempty"`
 	BytesReceived int64                  `protobuf:"varint,3,opt,name=bytes_received,proto3" json:"bytes_received,omitempty"`
 	Leases        int32                  `protobuf:"varint,4,opt,name=leases,proto3" json:"leases,omitempty"`
+	// Frames this VM sent with another MAC or IP than its lease's, dropped
+	// before they reached the network.
+	DroppedFrames int64 `protobuf:"varint,5,opt,name=dropped_frames,proto3" json:"dropped_frames,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1834,6 +1847,13 @@ func (x *NetworkMetrics) GetBytesReceived() int64 {
 func (x *NetworkMetrics) GetLeases() int32 {
 	if x != nil {
 		return x.Leases
+	}
+	return 0
+}
+
+func (x *NetworkMetrics) GetDroppedFrames() int64 {
+	if x != nil {
+		return x.DroppedFrames
 	}
 	return 0
 }
@@ -2073,11 +2093,12 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tB\x03\xe0A\x02R\x02id\"O\n" +
 	"\x19ExecVirtualMachineRequest\x12\x13\n" +
 	"\x02id\x18\x01 \x01(\tB\x03\xe0A\x02R\x02id\x12\x1d\n" +
-	"\acommand\x18\x02 \x03(\tB\x03\xe0A\x02R\acommand\"i\n" +
+	"\acommand\x18\x02 \x03(\tB\x03\xe0A\x02R\acommand\"\x87\x01\n" +
 	"\x1aExecVirtualMachineResponse\x12\x16\n" +
 	"\x06stdout\x18\x01 \x01(\tR\x06stdout\x12\x16\n" +
 	"\x06stderr\x18\x02 \x01(\tR\x06stderr\x12\x1b\n" +
-	"\texit_code\x18\x03 \x01(\x05R\bexitCode\"P\n" +
+	"\texit_code\x18\x03 \x01(\x05R\bexitCode\x12\x1c\n" +
+	"\ttruncated\x18\x04 \x01(\bR\ttruncated\"P\n" +
 	" ForwardVirtualMachinePortRequest\x12\x13\n" +
 	"\x02id\x18\x01 \x01(\tB\x03\xe0A\x02R\x02id\x12\x17\n" +
 	"\x04port\x18\x02 \x01(\x05B\x03\xe0A\x02R\x04port\"a\n" +
@@ -2122,14 +2143,15 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\f_cpu_secondsB\x13\n" +
 	"\x11_memory_rss_bytesB\x12\n" +
 	"\x10_install_secondsB\x18\n" +
-	"\x16_boot_to_ready_seconds\"\x84\x01\n" +
+	"\x16_boot_to_ready_seconds\"\xac\x01\n" +
 	"\x0eNetworkMetrics\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1e\n" +
 	"\n" +
 	"bytes_sent\x18\x02 \x01(\x03R\n" +
 	"bytes_sent\x12&\n" +
 	"\x0ebytes_received\x18\x03 \x01(\x03R\x0ebytes_received\x12\x16\n" +
-	"\x06leases\x18\x04 \x01(\x05R\x06leases\"\x81\x03\n" +
+	"\x06leases\x18\x04 \x01(\x05R\x06leases\x12&\n" +
+	"\x0edropped_frames\x18\x05 \x01(\x03R\x0edropped_frames\"\x81\x03\n" +
 	"\fGuestMetrics\x12<\n" +
 	"\vreceived_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\vreceived_at\x12>\n" +
 	"\fgenerated_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\fgenerated_at\x12.\n" +

@@ -209,7 +209,10 @@ type VirtualMachine struct {
 	// Handles of the live processes; absent while none runs.
 	Processes *Processes `protobuf:"bytes,32,opt,name=processes,proto3" json:"processes,omitempty"`
 	// The caller who created the VM (email, else subject).
-	CreatedBy     string `protobuf:"bytes,33,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
+	CreatedBy string `protobuf:"bytes,33,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
+	// Host ports proxied to guest ports (forward_port); they live until the VM
+	// is deleted and are restored after a hypervisor restart.
+	Forwards      []*PortForward `protobuf:"bytes,34,rep,name=forwards,proto3" json:"forwards,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -475,6 +478,69 @@ func (x *VirtualMachine) GetCreatedBy() string {
 	return ""
 }
 
+func (x *VirtualMachine) GetForwards() []*PortForward {
+	if x != nil {
+		return x.Forwards
+	}
+	return nil
+}
+
+// PortForward is a loopback port on the host proxied to a guest port; a
+// guest port has at most one.
+type PortForward struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The guest port.
+	Port int32 `protobuf:"varint,1,opt,name=port,proto3" json:"port,omitempty"`
+	// 127.0.0.1:<port> on the host.
+	Address       string `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PortForward) Reset() {
+	*x = PortForward{}
+	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PortForward) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PortForward) ProtoMessage() {}
+
+func (x *PortForward) ProtoReflect() protoreflect.Message {
+	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PortForward.ProtoReflect.Descriptor instead.
+func (*PortForward) Descriptor() ([]byte, []int) {
+	return file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PortForward) GetPort() int32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *PortForward) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
 // Paths are the VM's files on the host.
 type Paths struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -489,14 +555,19 @@ type Paths struct {
 	UserData  string                 `protobuf:"bytes,9,opt,name=user_data,json=userData,proto3" json:"user_data,omitempty"`
 	Report    string                 `protobuf:"bytes,10,opt,name=report,proto3" json:"report,omitempty"`
 	// The unix socket the guest's readiness port is bridged to.
-	NotifySocket  string `protobuf:"bytes,11,opt,name=notify_socket,json=notifySocket,proto3" json:"notify_socket,omitempty"`
+	NotifySocket string `protobuf:"bytes,11,opt,name=notify_socket,json=notifySocket,proto3" json:"notify_socket,omitempty"`
+	// The unix socket QEMU's NIC listens on; the hypervisor dials it (and
+	// dials again after its own restart).
+	NetSocket string `protobuf:"bytes,12,opt,name=net_socket,json=netSocket,proto3" json:"net_socket,omitempty"`
+	// The guest's SSH host key, pinned on the first exec.
+	SshHostKey    string `protobuf:"bytes,13,opt,name=ssh_host_key,json=sshHostKey,proto3" json:"ssh_host_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Paths) Reset() {
 	*x = Paths{}
-	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[1]
+	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -508,7 +579,7 @@ func (x *Paths) String() string {
 func (*Paths) ProtoMessage() {}
 
 func (x *Paths) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[1]
+	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -521,7 +592,7 @@ func (x *Paths) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Paths.ProtoReflect.Descriptor instead.
 func (*Paths) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDescGZIP(), []int{1}
+	return file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Paths) GetDir() string {
@@ -601,6 +672,20 @@ func (x *Paths) GetNotifySocket() string {
 	return ""
 }
 
+func (x *Paths) GetNetSocket() string {
+	if x != nil {
+		return x.NetSocket
+	}
+	return ""
+}
+
+func (x *Paths) GetSshHostKey() string {
+	if x != nil {
+		return x.SshHostKey
+	}
+	return ""
+}
+
 // Processes are the handles the hypervisor re-adopts after its own restart.
 type Processes struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -612,7 +697,7 @@ type Processes struct {
 
 func (x *Processes) Reset() {
 	*x = Processes{}
-	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[2]
+	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -624,7 +709,7 @@ func (x *Processes) String() string {
 func (*Processes) ProtoMessage() {}
 
 func (x *Processes) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[2]
+	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -637,7 +722,7 @@ func (x *Processes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Processes.ProtoReflect.Descriptor instead.
 func (*Processes) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDescGZIP(), []int{2}
+	return file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Processes) GetQemu() *Process {
@@ -669,7 +754,7 @@ type Process struct {
 
 func (x *Process) Reset() {
 	*x = Process{}
-	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[3]
+	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -681,7 +766,7 @@ func (x *Process) String() string {
 func (*Process) ProtoMessage() {}
 
 func (x *Process) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[3]
+	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -694,7 +779,7 @@ func (x *Process) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Process.ProtoReflect.Descriptor instead.
 func (*Process) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDescGZIP(), []int{3}
+	return file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Process) GetPid() int32 {
@@ -722,7 +807,7 @@ var File_vmmanager_hypervisor_v1_virtual_machine_proto protoreflect.FileDescript
 
 const file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDesc = "" +
 	"\n" +
-	"-vmmanager/hypervisor/v1/virtual_machine.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\x1a\"vmmanager/hypervisor/v1/host.proto\"\xde\f\n" +
+	"-vmmanager/hypervisor/v1/virtual_machine.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\x1a\"vmmanager/hypervisor/v1/host.proto\"\xa5\r\n" +
 	"\x0eVirtualMachine\x12\x13\n" +
 	"\x02id\x18\x01 \x01(\tB\x03\xe0A\bR\x02id\x12\x17\n" +
 	"\x04name\x18\x02 \x01(\tB\x03\xe0A\x03R\x04name\x12\x19\n" +
@@ -762,11 +847,15 @@ const file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDesc = "" +
 	"\x05paths\x18\x1f \x01(\v2\x1e.vmmanager.hypervisor.v1.PathsB\x03\xe0A\x03R\x05paths\x12E\n" +
 	"\tprocesses\x18  \x01(\v2\".vmmanager.hypervisor.v1.ProcessesB\x03\xe0A\x03R\tprocesses\x12\"\n" +
 	"\n" +
-	"created_by\x18! \x01(\tB\x03\xe0A\x03R\tcreatedBy\x1a;\n" +
+	"created_by\x18! \x01(\tB\x03\xe0A\x03R\tcreatedBy\x12E\n" +
+	"\bforwards\x18\" \x03(\v2$.vmmanager.hypervisor.v1.PortForwardB\x03\xe0A\x03R\bforwards\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01:W\xeaAT\n" +
-	"'vm-manager.giantswarm.io/VirtualMachine\x12\bvms/{vm}*\x0fvirtualMachines2\x0evirtualMachine\"\xb2\x02\n" +
+	"'vm-manager.giantswarm.io/VirtualMachine\x12\bvms/{vm}*\x0fvirtualMachines2\x0evirtualMachine\";\n" +
+	"\vPortForward\x12\x12\n" +
+	"\x04port\x18\x01 \x01(\x05R\x04port\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\"\xf3\x02\n" +
 	"\x05Paths\x12\x10\n" +
 	"\x03dir\x18\x01 \x01(\tR\x03dir\x12\x16\n" +
 	"\x06volume\x18\x02 \x01(\tR\x06volume\x12\x18\n" +
@@ -780,7 +869,11 @@ const file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDesc = "" +
 	"\tuser_data\x18\t \x01(\tR\buserData\x12\x16\n" +
 	"\x06report\x18\n" +
 	" \x01(\tR\x06report\x12#\n" +
-	"\rnotify_socket\x18\v \x01(\tR\fnotifySocket\"u\n" +
+	"\rnotify_socket\x18\v \x01(\tR\fnotifySocket\x12\x1d\n" +
+	"\n" +
+	"net_socket\x18\f \x01(\tR\tnetSocket\x12 \n" +
+	"\fssh_host_key\x18\r \x01(\tR\n" +
+	"sshHostKey\"u\n" +
 	"\tProcesses\x124\n" +
 	"\x04qemu\x18\x01 \x01(\v2 .vmmanager.hypervisor.v1.ProcessR\x04qemu\x122\n" +
 	"\x03tpm\x18\x02 \x01(\v2 .vmmanager.hypervisor.v1.ProcessR\x03tpm\"P\n" +
@@ -821,38 +914,40 @@ func file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDescGZIP() []byte {
 }
 
 var file_vmmanager_hypervisor_v1_virtual_machine_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_vmmanager_hypervisor_v1_virtual_machine_proto_goTypes = []any{
 	(State)(0),                    // 0: vmmanager.hypervisor.v1.State
 	(Phase)(0),                    // 1: vmmanager.hypervisor.v1.Phase
 	(*VirtualMachine)(nil),        // 2: vmmanager.hypervisor.v1.VirtualMachine
-	(*Paths)(nil),                 // 3: vmmanager.hypervisor.v1.Paths
-	(*Processes)(nil),             // 4: vmmanager.hypervisor.v1.Processes
-	(*Process)(nil),               // 5: vmmanager.hypervisor.v1.Process
-	nil,                           // 6: vmmanager.hypervisor.v1.VirtualMachine.MetadataEntry
-	(Accelerator)(0),              // 7: vmmanager.hypervisor.v1.Accelerator
-	(*v1.Attestation)(nil),        // 8: vmmanager.attestation.v1.Attestation
-	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
+	(*PortForward)(nil),           // 3: vmmanager.hypervisor.v1.PortForward
+	(*Paths)(nil),                 // 4: vmmanager.hypervisor.v1.Paths
+	(*Processes)(nil),             // 5: vmmanager.hypervisor.v1.Processes
+	(*Process)(nil),               // 6: vmmanager.hypervisor.v1.Process
+	nil,                           // 7: vmmanager.hypervisor.v1.VirtualMachine.MetadataEntry
+	(Accelerator)(0),              // 8: vmmanager.hypervisor.v1.Accelerator
+	(*v1.Attestation)(nil),        // 9: vmmanager.attestation.v1.Attestation
+	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
 }
 var file_vmmanager_hypervisor_v1_virtual_machine_proto_depIdxs = []int32{
-	6,  // 0: vmmanager.hypervisor.v1.VirtualMachine.metadata:type_name -> vmmanager.hypervisor.v1.VirtualMachine.MetadataEntry
+	7,  // 0: vmmanager.hypervisor.v1.VirtualMachine.metadata:type_name -> vmmanager.hypervisor.v1.VirtualMachine.MetadataEntry
 	0,  // 1: vmmanager.hypervisor.v1.VirtualMachine.state:type_name -> vmmanager.hypervisor.v1.State
 	1,  // 2: vmmanager.hypervisor.v1.VirtualMachine.phase:type_name -> vmmanager.hypervisor.v1.Phase
-	7,  // 3: vmmanager.hypervisor.v1.VirtualMachine.accelerator:type_name -> vmmanager.hypervisor.v1.Accelerator
-	8,  // 4: vmmanager.hypervisor.v1.VirtualMachine.attestation:type_name -> vmmanager.attestation.v1.Attestation
-	9,  // 5: vmmanager.hypervisor.v1.VirtualMachine.created_at:type_name -> google.protobuf.Timestamp
-	9,  // 6: vmmanager.hypervisor.v1.VirtualMachine.installed_at:type_name -> google.protobuf.Timestamp
-	9,  // 7: vmmanager.hypervisor.v1.VirtualMachine.booted_at:type_name -> google.protobuf.Timestamp
-	9,  // 8: vmmanager.hypervisor.v1.VirtualMachine.ready_at:type_name -> google.protobuf.Timestamp
-	3,  // 9: vmmanager.hypervisor.v1.VirtualMachine.paths:type_name -> vmmanager.hypervisor.v1.Paths
-	4,  // 10: vmmanager.hypervisor.v1.VirtualMachine.processes:type_name -> vmmanager.hypervisor.v1.Processes
-	5,  // 11: vmmanager.hypervisor.v1.Processes.qemu:type_name -> vmmanager.hypervisor.v1.Process
-	5,  // 12: vmmanager.hypervisor.v1.Processes.tpm:type_name -> vmmanager.hypervisor.v1.Process
-	13, // [13:13] is the sub-list for method output_type
-	13, // [13:13] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	8,  // 3: vmmanager.hypervisor.v1.VirtualMachine.accelerator:type_name -> vmmanager.hypervisor.v1.Accelerator
+	9,  // 4: vmmanager.hypervisor.v1.VirtualMachine.attestation:type_name -> vmmanager.attestation.v1.Attestation
+	10, // 5: vmmanager.hypervisor.v1.VirtualMachine.created_at:type_name -> google.protobuf.Timestamp
+	10, // 6: vmmanager.hypervisor.v1.VirtualMachine.installed_at:type_name -> google.protobuf.Timestamp
+	10, // 7: vmmanager.hypervisor.v1.VirtualMachine.booted_at:type_name -> google.protobuf.Timestamp
+	10, // 8: vmmanager.hypervisor.v1.VirtualMachine.ready_at:type_name -> google.protobuf.Timestamp
+	4,  // 9: vmmanager.hypervisor.v1.VirtualMachine.paths:type_name -> vmmanager.hypervisor.v1.Paths
+	5,  // 10: vmmanager.hypervisor.v1.VirtualMachine.processes:type_name -> vmmanager.hypervisor.v1.Processes
+	3,  // 11: vmmanager.hypervisor.v1.VirtualMachine.forwards:type_name -> vmmanager.hypervisor.v1.PortForward
+	6,  // 12: vmmanager.hypervisor.v1.Processes.qemu:type_name -> vmmanager.hypervisor.v1.Process
+	6,  // 13: vmmanager.hypervisor.v1.Processes.tpm:type_name -> vmmanager.hypervisor.v1.Process
+	14, // [14:14] is the sub-list for method output_type
+	14, // [14:14] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_vmmanager_hypervisor_v1_virtual_machine_proto_init() }
@@ -867,7 +962,7 @@ func file_vmmanager_hypervisor_v1_virtual_machine_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDesc), len(file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

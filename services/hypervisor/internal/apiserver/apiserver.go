@@ -6,7 +6,6 @@ package apiserver
 import (
 	"context"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 )
 
@@ -33,6 +32,8 @@ type VMs interface {
 	Console(id string, lines int32) (*hypervisorv1.GetVirtualMachineConsoleResponse, error)
 	Metrics(id string) (*hypervisorv1.VirtualMachineMetrics, error)
 	Report(id string) (*hypervisorv1.GetVirtualMachineReportResponse, error)
+	Exec(ctx context.Context, id string, command []string) (*hypervisorv1.ExecVirtualMachineResponse, error)
+	Forward(ctx context.Context, id string, port int32) (*hypervisorv1.ForwardVirtualMachinePortResponse, error)
 
 	CreateNetwork(ctx context.Context, req *hypervisorv1.CreateNetworkRequest, createdBy string) (*hypervisorv1.Network, error)
 	GetNetwork(name string) (*hypervisorv1.Network, error)
@@ -123,21 +124,12 @@ func (s *Server) GetVirtualMachineMetrics(_ context.Context, req *hypervisorv1.G
 	return s.vms.Metrics(req.GetId())
 }
 
-// notYet answers the calls that later work implements: an unknown VM is
-// still not_found, a known one gets unsupported.
-func (s *Server) notYet(id, what string) error {
-	if _, err := s.vms.Get(id); err != nil {
-		return err
-	}
-	return apierr.Errorf(apierr.Unsupported, "%s is not implemented by this hypervisor yet", what)
+func (s *Server) ExecVirtualMachine(ctx context.Context, req *hypervisorv1.ExecVirtualMachineRequest) (*hypervisorv1.ExecVirtualMachineResponse, error) {
+	return s.vms.Exec(ctx, req.GetId(), req.GetCommand())
 }
 
-func (s *Server) ExecVirtualMachine(_ context.Context, req *hypervisorv1.ExecVirtualMachineRequest) (*hypervisorv1.ExecVirtualMachineResponse, error) {
-	return nil, s.notYet(req.GetId(), "exec_vm")
-}
-
-func (s *Server) ForwardVirtualMachinePort(_ context.Context, req *hypervisorv1.ForwardVirtualMachinePortRequest) (*hypervisorv1.ForwardVirtualMachinePortResponse, error) {
-	return nil, s.notYet(req.GetId(), "forward_port")
+func (s *Server) ForwardVirtualMachinePort(ctx context.Context, req *hypervisorv1.ForwardVirtualMachinePortRequest) (*hypervisorv1.ForwardVirtualMachinePortResponse, error) {
+	return s.vms.Forward(ctx, req.GetId(), req.GetPort())
 }
 
 func (s *Server) GetVirtualMachineReport(_ context.Context, req *hypervisorv1.GetVirtualMachineReportRequest) (*hypervisorv1.GetVirtualMachineReportResponse, error) {

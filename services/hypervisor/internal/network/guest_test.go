@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -26,9 +27,9 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 )
 
-// fakeGuest stands in for QEMU plus a guest kernel: it connects to the
-// network socket, speaks the QEMU stream framing (4-byte big-endian length
-// per Ethernet frame), does DHCP with raw frames and then runs its own gVisor
+// fakeGuest stands in for a guest kernel behind QEMU: it speaks the QEMU
+// stream framing (4-byte big-endian length per Ethernet frame) on a
+// connection, does DHCP and ARP with raw frames and can run its own gVisor
 // stack for TCP.
 type fakeGuest struct {
 	t    *testing.T
@@ -38,18 +39,100 @@ type fakeGuest struct {
 	mac  net.HardwareAddr
 }
 
-func dialGuest(t *testing.T, sock, mac string) *fakeGuest {
+func newGuest(t *testing.T, conn net.Conn, mac string) *fakeGuest {
 	t.Helper()
 	hw, err := net.ParseMAC(mac)
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := net.Dial("unix", sock)
-	if err != nil {
-		t.Fatalf("dial %s: %v", sock, err)
-	}
 	t.Cleanup(func() { _ = conn.Close() })
 	return &fakeGuest{t: t, conn: conn, r: bufio.NewReader(conn), mac: hw}
+}
+
+// fakeQEMU plays QEMU's side of "-netdev stream,server=on": it listens on a
+// unix socket and Attach dials it.
+type fakeQEMU struct {
+	t      *testing.T
+	sock   string
+	ln     *net.UnixListener
+	cancel context.CancelFunc
+	done   chan error // Attach's result
+}
+
+// newQEMU returns a fake QEMU whose socket path is chosen but not listened on yet.
+func newQEMU(t *testing.T) *fakeQEMU {
+	t.Helper()
+	return &fakeQEMU{t: t, sock: filepath.Join(t.TempDir(), "net.sock"), done: make(chan error, 1)}
+}
+
+// listenQEMU returns a fake QEMU listening on its socket.
+func listenQEMU(t *testing.T) *fakeQEMU {
+	t.Helper()
+	q := newQEMU(t)
+	q.listen()
+	return q
+}
+
+func (q *fakeQEMU) listen() {
+	q.t.Helper()
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: q.sock, Net: "unix"})
+	if err != nil {
+		q.t.Fatal(err)
+	}
+	q.ln = ln
+	q.t.Cleanup(func() { _ = ln.Close() })
+}
+
+// attach runs n.Attach for vmID in the background; the test's cleanup
+// cancels it and waits for it.
+func (q *fakeQEMU) attach(n *Network, vmID string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	q.cancel = cancel
+	go func() { q.done <- n.Attach(ctx, vmID, q.sock) }()
+	q.t.Cleanup(func() {
+		cancel()
+		select {
+		case <-q.done:
+		case <-time.After(10 * time.Second):
+			q.t.Error("Attach did not return after cleanup")
+		}
+	})
+}
+
+// accept waits for the network to dial in and returns the guest's end.
+func (q *fakeQEMU) accept(mac string) *fakeGuest {
+	q.t.Helper()
+	_ = q.ln.SetDeadline(time.Now().Add(10 * time.Second))
+	conn, err := q.ln.Accept()
+	if err != nil {
+		q.t.Fatalf("the network did not dial %s: %v", q.sock, err)
+	}
+	return newGuest(q.t, conn, mac)
+}
+
+// result waits for Attach to return.
+func (q *fakeQEMU) result(timeout time.Duration) error {
+	q.t.Helper()
+	select {
+	case err := <-q.done:
+		q.done <- err // for the cleanup
+		return err
+	case <-time.After(timeout):
+		q.t.Fatalf("Attach did not return within %v", timeout)
+		return nil
+	}
+}
+
+// attachGuest attaches vmID (which must hold a lease) through a fake QEMU.
+func attachGuest(t *testing.T, n *Network, vmID string) (*fakeGuest, *fakeQEMU) {
+	t.Helper()
+	ip, ok := n.Leases()[vmID]
+	if !ok {
+		t.Fatalf("%s has no lease", vmID)
+	}
+	q := listenQEMU(t)
+	q.attach(n, vmID)
+	return q.accept(MAC(n.Name(), ip)), q
 }
 
 func (g *fakeGuest) writeFrame(b []byte) error {
@@ -261,7 +344,10 @@ func TestGuestDHCPAndIMDS(t *testing.T) {
 	}
 	mustAllocate(t, b, "other") // 10.77.0.2 on beta
 
-	g := dialGuest(t, a.SocketPath(), mac)
+	g, q := attachGuest(t, a, "vm-1")
+	if g.mac.String() != mac {
+		t.Fatalf("guest MAC %s, Allocate said %s", g.mac, mac)
+	}
 	start := time.Now()
 	ack, err := g.dhcp()
 	if err != nil {
@@ -307,7 +393,7 @@ func TestGuestDHCPAndIMDS(t *testing.T) {
 	if len(imdsB.requests()) != 0 {
 		t.Fatalf("IMDS of the other network saw %v", imdsB.requests())
 	}
-	if st := a.Stats(); st.Attachments != 1 || st.BytesFromVMs == 0 || st.BytesToVMs == 0 {
+	if st := a.Stats(); st.Attachments != 1 || st.BytesFromVMs == 0 || st.BytesToVMs == 0 || st.Dropped != 0 {
 		t.Fatalf("stats %+v", st)
 	}
 	if st := b.Stats(); st.Attachments != 0 || st.BytesFromVMs != 0 {
@@ -341,27 +427,57 @@ func TestGuestDHCPAndIMDS(t *testing.T) {
 	case <-time.After(100 * time.Millisecond):
 	}
 
-	// Closing the network disconnects the guest.
+	// Closing the network disconnects the guest and ends Attach.
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
+	}
+	if err := q.result(5 * time.Second); err != nil {
+		t.Fatalf("Attach after Close: %v", err)
 	}
 	_ = g.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
 	_, err = io.Copy(io.Discard, g.r)
 	if ne, ok := err.(net.Error); ok && ne.Timeout() {
 		t.Fatal("guest connection still open after Close")
 	}
+	if st := a.Stats(); st.Attachments != 0 {
+		t.Fatalf("stats after Close %+v", st)
+	}
 }
 
 func TestGuestUnknownMACGetsNoLease(t *testing.T) {
 	n := startTest(t, Spec{Name: "gamma", CIDR: "10.66.0.0/29"}, nil, nil)
-	// A MAC derived for another network: not registered here, and every
-	// address is pre-registered, so the DHCP server has nothing to offer.
-	g := dialGuest(t, n.SocketPath(), MAC("delta", netip.MustParseAddr("10.66.0.10")))
+	// Straight to the switch, past Attach's filter: a MAC derived for
+	// another network is not registered here, and every address is
+	// pre-registered, so the DHCP server has nothing to offer.
+	c1, c2 := net.Pipe()
+	go func() { _ = n.vn.AcceptQemu(t.Context(), c1) }()
+	g := newGuest(t, c2, MAC("delta", netip.MustParseAddr("10.66.0.10")))
 	disc, err := dhcpv4.NewDiscovery(g.mac, dhcpv4.WithBroadcast(true))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if reply, err := g.dhcpExchange(disc, dhcpv4.MessageTypeOffer, time.Second); err == nil {
 		t.Fatalf("unknown MAC was offered %s", reply.YourIPAddr)
+	}
+}
+
+// A guest that asks DHCP for another VM's address with that VM's MAC gets
+// nothing: the frame never leaves its connection.
+func TestGuestSpoofedMACGetsNoLease(t *testing.T) {
+	n := startTest(t, Spec{Name: "epsilon", CIDR: "10.65.0.0/29"}, nil, nil)
+	mustAllocate(t, n, "mallory")
+	victim := mustAllocate(t, n, "victim")
+	g, _ := attachGuest(t, n, "mallory")
+	g.mac, _ = net.ParseMAC(MAC(n.Name(), victim))
+	disc, err := dhcpv4.NewDiscovery(g.mac, dhcpv4.WithBroadcast(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reply, err := g.dhcpExchange(disc, dhcpv4.MessageTypeOffer, 2*time.Second); err == nil {
+		t.Fatalf("spoofed MAC was offered %s", reply.YourIPAddr)
+	}
+	waitFor(t, "drop counted", func() bool { return n.Dropped("mallory") == 1 })
+	if d := n.Dropped("victim"); d != 0 {
+		t.Fatalf("victim's drops %d", d)
 	}
 }

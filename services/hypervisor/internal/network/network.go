@@ -3,13 +3,10 @@ package network
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -39,45 +36,42 @@ const (
 
 // Network is one running userspace network.
 type Network struct {
-	spec   Spec
-	plan   Plan
-	socket string
-	log    *slog.Logger
-	vn     *virtualnetwork.VirtualNetwork
+	spec Spec
+	plan Plan
+	log  *slog.Logger
+	vn   *virtualnetwork.VirtualNetwork
 
-	ln      net.Listener
 	imdsSrv *http.Server
+	runCtx  context.Context // done when the network is closed
 	cancel  context.CancelFunc
-	stop    func() bool // detaches the parent-context watcher
-	wg      sync.WaitGroup
+	stop    func() bool    // detaches the parent-context watcher
+	wg      sync.WaitGroup // IMDS server and Attach loops
 
 	toVMs, fromVMs atomic.Uint64 // bytes on the QEMU sockets, frame lengths included
+	dropped        atomic.Uint64 // frames from VMs the anti-spoofing filter dropped
 
-	mu     sync.Mutex
-	closed bool
-	leases map[string]netip.Addr // vmID -> IP
-	conns  map[net.Conn]struct{}
+	mu      sync.Mutex
+	closed  bool
+	leases  map[string]netip.Addr     // vmID -> IP
+	conns   map[net.Conn]string       // open QEMU connections -> vmID
+	dropsBy map[string]*atomic.Uint64 // vmID -> dropped frames, until Release
 }
 
-// Start creates the network described by spec, listens for QEMU stream
-// connections on socketPath (its directory is created with mode 0700), and
-// serves imds (if not nil) on 169.254.169.254:80 inside the network.
+// Start creates the network described by spec and serves imds (if not nil)
+// on 169.254.169.254:80 inside the network. VMs are connected with Attach.
 //
 // leases are the restored vmID -> IP leases. A restored lease that is outside
 // the pool or whose IP is already held by another VM (checked in vmID order)
 // is dropped with a warning.
 //
 // The network runs until Close is called or ctx is cancelled.
-func Start(ctx context.Context, spec Spec, socketPath string, leases map[string]netip.Addr, imds http.Handler, log *slog.Logger) (*Network, error) {
+func Start(ctx context.Context, spec Spec, leases map[string]netip.Addr, imds http.Handler, log *slog.Logger) (*Network, error) {
 	if err := Validate(spec); err != nil {
 		return nil, err
 	}
 	plan, err := PlanFor(spec.CIDR)
 	if err != nil {
 		return nil, err
-	}
-	if socketPath == "" || len(socketPath) > MaxSocketPath {
-		return nil, apierr.Invalidf("socketPath", "network socket path %q must be 1 to %d bytes long", socketPath, MaxSocketPath)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -88,12 +82,12 @@ func Start(ctx context.Context, spec Spec, socketPath string, leases map[string]
 	log = log.With("network", spec.Name)
 
 	n := &Network{
-		spec:   spec,
-		plan:   plan,
-		socket: socketPath,
-		log:    log,
-		leases: make(map[string]netip.Addr, len(leases)),
-		conns:  make(map[net.Conn]struct{}),
+		spec:    spec,
+		plan:    plan,
+		log:     log,
+		leases:  make(map[string]netip.Addr, len(leases)),
+		conns:   make(map[net.Conn]string),
+		dropsBy: make(map[string]*atomic.Uint64),
 	}
 	n.restore(leases)
 
@@ -118,22 +112,9 @@ func Start(ctx context.Context, spec Spec, socketPath string, leases map[string]
 		}()
 	}
 
-	ln, err := listenUnix(socketPath)
-	if err != nil {
-		if n.imdsSrv != nil {
-			_ = n.imdsSrv.Close()
-		}
-		n.wg.Wait()
-		return nil, apierr.Errorf(apierr.Internal, "network %s: %w", spec.Name, err)
-	}
-	n.ln = ln
-
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	n.cancel = cancel
+	n.runCtx, n.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	n.stop = context.AfterFunc(ctx, func() { _ = n.Close() })
-	n.wg.Add(1)
-	go n.acceptLoop(runCtx)
-	log.Info("network started", "cidr", plan.Prefix.String(), "socket", socketPath, "leases", len(n.leases), "imds", imds != nil)
+	log.Info("network started", "cidr", plan.Prefix.String(), "leases", len(n.leases), "imds", imds != nil)
 	return n, nil
 }
 
@@ -196,72 +177,11 @@ func (n *Network) restore(leases map[string]netip.Addr) {
 	}
 }
 
-func listenUnix(path string) (net.Listener, error) {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("create socket directory: %w", err)
-	}
-	if err := os.Chmod(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("chmod socket directory: %w", err)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("remove stale socket: %w", err)
-	}
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %w", path, err)
-	}
-	ln.(*net.UnixListener).SetUnlinkOnClose(true)
-	if err := os.Chmod(path, 0o600); err != nil {
-		_ = ln.Close()
-		return nil, fmt.Errorf("chmod socket: %w", err)
-	}
-	return ln, nil
-}
-
-func (n *Network) acceptLoop(ctx context.Context) {
-	defer n.wg.Done()
-	for {
-		conn, err := n.ln.Accept()
-		if err != nil {
-			if ctx.Err() == nil && !errors.Is(err, net.ErrClosed) {
-				n.log.Error("accept on network socket failed", "err", err)
-			}
-			return
-		}
-		n.mu.Lock()
-		if n.closed {
-			n.mu.Unlock()
-			_ = conn.Close()
-			return
-		}
-		n.conns[conn] = struct{}{}
-		n.mu.Unlock()
-		n.log.Debug("QEMU attached")
-		n.wg.Add(1)
-		go func() {
-			defer n.wg.Done()
-			// AcceptQemu returns when the connection fails or is closed; it
-			// closes conn itself.
-			if err := n.vn.AcceptQemu(ctx, &countingConn{Conn: conn, n: n}); err != nil && ctx.Err() == nil {
-				n.log.Debug("QEMU detached", "err", err)
-			}
-			_ = conn.Close()
-			n.mu.Lock()
-			delete(n.conns, conn)
-			n.mu.Unlock()
-		}()
-	}
-}
-
 // Name returns the network name.
 func (n *Network) Name() string { return n.spec.Name }
 
 // Plan returns the address plan.
 func (n *Network) Plan() Plan { return n.plan }
-
-// SocketPath returns the QEMU socket path.
-func (n *Network) SocketPath() string { return n.socket }
 
 // Allocate returns the lease of vmID, creating one at the lowest free pool
 // address if it has none, and the MAC the VM must use. A full pool or a
@@ -291,11 +211,23 @@ func (n *Network) Allocate(vmID string) (netip.Addr, string, error) {
 	return netip.Addr{}, "", apierr.Errorf(apierr.Conflict, "network %s: address pool %s is exhausted (%d addresses)", n.spec.Name, n.plan.Prefix, n.plan.PoolSize())
 }
 
-// Release frees the lease of vmID, if any.
+// Release frees the lease of vmID, if any, resets its Dropped counter and
+// disconnects its QEMU connection, if attached (the address may go to another
+// VM at once). An Attach of vmID then returns a conflict error.
 func (n *Network) Release(vmID string) {
 	n.mu.Lock()
-	defer n.mu.Unlock()
 	delete(n.leases, vmID)
+	delete(n.dropsBy, vmID)
+	var conns []net.Conn
+	for c, id := range n.conns {
+		if id == vmID {
+			conns = append(conns, c)
+		}
+	}
+	n.mu.Unlock()
+	for _, c := range conns {
+		_ = c.Close()
+	}
 }
 
 // Leases returns a copy of the vmID -> IP leases.
@@ -325,7 +257,8 @@ func (n *Network) DialContextTCP(ctx context.Context, addr string) (net.Conn, er
 type Stats struct {
 	Attachments  int    // open QEMU connections
 	BytesToVMs   uint64 // bytes written to QEMU sockets, 4-byte frame lengths included
-	BytesFromVMs uint64 // bytes read from QEMU sockets, 4-byte frame lengths included
+	BytesFromVMs uint64 // bytes read from QEMU sockets, 4-byte frame lengths included (dropped frames too)
+	Dropped      uint64 // frames from VMs dropped by the anti-spoofing filter
 }
 
 // Stats returns the current counters. (The library's own BytesSent and
@@ -335,30 +268,24 @@ func (n *Network) Stats() Stats {
 	n.mu.Lock()
 	a := len(n.conns)
 	n.mu.Unlock()
-	return Stats{Attachments: a, BytesToVMs: n.toVMs.Load(), BytesFromVMs: n.fromVMs.Load()}
+	return Stats{Attachments: a, BytesToVMs: n.toVMs.Load(), BytesFromVMs: n.fromVMs.Load(), Dropped: n.dropped.Load()}
 }
 
-type countingConn struct {
-	net.Conn
-	n *Network
+// Dropped returns the number of frames from vmID that the anti-spoofing
+// filter dropped. It survives reconnects; only Release resets it.
+func (n *Network) Dropped(vmID string) uint64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if c := n.dropsBy[vmID]; c != nil {
+		return c.Load()
+	}
+	return 0
 }
 
-func (c *countingConn) Read(b []byte) (int, error) {
-	k, err := c.Conn.Read(b)
-	c.n.fromVMs.Add(uint64(max(k, 0)))
-	return k, err
-}
-
-func (c *countingConn) Write(b []byte) (int, error) {
-	k, err := c.Conn.Write(b)
-	c.n.toVMs.Add(uint64(max(k, 0)))
-	return k, err
-}
-
-// Close stops accepting QEMU connections, disconnects the attached ones,
-// stops the IMDS server and removes the socket. Leases are kept (Leases still
-// works) but Allocate fails. gVisor stacks cannot be stopped, so some of the
-// library's goroutines linger. Close is idempotent.
+// Close disconnects the attached VMs (their Attach calls return nil), stops
+// the IMDS server and waits for both. Leases are kept (Leases still works)
+// but Allocate and Attach fail. gVisor stacks cannot be stopped, so some of
+// the library's goroutines linger. Close is idempotent.
 func (n *Network) Close() error {
 	n.mu.Lock()
 	if n.closed {
@@ -375,9 +302,6 @@ func (n *Network) Close() error {
 	n.stop()
 	n.cancel()
 	var errs []error
-	if err := n.ln.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
-		errs = append(errs, err)
-	}
 	for _, c := range conns {
 		_ = c.Close()
 	}

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -24,8 +23,7 @@ func testLogger(t *testing.T) *slog.Logger {
 
 func startTest(t *testing.T, spec Spec, leases map[string]netip.Addr, imds http.Handler) *Network {
 	t.Helper()
-	sock := filepath.Join(t.TempDir(), "n", "qemu.sock")
-	n, err := Start(t.Context(), spec, sock, leases, imds, testLogger(t))
+	n, err := Start(t.Context(), spec, leases, imds, testLogger(t))
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
@@ -96,9 +94,6 @@ func TestAllocate(t *testing.T) {
 	if _, _, err := n.Allocate("z"); !errors.Is(err, apierr.ErrConflict) {
 		t.Fatalf("Allocate after Close: %v, want conflict", err)
 	}
-	if _, err := os.Stat(n.SocketPath()); !os.IsNotExist(err) {
-		t.Fatalf("socket still exists after Close: %v", err)
-	}
 }
 
 func TestRestoredLeases(t *testing.T) {
@@ -138,13 +133,16 @@ func TestRestoredLeases(t *testing.T) {
 
 func TestStartRejects(t *testing.T) {
 	ctx := t.Context()
-	dir := t.TempDir()
-	if _, err := Start(ctx, Spec{Name: "Bad", CIDR: "10.0.0.0/24"}, filepath.Join(dir, "s"), nil, nil, nil); !errors.Is(err, apierr.ErrInvalid) {
+	if _, err := Start(ctx, Spec{Name: "Bad", CIDR: "10.0.0.0/24"}, nil, nil, nil); !errors.Is(err, apierr.ErrInvalid) {
 		t.Fatalf("bad name: %v", err)
 	}
-	long := filepath.Join(dir, string(bytesOf('x', 110)))
-	if _, err := Start(ctx, Spec{Name: "ok", CIDR: "10.0.0.0/24"}, long, nil, nil, nil); !errors.Is(err, apierr.ErrInvalid) {
-		t.Fatalf("long socket path: %v", err)
+	if _, err := Start(ctx, Spec{Name: "ok", CIDR: "10.0.0.0/8"}, nil, nil, nil); !errors.Is(err, apierr.ErrInvalid) {
+		t.Fatalf("bad CIDR: %v", err)
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := Start(cancelled, Spec{Name: "ok", CIDR: "10.0.0.0/24"}, nil, nil, nil); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled context: %v", err)
 	}
 }
 
@@ -158,16 +156,16 @@ func bytesOf(c byte, n int) []byte {
 
 func TestContextCancelCloses(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
-	sock := filepath.Join(t.TempDir(), "qemu.sock")
-	n, err := Start(ctx, Spec{Name: "ctx", CIDR: "10.7.0.0/24"}, sock, nil, nil, nil)
+	n, err := Start(ctx, Spec{Name: "ctx", CIDR: "10.7.0.0/24"}, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := os.Stat(filepath.Dir(sock))
-	if err != nil || st.Mode().Perm() != 0o700 {
-		t.Fatalf("socket dir mode: %v %v", st.Mode(), err)
-	}
 	cancel()
+	waitFor(t, "network closed", func() bool {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		return n.closed
+	})
 	n.wg.Wait()
 	if _, _, err := n.Allocate("x"); !errors.Is(err, apierr.ErrConflict) {
 		t.Fatalf("Allocate after cancel: %v", err)

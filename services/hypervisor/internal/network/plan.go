@@ -1,7 +1,9 @@
 // Package network runs rootless userspace networks for VMs: one
 // gvisor-tap-vsock virtual network (L2 switch plus a gVisor stack acting as
-// gateway, DHCP server, DNS forwarder, NAT and IMDS host) per network, with
-// QEMU attached over a unix socket using the QEMU "stream" framing.
+// gateway, DHCP server, DNS forwarder, NAT and IMDS host) per network. Each
+// VM's QEMU listens on its own unix socket (QEMU "stream" framing) and the
+// network dials it (Network.Attach), so it can tell VMs apart and drop frames
+// that spoof another VM's MAC or IP.
 package network
 
 import (

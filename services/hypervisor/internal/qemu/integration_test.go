@@ -2,12 +2,14 @@ package qemu
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -177,6 +179,32 @@ func TestQEMUPowerdownThenQuit(t *testing.T) {
 	<-m.Done()
 }
 
+// waitNetdev waits until "info network" says whether net0 has a client on
+// sock (QEMU 7.2 prints "type=stream,unix:<path>" while connected and
+// "type=stream," while listening).
+func waitNetdev(t *testing.T, m *Monitor, sock string, connected bool) {
+	t.Helper()
+	req := []byte(`{"execute":"human-monitor-command","arguments":{"command-line":"info network"}}`)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		raw, err := m.mon.Run(req)
+		if err != nil {
+			t.Fatalf("info network: %v", err)
+		}
+		var resp struct{ Return string }
+		if err := json.Unmarshal(raw, &resp); err != nil {
+			t.Fatalf("info network: %v", err)
+		}
+		if strings.Contains(resp.Return, "type=stream,unix:"+sock) == connected {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("net0 connected=%v expected, info network says:\n%s", connected, resp.Return)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 func nextEvent(t *testing.T, m *Monitor, name string, d time.Duration) Event {
 	t.Helper()
 	timeout := time.After(d)
@@ -234,19 +262,8 @@ func TestQEMUDiskBootWithSwtpmNetworkAndNotify(t *testing.T) {
 	t.Cleanup(func() { tpm.Terminate(swtpm.StopGrace) })
 	t.Logf("swtpm start to control channel answering: %v", time.Since(t0))
 
-	// The network switch's socket: QEMU dials it.
+	// QEMU listens on the network socket; the network dials it.
 	netSock := filepath.Join(f.dir, "net.sock")
-	nl, err := net.Listen("unix", netSock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nl.Close()
-	netConn := make(chan net.Conn, 1)
-	go func() {
-		if c, err := nl.Accept(); err == nil {
-			netConn <- c
-		}
-	}()
 	volume := filepath.Join(f.dir, "volume")
 	if err := os.WriteFile(volume, nil, 0o600); err != nil {
 		t.Fatal(err)
@@ -271,11 +288,16 @@ func TestQEMUDiskBootWithSwtpmNetworkAndNotify(t *testing.T) {
 	if st, err := m.Status(ctxT(t, 10*time.Second)); err != nil || st != "running" {
 		t.Fatalf("Status = %q, %v; qemu.log: %s", st, err, f.log())
 	}
-	select {
-	case c := <-netConn:
+	// The network dials QEMU's socket, and dials it again after dropping
+	// the connection, as a restarted hypervisor does: QEMU must accept both.
+	for i := range 2 {
+		c, err := net.DialTimeout("unix", netSock, 2*time.Second)
+		if err != nil {
+			t.Fatalf("dial %d of the network socket: %v; qemu.log: %s", i+1, err, f.log())
+		}
+		waitNetdev(t, m, netSock, true)
 		c.Close()
-	case <-time.After(5 * time.Second):
-		t.Error("QEMU did not connect to the network socket")
+		waitNetdev(t, m, netSock, false)
 	}
 	// QEMU listens on the notify socket (server=on,wait=off).
 	c, err := net.DialTimeout("unix", f.spec.NotifySocket, 2*time.Second)

@@ -72,8 +72,9 @@ const (
 // Spec is one QEMU run of a VM. All paths must be absolute.
 type Spec struct {
 	ID string
-	// QEMUVersion selects option spellings that changed between releases
-	// (ProbeVersion). The zero value means "old": the 7.2 spellings.
+	// QEMUVersion is the version of the QEMU binary (ProbeVersion), for
+	// option spellings that change between releases; none differ today. The
+	// zero value means "old": the 7.2 spellings.
 	QEMUVersion Version
 	Accel       string // AccelKVM or AccelTCG
 	// CPU overrides the -cpu model (default: "host" under KVM, "max" under
@@ -100,6 +101,7 @@ type Spec struct {
 	InstallerSerial, TargetSerial string
 
 	// Network: attached only when NetdevSocket is set; MAC is then required.
+	// QEMU listens on NetdevSocket and the network dials it.
 	NetdevSocket string
 	MAC          string
 
@@ -226,20 +228,11 @@ func (s Spec) Args() ([]string, error) {
 	return a, nil
 }
 
-// netdev spells the stream backend for s.QEMUVersion: reconnect appeared in
-// 8.0 (7.2 rejects it: "Parameter 'reconnect' is unexpected") and was
-// replaced by reconnect-ms in 9.2.
+// netdev is the stream backend. QEMU listens and the hypervisor dials (and
+// redials after a restart of its own): QEMU 7.2's client mode cannot
+// reconnect, and a socket per VM tells the network which VM is talking.
 func (s Spec) netdev() string {
-	n := "stream,addr.type=unix,addr.path=" + esc(s.NetdevSocket)
-	switch {
-	case s.QEMUVersion.AtLeast(9, 2):
-		n += ",reconnect-ms=1000"
-	case s.QEMUVersion.AtLeast(8, 0):
-		n += ",reconnect=1"
-	default:
-		n += ",server=off"
-	}
-	return n + ",id=net0"
+	return "stream,id=net0,server=on,addr.type=unix,addr.path=" + esc(s.NetdevSocket)
 }
 
 func credential(name, value string) string {

@@ -73,7 +73,7 @@ func TestArgsInstallFullOrder(t *testing.T) {
 		"-device", "virtio-blk-pci,drive=installer,serial=installer",
 		"-drive", "if=none,id=target,format=raw,file=/vol/vm-0a1b2c3d.volume,discard=unmap",
 		"-device", "virtio-blk-pci,drive=target,serial=target",
-		"-netdev", "stream,addr.type=unix,addr.path=/var/lib/vmm/networks/default/qemu.sock,server=off,id=net0",
+		"-netdev", "stream,id=net0,server=on,addr.type=unix,addr.path=/var/lib/vmm/networks/default/qemu.sock",
 		"-device", "virtio-net-pci,netdev=net0,mac=52:54:00:ab:cd:ef,romfile=",
 		"-device", "vhost-vsock-pci,id=vsock0,guest-cid=1234",
 		"-device", "virtio-rng-pci",
@@ -170,26 +170,17 @@ func TestArgsFirmwareOnly(t *testing.T) {
 	}
 }
 
-func TestArgsNetdevByVersion(t *testing.T) {
-	for _, tc := range []struct {
-		v    Version
-		want string
-	}{
-		{Version{}, ",server=off,id=net0"},
-		{Version{7, 2, 22}, ",server=off,id=net0"},
-		{Version{8, 0, 0}, ",reconnect=1,id=net0"},
-		{Version{9, 1, 3}, ",reconnect=1,id=net0"},
-		{Version{9, 2, 0}, ",reconnect-ms=1000,id=net0"},
-		{Version{10, 1, 0}, ",reconnect-ms=1000,id=net0"},
-	} {
+// QEMU listens on the netdev socket whatever its version: the hypervisor dials.
+func TestArgsNetdevListensOnEveryVersion(t *testing.T) {
+	for _, v := range []Version{{}, {7, 2, 22}, {8, 0, 0}, {9, 1, 3}, {9, 2, 0}, {10, 1, 0}} {
 		s := baseSpec(BootDisk)
-		s.QEMUVersion = tc.v
+		s.QEMUVersion = v
 		s.NetdevSocket = "/run/net.sock"
 		s.MAC = "52-54-00-00-00-01"
 		a := mustArgs(t, s)
 		nd := a[slices.Index(a, "-netdev")+1]
-		if nd != "stream,addr.type=unix,addr.path=/run/net.sock"+tc.want {
-			t.Errorf("QEMU %v: -netdev %s, want suffix %s", tc.v, nd, tc.want)
+		if want := "stream,id=net0,server=on,addr.type=unix,addr.path=/run/net.sock"; nd != want {
+			t.Errorf("QEMU %v: -netdev %s, want %s", v, nd, want)
 		}
 	}
 }
@@ -204,6 +195,7 @@ func TestArgsEscapesCommas(t *testing.T) {
 	s.Installer = "/d,x/img.raw"
 	s.Volume = "/d,x/vol"
 	s.SwtpmSocket = "/d,x/swtpm.sock"
+	s.NetdevSocket, s.MAC = "/d,x/net.sock", "52:54:00:00:00:01"
 	s.Credentials = map[string]string{"firstboot.hostname": "x,y"}
 	got := strings.Join(mustArgs(t, s), " ")
 	for _, want := range []string{
@@ -215,6 +207,7 @@ func TestArgsEscapesCommas(t *testing.T) {
 		"file=/d,,x/img.raw,readonly=on",
 		"file=/d,,x/vol,discard=unmap",
 		"path=/d,,x/swtpm.sock ",
+		"addr.path=/d,,x/net.sock ",
 		"serial=a,,b ",
 		"io.systemd.credential:firstboot.hostname=x,,y",
 	} {

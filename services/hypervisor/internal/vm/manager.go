@@ -22,8 +22,10 @@ import (
 	"github.com/giantswarm/vm-manager/gen/apierr"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/forward"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/sshexec"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
@@ -125,6 +127,7 @@ type machine struct {
 	mu      sync.Mutex
 	rec     *hypervisorv1.VirtualMachine
 	run     *runtime
+	fwd     map[int32]*forward.Forward // guest port -> listener
 	changed chan struct{}
 }
 
@@ -148,6 +151,7 @@ func New(cfg Config, log *slog.Logger, st Store, images ImageResolver, verifier 
 		mc := &machine{id: rec.GetId(), rec: rec, changed: make(chan struct{})}
 		m.machines[mc.id] = mc
 		m.restore(mc)
+		m.restoreForwards(mc)
 	}
 	return m, nil
 }
@@ -296,7 +300,15 @@ func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMac
 			QmpSocket:    filepath.Join(dir, "qmp.sock"),
 			QemuLog:      filepath.Join(dir, "qemu.log"),
 			NotifySocket: filepath.Join(dir, "notify.sock"),
+			NetSocket:    filepath.Join(dir, "net.sock"),
+			SshKey:       filepath.Join(dir, "ssh_key"),
+			SshHostKey:   filepath.Join(dir, "ssh_host_key"),
 		},
+	}
+	sshKey, err := newSSHKey(rec)
+	if err != nil {
+		m.mu.Unlock()
+		return nil, apierr.Errorf(apierr.Internal, "per-VM SSH key: %v", err)
 	}
 	if r.userData != "" {
 		rec.Paths.UserData = filepath.Join(dir, "user-data")
@@ -323,7 +335,7 @@ func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMac
 		mc.op.Unlock()
 		return nil, err
 	}
-	err = m.prepare(rec, r)
+	err = m.prepare(rec, r, sshKey)
 	if err == nil {
 		phase := hypervisorv1.Phase_PHASE_BOOT
 		if r.image.GetKind() == hypervisorv1.ImageKind_IMAGE_KIND_UKI {
@@ -340,14 +352,17 @@ func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMac
 	return m.wait(ctx, mc, r.waitFor, m.deadline(r.waitFor))
 }
 
-// prepare writes the VM's directory: OVMF vars copy, user-data, disk.
-func (m *Manager) prepare(rec *hypervisorv1.VirtualMachine, r *request) error {
+// prepare writes the VM's directory: SSH key, OVMF vars copy, user-data, disk.
+func (m *Manager) prepare(rec *hypervisorv1.VirtualMachine, r *request, sshKey []byte) error {
 	p := rec.GetPaths()
 	if err := os.MkdirAll(p.GetTpmState(), 0o700); err != nil {
 		return err
 	}
 	if err := os.Chmod(p.GetDir(), 0o700); err != nil {
 		return err
+	}
+	if err := sshexec.WriteKey(p.GetSshKey(), sshKey); err != nil {
+		return fmt.Errorf("per-VM SSH key: %w", err)
 	}
 	vars, err := os.ReadFile(m.cfg.OVMFVars)
 	if err != nil {
@@ -605,6 +620,7 @@ func (m *Manager) Delete(_ context.Context, id string) error {
 	if rt != nil {
 		m.powerOff(mc, rt)
 	}
+	m.closeForwards(mc, false)
 	if n := mc.rec.GetNetwork(); n != "" {
 		m.detach(n, id)
 	}
@@ -655,6 +671,9 @@ func (m *Manager) Close() {
 	}
 	m.cancel()
 	m.wg.Wait()
+	for _, mc := range mcs {
+		m.closeForwards(mc, true) // bound again by the next hypervisor
+	}
 	m.mu.Lock()
 	for name, ns := range m.networks {
 		if ns != nil {

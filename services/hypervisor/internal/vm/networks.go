@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 
@@ -19,10 +17,6 @@ import (
 type netState struct {
 	rec *hypervisorv1.Network
 	run *network.Network
-}
-
-func (m *Manager) netSocket(name string) string {
-	return filepath.Join(m.cfg.StateDir, "networks", name, "qemu.sock")
 }
 
 // startNetworks restores the persisted networks with their leases and
@@ -58,12 +52,8 @@ func (m *Manager) startNetworks() error {
 
 func (m *Manager) runNetwork(rec *hypervisorv1.Network, leases map[string]netip.Addr) error {
 	name := rec.GetSpec().GetName()
-	sock := m.netSocket(name)
-	if err := os.MkdirAll(filepath.Dir(sock), 0o700); err != nil {
-		return err
-	}
 	handler := imds.New(netVMs{Manager: m, network: name}, m.log.With("network", name))
-	run, err := network.Start(m.ctx, network.Spec{Name: name, CIDR: rec.GetSpec().GetCidr(), DNSSearchDomain: rec.GetSpec().GetDnsSearchDomain()}, sock, leases, handler, m.log.With("network", name))
+	run, err := network.Start(m.ctx, network.Spec{Name: name, CIDR: rec.GetSpec().GetCidr(), DNSSearchDomain: rec.GetSpec().GetDnsSearchDomain()}, leases, handler, m.log.With("network", name))
 	if err != nil {
 		return err
 	}
@@ -98,9 +88,6 @@ func (m *Manager) CreateNetwork(_ context.Context, req *hypervisorv1.CreateNetwo
 	plan, err := network.PlanFor(spec.CIDR)
 	if err != nil {
 		return nil, err
-	}
-	if len(m.netSocket(spec.Name)) > network.MaxSocketPath {
-		return nil, apierr.Invalidf("name", "network name %q makes the socket path longer than %d bytes", spec.Name, network.MaxSocketPath)
 	}
 	m.mu.Lock()
 	if _, exists := m.networks[spec.Name]; exists {
@@ -197,7 +184,6 @@ func (m *Manager) DeleteNetwork(_ context.Context, name string) error {
 	if err := ns.run.Close(); err != nil {
 		m.log.Warn("close network", "network", name, "error", err)
 	}
-	_ = os.RemoveAll(filepath.Dir(m.netSocket(name)))
 	return m.store.DeleteNetwork(name)
 }
 

@@ -4,6 +4,7 @@ import (
 	"io/fs"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
@@ -41,7 +42,7 @@ func (m *Manager) Metrics(id string) (*hypervisorv1.VirtualMachineMetrics, error
 		return nil, err
 	}
 	rec, _ := mc.snapshot()
-	h := &hypervisorv1.HostMetrics{State: rec.GetState(), DiskBytes: diskBytes(rec.GetPaths().GetDir())}
+	h := &hypervisorv1.HostMetrics{State: rec.GetState(), DiskBytes: diskBytes(rec.GetPaths().GetDir()), Network: m.netMetrics(rec)}
 	att := rec.GetAttestation()
 	switch {
 	case !rec.GetRequireAttestation():
@@ -66,12 +67,9 @@ func (m *Manager) Metrics(id string) (*hypervisorv1.VirtualMachineMetrics, error
 	if ready, booted := rec.GetReadyAt(), rec.GetBootedAt(); ready != nil && booted != nil {
 		h.BootToReadySeconds = proto.Float64(ready.AsTime().Sub(booted.AsTime()).Seconds())
 	}
-	return &hypervisorv1.VirtualMachineMetrics{
-		Id:           id,
-		Host:         h,
-		RawReportUrl: "/api/v1/vms/" + id + "/report",
-		Note:         "no systemd-report upload from the guest yet; host metrics only",
-	}, nil
+	out := &hypervisorv1.VirtualMachineMetrics{Id: id, Host: h, RawReportUrl: "/api/v1/vms/" + id + "/report"}
+	out.Guest, out.Note = guestMetrics(rec.GetPaths().GetReport(), time.Now())
+	return out, nil
 }
 
 // diskBytes is the space the VM's files take (sparse disks count what is allocated).

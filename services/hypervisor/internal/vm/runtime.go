@@ -168,8 +168,8 @@ func (m *Manager) spec(rec *hypervisorv1.VirtualMachine, img *hypervisorv1.Image
 			"firstboot.hostname": rec.GetHostname(),
 		},
 	}
-	if rec.GetNetwork() != "" {
-		s.NetdevSocket, s.MAC = m.netSocket(rec.GetNetwork()), rec.GetMac()
+	if rec.GetNetwork() != "" && netSocket(rec) != "" {
+		s.NetdevSocket, s.MAC = netSocket(rec), rec.GetMac()
 	}
 	switch {
 	case img.GetKind() == hypervisorv1.ImageKind_IMAGE_KIND_KERNEL:
@@ -251,6 +251,9 @@ func (m *Manager) supervise(mc *machine, rt *runtime) {
 		m.router.MapCID(cid, mc.id)
 	} else {
 		go m.router.AttachSerial(ctx, mc.id, rec.GetPaths().GetNotifySocket())
+	}
+	if rec.GetNetwork() != "" && netSocket(rec) != "" {
+		m.wg.Go(func() { m.attachNIC(ctx, rec) })
 	}
 
 	var bootTimer <-chan time.Time

@@ -1,0 +1,164 @@
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/giantswarm/vm-manager/guest/internal/attest"
+	"github.com/giantswarm/vm-manager/guest/internal/imds"
+	"github.com/giantswarm/vm-manager/guest/internal/version"
+)
+
+// ReportMediaType and the shape of Report follow systemd-report's upload format.
+const ReportMediaType = "application/vnd.io.systemd.report"
+
+// ReportInterval is how often the report is sent again after the first one.
+const ReportInterval = 15 * time.Second
+
+// Report is the body of POST /report.
+type Report struct {
+	MediaType string   `json:"mediaType"`
+	ReportID  string   `json:"reportID"`
+	Timestamp string   `json:"timestamp"`
+	Metrics   []Metric `json:"metrics"`
+}
+
+// Metric is one value; Value is a number or a string.
+type Metric struct {
+	Name   string            `json:"name"`
+	Object string            `json:"object,omitempty"`
+	Fields map[string]string `json:"fields,omitempty"`
+	Value  any               `json:"value"`
+}
+
+// attestResults is how the attestation stages of this boot ended.
+type attestResults struct {
+	initrd, ready attestResult
+}
+
+func (r attestResult) String() string {
+	switch r {
+	case attestVerified:
+		return "verified"
+	case attestRejected:
+		return "rejected"
+	case attestFailed:
+		return "failed"
+	}
+	return "skipped"
+}
+
+// buildReport reads the metrics from proc (/proc at boot). A source that cannot be
+// read leaves its metrics out: a partial report is still worth sending.
+func buildReport(proc string, now time.Time, att attestResults) (*Report, error) {
+	id := make([]byte, 32)
+	if _, err := rand.Read(id); err != nil {
+		return nil, err
+	}
+	r := &Report{
+		MediaType: ReportMediaType,
+		ReportID:  base64.StdEncoding.EncodeToString(id),
+		Timestamp: now.UTC().Format(time.RFC3339),
+	}
+	add := func(name string, v any) { r.Metrics = append(r.Metrics, Metric{Name: name, Value: v}) }
+
+	if f := procFields(proc, "uptime"); len(f) >= 1 {
+		if v, err := strconv.ParseFloat(f[0], 64); err == nil {
+			add("io.vmagent.UptimeSeconds", v)
+		}
+	}
+	mem := meminfo(proc)
+	if v, ok := mem["MemTotal"]; ok {
+		add("io.vmagent.MemoryTotalBytes", v)
+	}
+	if v, ok := mem["MemAvailable"]; ok {
+		add("io.vmagent.MemoryAvailableBytes", v)
+	}
+	if f := procFields(proc, "loadavg"); len(f) >= 3 {
+		for i, period := range []string{"1m", "5m", "15m"} {
+			if v, err := strconv.ParseFloat(f[i], 64); err == nil {
+				r.Metrics = append(r.Metrics, Metric{Name: "io.vmagent.LoadAverage", Fields: map[string]string{"period": period}, Value: v})
+			}
+		}
+	}
+	add("io.vmagent.Version", version.Version)
+	r.Metrics = append(r.Metrics,
+		Metric{Name: "io.vmagent.Attestation", Object: attest.StageInitrd, Value: att.initrd.String()},
+		Metric{Name: "io.vmagent.Attestation", Object: attest.StageReady, Value: att.ready.String()})
+	return r, nil
+}
+
+func procFields(proc, name string) []string {
+	b, err := os.ReadFile(filepath.Join(proc, name))
+	if err != nil {
+		return nil
+	}
+	return strings.Fields(string(b))
+}
+
+// meminfo reads /proc/meminfo's "<Key>: <n> kB" lines as bytes.
+func meminfo(proc string) map[string]uint64 {
+	b, err := os.ReadFile(filepath.Join(proc, "meminfo"))
+	if err != nil {
+		return nil
+	}
+	m := map[string]uint64{}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(v)
+		if len(f) == 0 {
+			continue
+		}
+		n, err := strconv.ParseUint(f[0], 10, 64)
+		if err != nil {
+			continue
+		}
+		if len(f) > 1 && f[1] == "kB" {
+			n *= 1024
+		}
+		m[k] = n
+	}
+	return m
+}
+
+// uploadReports sends a report at once and then every interval until ctx ends. The
+// host may not take reports (yet): failures only print, the first one.
+func uploadReports(ctx context.Context, con *Console, cl *imds.Client, proc string, att attestResults, interval time.Duration) {
+	failed := false
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		err := uploadReport(ctx, cl, proc, att)
+		if err != nil && !failed && ctx.Err() == nil {
+			failed = true
+			con.Printf("warning: report upload: %v (further failures are not printed)", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func uploadReport(ctx context.Context, cl *imds.Client, proc string, att attestResults) error {
+	r, err := buildReport(proc, time.Now(), att)
+	if err != nil {
+		return err
+	}
+	body, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	return cl.PostReport(ctx, body)
+}

@@ -1,0 +1,368 @@
+// Package sshd is the guest's minimal SSH server: the hypervisor runs commands in
+// the guest as root with its per-VM key. Public-key auth for root only, "session"
+// channels only, no pty, no forwarding.
+package sshd
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+	"golang.org/x/sys/unix"
+)
+
+// Defaults.
+const (
+	DefaultShell     = "/bin/sh"
+	HandshakeTimeout = 30 * time.Second
+	// waitDelay bounds the wait for output pipes that a background process
+	// keeps open after the command itself exited.
+	waitDelay = 5 * time.Second
+)
+
+// BaseEnv is every command's environment; "env" requests add to it.
+var BaseEnv = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
+
+// Server serves SSH on the listeners passed to Serve.
+type Server struct {
+	// Shell runs commands as `<Shell> -c <command>` and interactively for "shell".
+	Shell string
+	// Dir is the commands' working directory ("/" when it does not exist).
+	Dir string
+	// StartCmd starts a command (nil: cmd.Start); done is called after cmd.Wait.
+	// PID 1 passes initsys.StartCmd, so that its zombie reaper keeps off.
+	StartCmd func(cmd *exec.Cmd) (done func(), err error)
+
+	cfg      *ssh.ServerConfig
+	keysPath string
+	log      func(format string, args ...any)
+
+	mu        sync.Mutex
+	closed    bool
+	listeners map[net.Listener]struct{}
+	conns     map[net.Conn]struct{}
+}
+
+// New returns a server that authenticates root against authorizedKeysPath, read
+// again on each attempt: the keys arrive from the IMDS after the server started.
+func New(hostKey ssh.Signer, authorizedKeysPath string, log func(format string, args ...any)) *Server {
+	if log == nil {
+		log = func(string, ...any) {}
+	}
+	s := &Server{
+		Shell:     DefaultShell,
+		Dir:       "/root",
+		keysPath:  authorizedKeysPath,
+		log:       log,
+		listeners: map[net.Listener]struct{}{},
+		conns:     map[net.Conn]struct{}{},
+	}
+	s.cfg = &ssh.ServerConfig{
+		PublicKeyCallback: s.checkKey,
+		ServerVersion:     "SSH-2.0-vm-agent",
+	}
+	s.cfg.AddHostKey(hostKey)
+	return s
+}
+
+// checkKey admits root with a key listed in the authorized_keys file.
+func (s *Server) checkKey(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Permissions, error) {
+	if meta.User() != "root" {
+		return nil, fmt.Errorf("user %q: only root may log in", meta.User())
+	}
+	ok, err := authorized(s.keysPath, key)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, fmt.Errorf("key %s not authorized", ssh.FingerprintSHA256(key))
+	}
+	return &ssh.Permissions{Extensions: map[string]string{"fp": ssh.FingerprintSHA256(key)}}, nil
+}
+
+// authorized reports whether key is in the authorized_keys file at path.
+func authorized(path string, key ssh.PublicKey) (bool, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	want := key.Marshal()
+	for rest := b; len(rest) > 0; {
+		k, _, opts, r, err := ssh.ParseAuthorizedKey(rest)
+		if err != nil {
+			break // no more keys: invalid lines are skipped by the parser
+		}
+		rest = r
+		if bytes.Equal(k.Marshal(), want) && !restricted(opts) {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// restricted is a key whose options would limit it in ways this server does not
+// implement (a forced command, a source address, a CA key): refusing it is safer
+// than granting it more than its owner meant. Options about pty or forwarding
+// are moot, neither is offered.
+func restricted(opts []string) bool {
+	for _, o := range opts {
+		name, _, _ := strings.Cut(strings.ToLower(o), "=")
+		switch name {
+		case "cert-authority", "command", "from", "expiry-time", "principals", "restrict":
+			return true
+		}
+	}
+	return false
+}
+
+// Serve accepts connections until ln fails or Close is called (then it returns nil).
+func (s *Server) Serve(ln net.Listener) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.listeners[ln] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, ln)
+		s.mu.Unlock()
+	}()
+
+	var backoff time.Duration
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if s.isClosed() {
+				return nil
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return err
+			}
+			// E.g. out of file descriptors: wait instead of spinning.
+			backoff = min(max(2*backoff, 10*time.Millisecond), time.Second)
+			s.log("accept: %v; retrying in %s", err, backoff)
+			time.Sleep(backoff)
+			continue
+		}
+		backoff = 0
+		if !s.track(c) {
+			c.Close()
+			return nil
+		}
+		go s.serveConn(c)
+	}
+}
+
+// Close stops all listeners and drops all connections, which kills their commands.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	var first error
+	for ln := range s.listeners {
+		if err := ln.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	for c := range s.conns {
+		c.Close()
+	}
+	return first
+}
+
+func (s *Server) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+func (s *Server) track(c net.Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.conns[c] = struct{}{}
+	return true
+}
+
+func (s *Server) untrack(c net.Conn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.conns, c)
+}
+
+func (s *Server) serveConn(c net.Conn) {
+	defer s.untrack(c)
+	defer c.Close()
+	// A client that stalls the handshake must not hold the connection forever.
+	_ = c.SetDeadline(time.Now().Add(HandshakeTimeout))
+	conn, chans, reqs, err := ssh.NewServerConn(c, s.cfg)
+	if err != nil {
+		s.log("%s: handshake: %v", c.RemoteAddr(), err)
+		return
+	}
+	_ = c.SetDeadline(time.Time{})
+	s.log("%s: %s logged in with %s", c.RemoteAddr(), conn.User(), conn.Permissions.Extensions["fp"])
+	go ssh.DiscardRequests(reqs)
+	var wg sync.WaitGroup
+	for nc := range chans {
+		if nc.ChannelType() != "session" {
+			_ = nc.Reject(ssh.UnknownChannelType, "only session channels")
+			continue
+		}
+		ch, creqs, err := nc.Accept()
+		if err != nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.session(ch, creqs)
+		}()
+	}
+	// chans closes when the connection ends; the sessions then kill their commands.
+	wg.Wait()
+}
+
+// session serves one session channel: env requests, then one exec or shell.
+func (s *Server) session(ch ssh.Channel, reqs <-chan *ssh.Request) {
+	// reqs closes when the client closes the channel or disconnects: the
+	// command is killed then.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	defer ch.Close()
+	var env []string
+	started := false
+	for req := range reqs {
+		ok := false
+		switch req.Type {
+		case "env":
+			var kv struct{ Name, Value string }
+			if !started && ssh.Unmarshal(req.Payload, &kv) == nil && validEnvName(kv.Name) {
+				env = append(env, kv.Name+"="+kv.Value)
+				ok = true
+			}
+		case "exec", "shell":
+			if started {
+				break
+			}
+			var args []string
+			if req.Type == "exec" {
+				var p struct{ Command string }
+				if ssh.Unmarshal(req.Payload, &p) != nil {
+					break
+				}
+				args = []string{"-c", p.Command}
+			}
+			cmd, stdin, done, err := s.start(ctx, ch, args, env)
+			if err != nil {
+				s.log("%s: %v", req.Type, err)
+				break
+			}
+			ok, started = true, true
+			// Output may overtake this reply, as with OpenSSH's sshd: clients
+			// keep the two apart.
+			if req.WantReply {
+				_ = req.Reply(true, nil)
+			}
+			go func() {
+				_, _ = io.Copy(stdin, ch)
+				stdin.Close() // EOF from the client
+			}()
+			go s.wait(cmd, done, ch)
+			continue
+		}
+		// "pty-req" and anything else: refused.
+		if req.WantReply {
+			_ = req.Reply(ok, nil)
+		}
+	}
+}
+
+func validEnvName(n string) bool {
+	return n != "" && !strings.ContainsAny(n, "=\x00")
+}
+
+// start runs the shell with args in its own process group, so that a kill ends
+// everything it started.
+func (s *Server) start(ctx context.Context, ch ssh.Channel, args, env []string) (*exec.Cmd, io.WriteCloser, func(), error) {
+	shell := s.Shell
+	if shell == "" {
+		shell = DefaultShell
+	}
+	cmd := exec.CommandContext(ctx, shell, args...)
+	cmd.Env = append(append([]string(nil), BaseEnv...), env...)
+	cmd.Dir = "/"
+	if fi, err := os.Stat(s.Dir); err == nil && fi.IsDir() {
+		cmd.Dir = s.Dir
+	}
+	cmd.Stdout = ch
+	cmd.Stderr = ch.Stderr()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return unix.Kill(-cmd.Process.Pid, unix.SIGKILL) }
+	cmd.WaitDelay = waitDelay
+	// Not cmd.Stdin = ch: Wait would then also wait for the client's EOF.
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	startCmd := s.StartCmd
+	if startCmd == nil {
+		startCmd = func(cmd *exec.Cmd) (func(), error) { return func() {}, cmd.Start() }
+	}
+	done, err := startCmd(cmd)
+	if err != nil {
+		stdin.Close()
+		return nil, nil, nil, err
+	}
+	return cmd, stdin, done, nil
+}
+
+// wait sends the command's exit-status (or exit-signal), then closes the channel.
+func (s *Server) wait(cmd *exec.Cmd, done func(), ch ssh.Channel) {
+	err := cmd.Wait()
+	done()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) && !errors.Is(err, exec.ErrWaitDelay) {
+		s.log("command: %v", err)
+	}
+	_ = ch.CloseWrite()
+	if cmd.ProcessState == nil { // wait(2) itself failed
+		_ = ch.Close()
+		return
+	}
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		sig := strings.TrimPrefix(unix.SignalName(ws.Signal()), "SIG")
+		if sig == "" {
+			sig = fmt.Sprintf("%d", int(ws.Signal()))
+		}
+		_, _ = ch.SendRequest("exit-signal", false, ssh.Marshal(struct {
+			Signal     string
+			CoreDumped bool
+			Error      string
+			Lang       string
+		}{Signal: sig, CoreDumped: ws.CoreDump()}))
+	} else {
+		var status [4]byte
+		binary.BigEndian.PutUint32(status[:], uint32(cmd.ProcessState.ExitCode()))
+		_, _ = ch.SendRequest("exit-status", false, status[:])
+	}
+	_ = ch.Close()
+}

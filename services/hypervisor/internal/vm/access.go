@@ -1,0 +1,248 @@
+package vm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/giantswarm/vm-manager/gen/apierr"
+	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/forward"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/sshexec"
+)
+
+// sshPort is where the guest's SSH server listens (vm-agent in the test image).
+const sshPort = 22
+
+// newSSHKey gives a record its per-VM key: public half in the record (and
+// public-keys/0 in the IMDS), private half written by prepare.
+func newSSHKey(rec *hypervisorv1.VirtualMachine) ([]byte, error) {
+	priv, pub, err := sshexec.NewKey("vm-manager@" + rec.GetId())
+	if err != nil {
+		return nil, err
+	}
+	rec.SshPublicKey = pub
+	return priv, nil
+}
+
+// attachNIC connects the VM's NIC to its network until ctx ends (QEMU
+// exited, or the hypervisor detaches); it dials QEMU's socket again after a
+// disconnect, which is how a restarted hypervisor gets a re-adopted VM's
+// network back.
+func (m *Manager) attachNIC(ctx context.Context, rec *hypervisorv1.VirtualMachine) {
+	ns := m.network(rec.GetNetwork())
+	if ns == nil {
+		m.log.Warn("vm's network is gone; the VM runs without it", "vm", rec.GetId(), "network", rec.GetNetwork())
+		return
+	}
+	if err := ns.run.Attach(ctx, rec.GetId(), netSocket(rec)); err != nil {
+		m.log.Warn("vm's NIC not attached", "vm", rec.GetId(), "network", rec.GetNetwork(), "error", err)
+	}
+}
+
+// netSocket is where QEMU's NIC listens.
+func netSocket(rec *hypervisorv1.VirtualMachine) string {
+	return rec.GetPaths().GetNetSocket()
+}
+
+func (m *Manager) network(name string) *netState {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.networks[name]
+}
+
+// guestAddr is the VM's network and lease, or a conflict naming why there
+// is none.
+func (m *Manager) guestAddr(rec *hypervisorv1.VirtualMachine) (*netState, netip.Addr, error) {
+	ip, err := netip.ParseAddr(rec.GetIp())
+	if rec.GetNetwork() == "" || err != nil {
+		return nil, netip.Addr{}, apierr.Errorf(apierr.Conflict, "vm %s has no network address", rec.GetId())
+	}
+	ns := m.network(rec.GetNetwork())
+	if ns == nil {
+		return nil, netip.Addr{}, apierr.Errorf(apierr.Conflict, "vm %s: network %s is not running", rec.GetId(), rec.GetNetwork())
+	}
+	return ns, ip, nil
+}
+
+// Exec runs argv as root in the guest over SSH (contract §7.4).
+func (m *Manager) Exec(ctx context.Context, id string, argv []string) (*hypervisorv1.ExecVirtualMachineResponse, error) {
+	if len(argv) == 0 {
+		return nil, apierr.Invalidf("command", "command is required and must not be empty")
+	}
+	for i, w := range argv {
+		if strings.ContainsRune(w, 0) {
+			return nil, apierr.Invalidf("command", "command[%d] contains a NUL byte", i)
+		}
+	}
+	mc, err := m.get(id)
+	if err != nil {
+		return nil, err
+	}
+	mc.mu.Lock()
+	rec, live := mc.rec, mc.run != nil
+	mc.mu.Unlock()
+	if !live || rec.GetState() == hypervisorv1.State_STATE_DELETING {
+		return nil, apierr.Errorf(apierr.Conflict, "vm %s is %s and has no running process; start it first", id, stateName(rec.GetState()))
+	}
+	ns, ip, err := m.guestAddr(rec)
+	if err != nil {
+		return nil, err
+	}
+	key, err := os.ReadFile(rec.GetPaths().GetSshKey())
+	if err != nil {
+		return nil, apierr.Errorf(apierr.Conflict, "vm %s has no per-VM SSH key (created by an older vm-manager?): %v", id, err)
+	}
+	dctx, cancel := context.WithTimeout(ctx, sshexec.HandshakeTimeout)
+	conn, err := ns.run.DialContextTCP(dctx, net.JoinHostPort(ip.String(), strconv.Itoa(sshPort)))
+	cancel()
+	if err != nil {
+		return nil, apierr.Errorf(apierr.Unavailable, "vm %s: cannot reach SSH at %s:%d (is the guest up and serving SSH?): %v", id, ip, sshPort, err)
+	}
+	res, err := sshexec.Run(ctx, conn, key, sshexec.PinFile(rec.GetPaths().GetSshHostKey()), argv)
+	switch {
+	case err == nil:
+	case errors.Is(err, sshexec.ErrHostKeyChanged):
+		return nil, apierr.Errorf(apierr.Conflict, "host key of vm %s changed: %v", id, err)
+	case errors.Is(err, context.DeadlineExceeded):
+		return nil, apierr.Errorf(apierr.Timeout, "vm %s: exec did not finish before the deadline", id)
+	case errors.Is(err, context.Canceled):
+		return nil, apierr.Errorf(apierr.Timeout, "vm %s: exec cancelled by the caller", id)
+	default:
+		return nil, apierr.Errorf(apierr.Unavailable, "vm %s: exec over SSH failed: %v", id, err)
+	}
+	return &hypervisorv1.ExecVirtualMachineResponse{
+		Stdout: string(res.Stdout), Stderr: string(res.Stderr),
+		ExitCode: int32(res.ExitCode), Truncated: res.Truncated,
+	}, nil
+}
+
+// Forward proxies 127.0.0.1:<random> to the guest's port until the VM is
+// deleted; asking again for the same guest port returns the same forward.
+// Forwards are persisted and bound again after a hypervisor restart.
+func (m *Manager) Forward(_ context.Context, id string, port int32) (*hypervisorv1.ForwardVirtualMachinePortResponse, error) {
+	if port < 1 || port > 65535 {
+		return nil, apierr.Invalidf("port", "port %d must be within 1..65535", port)
+	}
+	mc, err := m.get(id)
+	if err != nil {
+		return nil, err
+	}
+	mc.op.Lock() // not while a delete runs
+	defer mc.op.Unlock()
+	if _, err := m.get(id); err != nil {
+		return nil, err
+	}
+	rec, _ := mc.snapshot()
+	if rec.GetState() == hypervisorv1.State_STATE_DELETING {
+		return nil, apierr.Errorf(apierr.Conflict, "vm %s is being deleted", id)
+	}
+	if _, _, err := m.guestAddr(rec); err != nil {
+		return nil, err
+	}
+	for _, f := range rec.GetForwards() {
+		if f.GetPort() == port {
+			return &hypervisorv1.ForwardVirtualMachinePortResponse{Id: id, Port: port, Address: f.GetAddress()}, nil
+		}
+	}
+	f, err := forward.Listen("127.0.0.1:0", m.guestDialer(rec, port), m.log.With("vm", id, "port", port))
+	if err != nil {
+		return nil, apierr.Errorf(apierr.Internal, "vm %s: listen for a port forward: %v", id, err)
+	}
+	pf := &hypervisorv1.PortForward{Port: port, Address: f.Addr()}
+	mc.mu.Lock()
+	if mc.fwd == nil {
+		mc.fwd = map[int32]*forward.Forward{}
+	}
+	mc.fwd[port] = f
+	m.updateLocked(mc, func(r *hypervisorv1.VirtualMachine) { r.Forwards = append(r.Forwards, pf) })
+	mc.mu.Unlock()
+	m.log.Info("port forward", "vm", id, "port", port, "address", pf.GetAddress())
+	return &hypervisorv1.ForwardVirtualMachinePortResponse{Id: id, Port: port, Address: pf.GetAddress()}, nil
+}
+
+// guestDialer reaches the VM's port through its network's stack, looked up
+// per connection so a restarted network is found.
+func (m *Manager) guestDialer(rec *hypervisorv1.VirtualMachine, port int32) forward.DialFunc {
+	addr := net.JoinHostPort(rec.GetIp(), strconv.Itoa(int(port)))
+	netName := rec.GetNetwork()
+	return func(ctx context.Context) (net.Conn, error) {
+		ns := m.network(netName)
+		if ns == nil {
+			return nil, fmt.Errorf("network %s is not running", netName)
+		}
+		return ns.run.DialContextTCP(ctx, addr)
+	}
+}
+
+// restoreForwards binds a loaded record's forwards again, on their old
+// address when it is free (clients keep working), else on a new one.
+func (m *Manager) restoreForwards(mc *machine) {
+	rec, _ := mc.snapshot()
+	if len(rec.GetForwards()) == 0 {
+		return
+	}
+	if _, _, err := m.guestAddr(rec); err != nil {
+		m.log.Warn("port forwards not restored", "vm", mc.id, "error", err)
+		return
+	}
+	fwd := map[int32]*forward.Forward{}
+	var kept []*hypervisorv1.PortForward
+	for _, pf := range rec.GetForwards() {
+		dial := m.guestDialer(rec, pf.GetPort())
+		log := m.log.With("vm", mc.id, "port", pf.GetPort())
+		f, err := forward.Listen(pf.GetAddress(), dial, log)
+		if err != nil {
+			log.Warn("port forward address taken; binding a new one", "address", pf.GetAddress(), "error", err)
+			if f, err = forward.Listen("127.0.0.1:0", dial, log); err != nil {
+				log.Error("port forward not restored", "error", err)
+				continue
+			}
+		}
+		fwd[pf.GetPort()] = f
+		kept = append(kept, &hypervisorv1.PortForward{Port: pf.GetPort(), Address: f.Addr()})
+	}
+	mc.mu.Lock()
+	mc.fwd = fwd
+	m.updateLocked(mc, func(r *hypervisorv1.VirtualMachine) { r.Forwards = kept })
+	mc.mu.Unlock()
+	m.log.Info("port forwards restored", "vm", mc.id, "count", len(kept))
+}
+
+// closeForwards stops a VM's forwards; keepRecord leaves them in the record
+// for the next hypervisor (a shutdown), else they are dropped (a delete).
+func (m *Manager) closeForwards(mc *machine, keepRecord bool) {
+	mc.mu.Lock()
+	fwd := mc.fwd
+	mc.fwd = nil
+	if !keepRecord && len(mc.rec.GetForwards()) > 0 {
+		m.updateLocked(mc, func(r *hypervisorv1.VirtualMachine) { r.Forwards = nil })
+	}
+	mc.mu.Unlock()
+	for _, port := range slices.Sorted(maps.Keys(fwd)) {
+		_ = fwd[port].Close()
+	}
+}
+
+// netMetrics is the network part of a VM's metrics.
+func (m *Manager) netMetrics(rec *hypervisorv1.VirtualMachine) *hypervisorv1.NetworkMetrics {
+	ns := m.network(rec.GetNetwork())
+	if ns == nil {
+		return nil
+	}
+	st := ns.run.Stats()
+	return &hypervisorv1.NetworkMetrics{
+		Name:          rec.GetNetwork(),
+		BytesSent:     int64(st.BytesToVMs),
+		BytesReceived: int64(st.BytesFromVMs),
+		Leases:        int32(len(ns.run.Leases())),
+		DroppedFrames: int64(ns.run.Dropped(rec.GetId())),
+	}
+}
