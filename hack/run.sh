@@ -10,6 +10,7 @@ mkdir -p "$state/state/images"
 export VM_MANAGER_STATE_DIR=${VM_MANAGER_STATE_DIR:-$state/state}
 export VM_MANAGER_RUN_DIR=${VM_MANAGER_RUN_DIR:-$state/run}
 export VM_MANAGER_LISTEN=${VM_MANAGER_LISTEN:-127.0.0.1:8080}
+export VM_MANAGER_METRICS_ENABLED=${VM_MANAGER_METRICS_ENABLED:-true}
 
 pids=()
 stop() {

@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/giantswarm/vm-manager/pkg/identity"
 	attestation "github.com/giantswarm/vm-manager/services/attestation/server"
 	gateway "github.com/giantswarm/vm-manager/services/gateway/server"
 	hypervisor "github.com/giantswarm/vm-manager/services/hypervisor/server"
@@ -39,6 +40,10 @@ type Options struct {
 	// value are accepted and listed as learned); SetLearnGolden changes it
 	// for the next start of the service.
 	LearnGolden bool
+	// OIDCIssuer and OIDCAudiences turn identity on in all three services
+	// (--oidc-issuer, --oidc-audiences): every API call then needs a token.
+	OIDCIssuer    string
+	OIDCAudiences []string
 }
 
 // Cluster is a running set of the three services.
@@ -117,7 +122,15 @@ func (c *Cluster) env() []string {
 		"VM_MANAGER_LISTEN=" + c.Addr,
 		"VM_MANAGER_LOG_LEVEL=debug",
 		fmt.Sprintf("VM_MANAGER_ATTESTATION_LEARN_GOLDEN=%t", c.options.LearnGolden),
+		"VM_MANAGER_METRICS_ENABLED=true",
+		"VM_MANAGER_OIDC_ISSUER=" + c.options.OIDCIssuer,
+		"VM_MANAGER_OIDC_AUDIENCES=" + strings.Join(c.options.OIDCAudiences, ","),
 	}
+}
+
+// identity is the services' in-process identity configuration.
+func (c *Cluster) identity() identity.Config {
+	return identity.Config{Issuer: c.options.OIDCIssuer, Audiences: c.options.OIDCAudiences}
 }
 
 // SetLearnGolden sets attestation's learn mode for its next start.
@@ -246,17 +259,17 @@ func (c *Cluster) startInProcess(name string) proc {
 	switch name {
 	case "attestation":
 		run = func() error {
-			return attestation.Run(ctx, attestation.Config{StateDir: c.StateDir, Socket: c.Socket(name), Mode: "verify", LearnGolden: c.options.LearnGolden}, log)
+			return attestation.Run(ctx, attestation.Config{StateDir: c.StateDir, Socket: c.Socket(name), Mode: "verify", LearnGolden: c.options.LearnGolden, Identity: c.identity()}, log)
 		}
 	case "hypervisor":
 		run = func() error {
 			// The binary's defaults, spelled out.
 			return hypervisor.Run(ctx, hypervisor.Config{StateDir: c.StateDir, ImageDir: c.ImageDir, Socket: c.Socket(name), AttestationSocket: c.Socket("attestation"),
-				DefaultNetwork: "default", DefaultSubnet: "192.168.127.0/24"}, log)
+				DefaultNetwork: "default", DefaultSubnet: "192.168.127.0/24", Identity: c.identity()}, log)
 		}
 	case "gateway":
 		run = func() error {
-			return gateway.Run(ctx, gateway.Config{Listen: c.Addr, HypervisorSocket: c.Socket("hypervisor"), AttestationSocket: c.Socket("attestation")}, log)
+			return gateway.Run(ctx, gateway.Config{Listen: c.Addr, HypervisorSocket: c.Socket("hypervisor"), AttestationSocket: c.Socket("attestation"), Identity: c.identity(), MetricsEnabled: true}, log)
 		}
 	default:
 		c.t.Fatalf("unknown service %q", name)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
+	"github.com/giantswarm/vm-manager/pkg/identity"
 	"github.com/giantswarm/vm-manager/pkg/mesh"
 	"github.com/giantswarm/vm-manager/pkg/statedir"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/apiserver"
@@ -28,6 +29,13 @@ type Config struct {
 	Mode string
 	// LearnGolden accepts PCRs without a golden value (verify mode only).
 	LearnGolden bool
+	// Identity, with an issuer, requires every AttestationService call to
+	// carry a valid token (the gateway forwards the caller's) and records the
+	// caller on golden recordings. Health, reflection and the pod-internal
+	// VerifierService stay open: the hypervisor calls the latter on behalf of
+	// guests, with no person's token to forward; the socket's 0600 mode in its
+	// 0700 directory guards it.
+	Identity identity.Config
 }
 
 // Run serves until ctx ends.
@@ -44,6 +52,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	default:
 		return fmt.Errorf("--attestation=%q: want verify or noop", cfg.Mode)
 	}
+	if cfg.Identity.Log == nil {
+		cfg.Identity.Log = log
+	}
+	verifier, err := identity.New(ctx, cfg.Identity)
+	if err != nil {
+		return err
+	}
 	lock, err := statedir.Acquire(cfg.StateDir, "attestation")
 	if err != nil {
 		return err
@@ -58,7 +73,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		log.Warn(w)
 	}
 
-	srv := mesh.NewServer(log)
+	srv := mesh.NewServer(log, verifier.ServerOptions(attestationv1.VerifierService_ServiceDesc.ServiceName)...)
 	api := apiserver.New(st, opts)
 	attestationv1.RegisterAttestationServiceServer(srv, api)
 	attestationv1.RegisterVerifierServiceServer(srv, api)
@@ -67,7 +82,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	srv.SetServing()
-	log.Info("attestation serving", "socket", cfg.Socket, "state", cfg.StateDir, "mode", cfg.Mode, "learn_golden", cfg.LearnGolden)
+	log.Info("attestation serving", "socket", cfg.Socket, "state", cfg.StateDir, "mode", cfg.Mode, "learn_golden", cfg.LearnGolden, "oidc_issuer", verifier.Issuer())
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

@@ -1,6 +1,8 @@
 // Package server runs the gateway: one TCP listener serving the public gRPC
 // API (forwarded to the backends, with reflection), REST under /api/v1
-// (grpc-gateway), the OpenAPI document, /healthz and /readyz.
+// (grpc-gateway), the OpenAPI document, /healthz and /readyz. With an OIDC
+// issuer every request but the probes, metrics and the OpenAPI document needs
+// a valid bearer token, which is forwarded to the backends.
 package server
 
 import (
@@ -17,7 +19,10 @@ import (
 	"github.com/giantswarm/vm-manager/gen/openapi"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/pkg/identity"
 	"github.com/giantswarm/vm-manager/pkg/mesh"
+	"github.com/giantswarm/vm-manager/services/gateway/internal/mcp"
+	"github.com/giantswarm/vm-manager/services/gateway/internal/metrics"
 	"github.com/giantswarm/vm-manager/services/gateway/internal/proxy"
 	"github.com/giantswarm/vm-manager/services/gateway/internal/rest"
 	"google.golang.org/grpc"
@@ -37,6 +42,14 @@ type Config struct {
 	AttestationSocket string
 	// AllowNonLoopback lets an anonymous gateway listen beyond loopback.
 	AllowNonLoopback bool
+	// Identity, with an issuer, requires a valid bearer token on every gRPC
+	// call and every HTTP request but the open paths (OpenPaths), and allows
+	// a non-loopback Listen. The caller's authorization is forwarded to the
+	// backends, which verify it again.
+	Identity identity.Config
+	// MetricsEnabled serves Prometheus /metrics: VMs, networks and request
+	// counts and latencies per surface (rest, grpc, mcp).
+	MetricsEnabled bool
 	// Ready, if set, receives the bound address once the gateway serves.
 	Ready func(addr net.Addr)
 }
@@ -48,17 +61,29 @@ var PublicServices = []string{
 	attestationv1.AttestationService_ServiceDesc.ServiceName,
 }
 
+// OpenPaths are the HTTP paths served without a token when an issuer is
+// set: probes, metrics and the OpenAPI document.
+var OpenPaths = []string{"/healthz", "/readyz", "/metrics", "/api/v1/openapi.json", "/api/v1/openapi.yaml"}
+
 // Run serves until ctx ends, then drains in-flight calls.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
-	if err := checkListen(cfg.Listen, cfg.AllowNonLoopback); err != nil {
+	if err := checkListen(cfg.Listen, cfg.AllowNonLoopback || cfg.Identity.Enabled()); err != nil {
 		return err
 	}
-	hconn, err := mesh.Dial(cfg.HypervisorSocket)
+	if cfg.Identity.Log == nil {
+		cfg.Identity.Log = log
+	}
+	verifier, err := identity.New(ctx, cfg.Identity)
+	if err != nil {
+		return err
+	}
+	// Every backend call carries the caller's token, whoever makes it.
+	hconn, err := mesh.Dial(cfg.HypervisorSocket, identity.ForwardDialOptions()...)
 	if err != nil {
 		return fmt.Errorf("hypervisor socket: %w", err)
 	}
 	defer hconn.Close()
-	aconn, err := mesh.Dial(cfg.AttestationSocket)
+	aconn, err := mesh.Dial(cfg.AttestationSocket, identity.ForwardDialOptions()...)
 	if err != nil {
 		return fmt.Errorf("attestation socket: %w", err)
 	}
@@ -66,14 +91,26 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 	backends := map[string]*grpc.ClientConn{"hypervisor": hconn, "attestation": aconn}
 
-	// gRPC: a transparent forwarder for the public services.
-	gs := grpc.NewServer(
+	// gRPC: a transparent forwarder for the public services. With an issuer,
+	// the interceptors verify the caller (the forwarder's streams included);
+	// the forwarder passes the caller's authorization on.
+	var met *metrics.Metrics
+	var observe mcp.Observer
+	gopts := verifier.ServerOptions()
+	if cfg.MetricsEnabled {
+		// The scrape has no caller: it reads the hypervisor's internal,
+		// read-only TelemetryService.
+		met = metrics.New(hypervisorv1.NewTelemetryServiceClient(hconn), log)
+		observe = met.ObserveMCP
+		gopts = append(gopts, grpc.ChainUnaryInterceptor(met.UnaryServerInterceptor()), grpc.ChainStreamInterceptor(met.StreamServerInterceptor()))
+	}
+	gs := grpc.NewServer(append(gopts,
 		grpc.UnknownServiceHandler(proxy.Handler(proxy.Routes{
 			hypervisorv1.HypervisorService_ServiceDesc.ServiceName:   hconn,
 			attestationv1.AttestationService_ServiceDesc.ServiceName: aconn,
 		})),
 		grpc.ForceServerCodec(proxy.Codec{}),
-	)
+	)...)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
 	refl := reflection.ServerOptions{Services: publicServiceInfo{gs}}
@@ -94,17 +131,28 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	mux.HandleFunc("GET /api/v1/openapi.yaml", serveBytes("application/yaml", openapi.YAML))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
 	mux.HandleFunc("GET /readyz", readyz(backends))
-	mux.Handle("/api/v1/", rest.LimitBody(gw))
+	var api http.Handler = rest.LimitBody(gw)
+	if met != nil {
+		api = met.HTTP(metrics.SurfaceREST, api)
+		mux.Handle("GET /metrics", met.Handler())
+	}
+	mux.Handle("/api/v1/", api)
+	// MCP (streamable HTTP); its tool calls reach the backends with the
+	// caller's token like REST's.
+	mux.Handle("/mcp", mcp.New(hypervisorv1.NewHypervisorServiceClient(hconn), attestationv1.NewAttestationServiceClient(aconn), log, observe))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		rest.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
 	})
 
+	// With an issuer, everything on the mux but OpenPaths needs a token;
+	// grpc-gateway forwards the Authorization header as "authorization".
+	guarded := verifier.HTTP(mux, identity.OpenPaths(OpenPaths...))
 	root := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
 			gs.ServeHTTP(w, r)
 			return
 		}
-		mux.ServeHTTP(w, r)
+		guarded.ServeHTTP(w, r)
 	})
 
 	var protocols http.Protocols
@@ -121,7 +169,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	log.Info("gateway serving", "listen", ln.Addr().String(), "hypervisor", cfg.HypervisorSocket, "attestation", cfg.AttestationSocket)
+	log.Info("gateway serving", "listen", ln.Addr().String(), "hypervisor", cfg.HypervisorSocket, "attestation", cfg.AttestationSocket, "oidc_issuer", verifier.Issuer())
 	if cfg.Ready != nil {
 		cfg.Ready(ln.Addr())
 	}
@@ -160,7 +208,7 @@ func checkListen(addr string, allow bool) error {
 	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
 		return nil
 	}
-	return fmt.Errorf("listen address %q is not loopback: without an OIDC issuer the API is anonymous; bind 127.0.0.1 or pass --allow-anonymous-non-loopback", addr)
+	return fmt.Errorf("listen address %q is not loopback: without an OIDC issuer the API is anonymous; bind 127.0.0.1, set --oidc-issuer or pass --allow-anonymous-non-loopback", addr)
 }
 
 func serveBytes(contentType string, b []byte) http.HandlerFunc {

@@ -18,6 +18,7 @@ import (
 	"github.com/giantswarm/vm-manager/gen/apierr"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/pkg/identity"
 	"github.com/giantswarm/vm-manager/pkg/mesh"
 	"github.com/giantswarm/vm-manager/pkg/statedir"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/apiserver"
@@ -57,12 +58,23 @@ type Config struct {
 	// StopVMsOnExit powers VMs down on exit instead of leaving them for the
 	// next hypervisor (--detach-vms-on-exit=false).
 	StopVMsOnExit bool
+	// Identity, with an issuer, requires every HypervisorService call to carry
+	// a valid token (the gateway forwards the caller's) and records the caller
+	// on the VMs and networks it creates. Health and reflection stay open.
+	Identity identity.Config
 }
 
 // Run serves until ctx ends.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if cfg.ImageDir == "" {
 		cfg.ImageDir = filepath.Join(cfg.StateDir, "images")
+	}
+	if cfg.Identity.Log == nil {
+		cfg.Identity.Log = log
+	}
+	verifier, err := identity.New(ctx, cfg.Identity)
+	if err != nil {
+		return err
 	}
 	lock, err := statedir.Acquire(cfg.StateDir, "hypervisor")
 	if err != nil {
@@ -153,16 +165,20 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	defer vms.Close()
 
-	srv := mesh.NewServer(log)
-	hypervisorv1.RegisterHypervisorServiceServer(srv, apiserver.New(prober, cat, vms))
+	// The internal TelemetryService is read-only and needs no token: the
+	// gateway's metrics scrape has no caller (see its proto).
+	srv := mesh.NewServer(log, verifier.ServerOptions(hypervisorv1.TelemetryService_ServiceDesc.ServiceName)...)
+	api := apiserver.New(prober, cat, vms)
+	hypervisorv1.RegisterHypervisorServiceServer(srv, api)
+	hypervisorv1.RegisterTelemetryServiceServer(srv, api.Telemetry())
 	ln, err := mesh.Listen(cfg.Socket)
 	if err != nil {
 		return err
 	}
 	srv.SetServing()
-	log.Info("hypervisor serving", "socket", cfg.Socket, "state", cfg.StateDir)
+	log.Info("hypervisor serving", "socket", cfg.Socket, "state", cfg.StateDir, "oidc_issuer", verifier.Issuer())
 
-	go syncPolicies(ctx, log, cat, st, attestationv1.NewAttestationServiceClient(aconn))
+	go syncPolicies(ctx, log, cat, st, attestationv1.NewVerifierServiceClient(aconn))
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
@@ -215,7 +231,7 @@ func listenNotify(stateDir string, port uint32) (notify.Listener, uint32, error)
 // owns policy. A document is imported when it is new or changed since the last
 // hand-over, so an operator's own import is not overwritten on every start.
 // Attestation may be down or restarting: retry until everything is synced.
-func syncPolicies(ctx context.Context, log *slog.Logger, cat *catalog.Catalog, st *store.Store, client attestationv1.AttestationServiceClient) {
+func syncPolicies(ctx context.Context, log *slog.Logger, cat *catalog.Catalog, st *store.Store, client attestationv1.VerifierServiceClient) {
 	for delay := 500 * time.Millisecond; ; delay = min(delay*2, 10*time.Second) {
 		pending := 0
 		for _, img := range cat.List() {
@@ -234,7 +250,7 @@ func syncPolicies(ctx context.Context, log *slog.Logger, cat *catalog.Catalog, s
 				continue
 			}
 			callCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			_, err := client.ImportImagePolicy(callCtx, &attestationv1.ImportImagePolicyRequest{Image: img.GetRef(), Document: s})
+			_, err := client.SyncImagePolicy(callCtx, &attestationv1.SyncImagePolicyRequest{Image: img.GetRef(), Document: s})
 			cancel()
 			switch {
 			case err == nil:

@@ -10,6 +10,7 @@ import (
 	_ "google.golang.org/genproto/googleapis/api/annotations"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	structpb "google.golang.org/protobuf/types/known/structpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -491,11 +492,65 @@ func (*ForgetVirtualMachineResponse) Descriptor() ([]byte, []int) {
 	return file_vmmanager_attestation_v1_verifier_service_proto_rawDescGZIP(), []int{6}
 }
 
+type SyncImagePolicyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// <id>_<version>.
+	Image string `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	// The policy.json document.
+	Document      *structpb.Struct `protobuf:"bytes,2,opt,name=document,proto3" json:"document,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SyncImagePolicyRequest) Reset() {
+	*x = SyncImagePolicyRequest{}
+	mi := &file_vmmanager_attestation_v1_verifier_service_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SyncImagePolicyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SyncImagePolicyRequest) ProtoMessage() {}
+
+func (x *SyncImagePolicyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_vmmanager_attestation_v1_verifier_service_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SyncImagePolicyRequest.ProtoReflect.Descriptor instead.
+func (*SyncImagePolicyRequest) Descriptor() ([]byte, []int) {
+	return file_vmmanager_attestation_v1_verifier_service_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *SyncImagePolicyRequest) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *SyncImagePolicyRequest) GetDocument() *structpb.Struct {
+	if x != nil {
+		return x.Document
+	}
+	return nil
+}
+
 var File_vmmanager_attestation_v1_verifier_service_proto protoreflect.FileDescriptor
 
 const file_vmmanager_attestation_v1_verifier_service_proto_rawDesc = "" +
 	"\n" +
-	"/vmmanager/attestation/v1/verifier_service.proto\x12\x18vmmanager.attestation.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\"\xd7\x01\n" +
+	"/vmmanager/attestation/v1/verifier_service.proto\x12\x18vmmanager.attestation.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\"\xd7\x01\n" +
 	"\x10BeginBootRequest\x12\x18\n" +
 	"\x05vm_id\x18\x01 \x01(\tB\x03\xe0A\x02R\x04vmId\x12\x19\n" +
 	"\x05image\x18\x02 \x01(\tB\x03\xe0A\x02R\x05image\x12-\n" +
@@ -532,13 +587,17 @@ const file_vmmanager_attestation_v1_verifier_service_proto_rawDesc = "" +
 	"\vattestation\x18\x05 \x01(\v2%.vmmanager.attestation.v1.AttestationR\vattestation\"7\n" +
 	"\x1bForgetVirtualMachineRequest\x12\x18\n" +
 	"\x05vm_id\x18\x01 \x01(\tB\x03\xe0A\x02R\x04vmId\"\x1e\n" +
-	"\x1cForgetVirtualMachineResponse2\xce\x03\n" +
+	"\x1cForgetVirtualMachineResponse\"m\n" +
+	"\x16SyncImagePolicyRequest\x12\x19\n" +
+	"\x05image\x18\x01 \x01(\tB\x03\xe0A\x02R\x05image\x128\n" +
+	"\bdocument\x18\x02 \x01(\v2\x17.google.protobuf.StructB\x03\xe0A\x02R\bdocument2\xba\x04\n" +
 	"\x0fVerifierService\x12^\n" +
 	"\tBeginBoot\x12*.vmmanager.attestation.v1.BeginBootRequest\x1a%.vmmanager.attestation.v1.Attestation\x12g\n" +
 	"\n" +
 	"IssueNonce\x12+.vmmanager.attestation.v1.IssueNonceRequest\x1a,.vmmanager.attestation.v1.IssueNonceResponse\x12j\n" +
 	"\vVerifyQuote\x12,.vmmanager.attestation.v1.VerifyQuoteRequest\x1a-.vmmanager.attestation.v1.VerifyQuoteResponse\x12\x85\x01\n" +
-	"\x14ForgetVirtualMachine\x125.vmmanager.attestation.v1.ForgetVirtualMachineRequest\x1a6.vmmanager.attestation.v1.ForgetVirtualMachineResponseBMZKgithub.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1;attestationv1b\x06proto3"
+	"\x14ForgetVirtualMachine\x125.vmmanager.attestation.v1.ForgetVirtualMachineRequest\x1a6.vmmanager.attestation.v1.ForgetVirtualMachineResponse\x12j\n" +
+	"\x0fSyncImagePolicy\x120.vmmanager.attestation.v1.SyncImagePolicyRequest\x1a%.vmmanager.attestation.v1.ImagePolicyBMZKgithub.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1;attestationv1b\x06proto3"
 
 var (
 	file_vmmanager_attestation_v1_verifier_service_proto_rawDescOnce sync.Once
@@ -552,7 +611,7 @@ func file_vmmanager_attestation_v1_verifier_service_proto_rawDescGZIP() []byte {
 	return file_vmmanager_attestation_v1_verifier_service_proto_rawDescData
 }
 
-var file_vmmanager_attestation_v1_verifier_service_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_vmmanager_attestation_v1_verifier_service_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_vmmanager_attestation_v1_verifier_service_proto_goTypes = []any{
 	(*BeginBootRequest)(nil),             // 0: vmmanager.attestation.v1.BeginBootRequest
 	(*IssueNonceRequest)(nil),            // 1: vmmanager.attestation.v1.IssueNonceRequest
@@ -561,32 +620,38 @@ var file_vmmanager_attestation_v1_verifier_service_proto_goTypes = []any{
 	(*VerifyQuoteResponse)(nil),          // 4: vmmanager.attestation.v1.VerifyQuoteResponse
 	(*ForgetVirtualMachineRequest)(nil),  // 5: vmmanager.attestation.v1.ForgetVirtualMachineRequest
 	(*ForgetVirtualMachineResponse)(nil), // 6: vmmanager.attestation.v1.ForgetVirtualMachineResponse
-	nil,                                  // 7: vmmanager.attestation.v1.VerifyQuoteRequest.PcrsEntry
-	(*FirmwareBuild)(nil),                // 8: vmmanager.attestation.v1.FirmwareBuild
-	(*timestamppb.Timestamp)(nil),        // 9: google.protobuf.Timestamp
-	(Stage)(0),                           // 10: vmmanager.attestation.v1.Stage
-	(*Attestation)(nil),                  // 11: vmmanager.attestation.v1.Attestation
+	(*SyncImagePolicyRequest)(nil),       // 7: vmmanager.attestation.v1.SyncImagePolicyRequest
+	nil,                                  // 8: vmmanager.attestation.v1.VerifyQuoteRequest.PcrsEntry
+	(*FirmwareBuild)(nil),                // 9: vmmanager.attestation.v1.FirmwareBuild
+	(*timestamppb.Timestamp)(nil),        // 10: google.protobuf.Timestamp
+	(Stage)(0),                           // 11: vmmanager.attestation.v1.Stage
+	(*Attestation)(nil),                  // 12: vmmanager.attestation.v1.Attestation
+	(*structpb.Struct)(nil),              // 13: google.protobuf.Struct
+	(*ImagePolicy)(nil),                  // 14: vmmanager.attestation.v1.ImagePolicy
 }
 var file_vmmanager_attestation_v1_verifier_service_proto_depIdxs = []int32{
-	8,  // 0: vmmanager.attestation.v1.BeginBootRequest.firmware:type_name -> vmmanager.attestation.v1.FirmwareBuild
-	9,  // 1: vmmanager.attestation.v1.IssueNonceResponse.expire_time:type_name -> google.protobuf.Timestamp
-	10, // 2: vmmanager.attestation.v1.VerifyQuoteRequest.stage:type_name -> vmmanager.attestation.v1.Stage
-	7,  // 3: vmmanager.attestation.v1.VerifyQuoteRequest.pcrs:type_name -> vmmanager.attestation.v1.VerifyQuoteRequest.PcrsEntry
-	10, // 4: vmmanager.attestation.v1.VerifyQuoteResponse.stage:type_name -> vmmanager.attestation.v1.Stage
-	11, // 5: vmmanager.attestation.v1.VerifyQuoteResponse.attestation:type_name -> vmmanager.attestation.v1.Attestation
-	0,  // 6: vmmanager.attestation.v1.VerifierService.BeginBoot:input_type -> vmmanager.attestation.v1.BeginBootRequest
-	1,  // 7: vmmanager.attestation.v1.VerifierService.IssueNonce:input_type -> vmmanager.attestation.v1.IssueNonceRequest
-	3,  // 8: vmmanager.attestation.v1.VerifierService.VerifyQuote:input_type -> vmmanager.attestation.v1.VerifyQuoteRequest
-	5,  // 9: vmmanager.attestation.v1.VerifierService.ForgetVirtualMachine:input_type -> vmmanager.attestation.v1.ForgetVirtualMachineRequest
-	11, // 10: vmmanager.attestation.v1.VerifierService.BeginBoot:output_type -> vmmanager.attestation.v1.Attestation
-	2,  // 11: vmmanager.attestation.v1.VerifierService.IssueNonce:output_type -> vmmanager.attestation.v1.IssueNonceResponse
-	4,  // 12: vmmanager.attestation.v1.VerifierService.VerifyQuote:output_type -> vmmanager.attestation.v1.VerifyQuoteResponse
-	6,  // 13: vmmanager.attestation.v1.VerifierService.ForgetVirtualMachine:output_type -> vmmanager.attestation.v1.ForgetVirtualMachineResponse
-	10, // [10:14] is the sub-list for method output_type
-	6,  // [6:10] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	9,  // 0: vmmanager.attestation.v1.BeginBootRequest.firmware:type_name -> vmmanager.attestation.v1.FirmwareBuild
+	10, // 1: vmmanager.attestation.v1.IssueNonceResponse.expire_time:type_name -> google.protobuf.Timestamp
+	11, // 2: vmmanager.attestation.v1.VerifyQuoteRequest.stage:type_name -> vmmanager.attestation.v1.Stage
+	8,  // 3: vmmanager.attestation.v1.VerifyQuoteRequest.pcrs:type_name -> vmmanager.attestation.v1.VerifyQuoteRequest.PcrsEntry
+	11, // 4: vmmanager.attestation.v1.VerifyQuoteResponse.stage:type_name -> vmmanager.attestation.v1.Stage
+	12, // 5: vmmanager.attestation.v1.VerifyQuoteResponse.attestation:type_name -> vmmanager.attestation.v1.Attestation
+	13, // 6: vmmanager.attestation.v1.SyncImagePolicyRequest.document:type_name -> google.protobuf.Struct
+	0,  // 7: vmmanager.attestation.v1.VerifierService.BeginBoot:input_type -> vmmanager.attestation.v1.BeginBootRequest
+	1,  // 8: vmmanager.attestation.v1.VerifierService.IssueNonce:input_type -> vmmanager.attestation.v1.IssueNonceRequest
+	3,  // 9: vmmanager.attestation.v1.VerifierService.VerifyQuote:input_type -> vmmanager.attestation.v1.VerifyQuoteRequest
+	5,  // 10: vmmanager.attestation.v1.VerifierService.ForgetVirtualMachine:input_type -> vmmanager.attestation.v1.ForgetVirtualMachineRequest
+	7,  // 11: vmmanager.attestation.v1.VerifierService.SyncImagePolicy:input_type -> vmmanager.attestation.v1.SyncImagePolicyRequest
+	12, // 12: vmmanager.attestation.v1.VerifierService.BeginBoot:output_type -> vmmanager.attestation.v1.Attestation
+	2,  // 13: vmmanager.attestation.v1.VerifierService.IssueNonce:output_type -> vmmanager.attestation.v1.IssueNonceResponse
+	4,  // 14: vmmanager.attestation.v1.VerifierService.VerifyQuote:output_type -> vmmanager.attestation.v1.VerifyQuoteResponse
+	6,  // 15: vmmanager.attestation.v1.VerifierService.ForgetVirtualMachine:output_type -> vmmanager.attestation.v1.ForgetVirtualMachineResponse
+	14, // 16: vmmanager.attestation.v1.VerifierService.SyncImagePolicy:output_type -> vmmanager.attestation.v1.ImagePolicy
+	12, // [12:17] is the sub-list for method output_type
+	7,  // [7:12] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_vmmanager_attestation_v1_verifier_service_proto_init() }
@@ -601,7 +666,7 @@ func file_vmmanager_attestation_v1_verifier_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vmmanager_attestation_v1_verifier_service_proto_rawDesc), len(file_vmmanager_attestation_v1_verifier_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -23,6 +23,7 @@ const (
 	VerifierService_IssueNonce_FullMethodName           = "/vmmanager.attestation.v1.VerifierService/IssueNonce"
 	VerifierService_VerifyQuote_FullMethodName          = "/vmmanager.attestation.v1.VerifierService/VerifyQuote"
 	VerifierService_ForgetVirtualMachine_FullMethodName = "/vmmanager.attestation.v1.VerifierService/ForgetVirtualMachine"
+	VerifierService_SyncImagePolicy_FullMethodName      = "/vmmanager.attestation.v1.VerifierService/SyncImagePolicy"
 )
 
 // VerifierServiceClient is the client API for VerifierService service.
@@ -41,6 +42,11 @@ type VerifierServiceClient interface {
 	VerifyQuote(ctx context.Context, in *VerifyQuoteRequest, opts ...grpc.CallOption) (*VerifyQuoteResponse, error)
 	// Drop everything known about a VM: pinned AK, nonces, verdicts.
 	ForgetVirtualMachine(ctx context.Context, in *ForgetVirtualMachineRequest, opts ...grpc.CallOption) (*ForgetVirtualMachineResponse, error)
+	// Import a catalog image's policy.json, as AttestationService's
+	// ImportImagePolicy does. The hypervisor hands its image catalog's policies
+	// over with it at start: no person is calling then, so it cannot use the
+	// public method, which requires the caller's token when OIDC is on.
+	SyncImagePolicy(ctx context.Context, in *SyncImagePolicyRequest, opts ...grpc.CallOption) (*ImagePolicy, error)
 }
 
 type verifierServiceClient struct {
@@ -91,6 +97,16 @@ func (c *verifierServiceClient) ForgetVirtualMachine(ctx context.Context, in *Fo
 	return out, nil
 }
 
+func (c *verifierServiceClient) SyncImagePolicy(ctx context.Context, in *SyncImagePolicyRequest, opts ...grpc.CallOption) (*ImagePolicy, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ImagePolicy)
+	err := c.cc.Invoke(ctx, VerifierService_SyncImagePolicy_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // VerifierServiceServer is the server API for VerifierService service.
 // All implementations must embed UnimplementedVerifierServiceServer
 // for forward compatibility.
@@ -107,6 +123,11 @@ type VerifierServiceServer interface {
 	VerifyQuote(context.Context, *VerifyQuoteRequest) (*VerifyQuoteResponse, error)
 	// Drop everything known about a VM: pinned AK, nonces, verdicts.
 	ForgetVirtualMachine(context.Context, *ForgetVirtualMachineRequest) (*ForgetVirtualMachineResponse, error)
+	// Import a catalog image's policy.json, as AttestationService's
+	// ImportImagePolicy does. The hypervisor hands its image catalog's policies
+	// over with it at start: no person is calling then, so it cannot use the
+	// public method, which requires the caller's token when OIDC is on.
+	SyncImagePolicy(context.Context, *SyncImagePolicyRequest) (*ImagePolicy, error)
 	mustEmbedUnimplementedVerifierServiceServer()
 }
 
@@ -128,6 +149,9 @@ func (UnimplementedVerifierServiceServer) VerifyQuote(context.Context, *VerifyQu
 }
 func (UnimplementedVerifierServiceServer) ForgetVirtualMachine(context.Context, *ForgetVirtualMachineRequest) (*ForgetVirtualMachineResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ForgetVirtualMachine not implemented")
+}
+func (UnimplementedVerifierServiceServer) SyncImagePolicy(context.Context, *SyncImagePolicyRequest) (*ImagePolicy, error) {
+	return nil, status.Error(codes.Unimplemented, "method SyncImagePolicy not implemented")
 }
 func (UnimplementedVerifierServiceServer) mustEmbedUnimplementedVerifierServiceServer() {}
 func (UnimplementedVerifierServiceServer) testEmbeddedByValue()                         {}
@@ -222,6 +246,24 @@ func _VerifierService_ForgetVirtualMachine_Handler(srv interface{}, ctx context.
 	return interceptor(ctx, in, info, handler)
 }
 
+func _VerifierService_SyncImagePolicy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SyncImagePolicyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VerifierServiceServer).SyncImagePolicy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VerifierService_SyncImagePolicy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VerifierServiceServer).SyncImagePolicy(ctx, req.(*SyncImagePolicyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // VerifierService_ServiceDesc is the grpc.ServiceDesc for VerifierService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -244,6 +286,10 @@ var VerifierService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ForgetVirtualMachine",
 			Handler:    _VerifierService_ForgetVirtualMachine_Handler,
+		},
+		{
+			MethodName: "SyncImagePolicy",
+			Handler:    _VerifierService_SyncImagePolicy_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/giantswarm/vm-manager/pkg/cli"
+	"github.com/giantswarm/vm-manager/pkg/identity"
 	"github.com/giantswarm/vm-manager/pkg/logging"
 	"github.com/giantswarm/vm-manager/pkg/mesh"
 	"github.com/giantswarm/vm-manager/pkg/statedir"
@@ -24,6 +25,7 @@ func main() {
 			socket := fs.String("socket", "VM_MANAGER_ATTESTATION_SOCKET", "", "socket to serve on (default <run-dir>/"+mesh.AttestationSocket+")")
 			mode := fs.String("attestation", "VM_MANAGER_ATTESTATION", "verify", "verify quotes against policy, or noop (accept any quote with a valid nonce)")
 			learn := fs.Bool("attestation-learn-golden", "VM_MANAGER_ATTESTATION_LEARN_GOLDEN", false, "accept PCRs without a golden value and report them as learned")
+			oidc := identity.Flags(fs)
 			logFormat := fs.String("log-format", "VM_MANAGER_LOG_FORMAT", "text", "log format: text or json")
 			logLevel := fs.String("log-level", "VM_MANAGER_LOG_LEVEL", "info", "log level: debug, info, warn, error")
 			return func(ctx context.Context) error {
@@ -35,7 +37,7 @@ func main() {
 				if sock == "" {
 					sock = filepath.Join(*runDir, mesh.AttestationSocket)
 				}
-				return server.Run(ctx, server.Config{StateDir: *stateDir, Socket: sock, Mode: *mode, LearnGolden: *learn}, log)
+				return server.Run(ctx, server.Config{StateDir: *stateDir, Socket: sock, Mode: *mode, LearnGolden: *learn, Identity: oidc()}, log)
 			}
 		},
 	}))

@@ -13,6 +13,7 @@ import (
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
+	"github.com/giantswarm/vm-manager/pkg/identity"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/policy"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/store"
 	"google.golang.org/protobuf/proto"
@@ -99,11 +100,20 @@ func (s *Server) GetImagePolicy(_ context.Context, req *attestationv1.GetImagePo
 // no golden section of its own, so re-importing a catalog file does not undo
 // RecordGolden.
 func (s *Server) ImportImagePolicy(_ context.Context, req *attestationv1.ImportImagePolicyRequest) (*attestationv1.ImagePolicy, error) {
-	if err := checkImage(req.GetImage()); err != nil {
+	return s.importPolicy(req.GetImage(), req.GetDocument())
+}
+
+// SyncImagePolicy is ImportImagePolicy for the hypervisor's image catalog,
+// on the pod-internal VerifierService.
+func (s *Server) SyncImagePolicy(_ context.Context, req *attestationv1.SyncImagePolicyRequest) (*attestationv1.ImagePolicy, error) {
+	return s.importPolicy(req.GetImage(), req.GetDocument())
+}
+
+func (s *Server) importPolicy(image string, doc *structpb.Struct) (*attestationv1.ImagePolicy, error) {
+	if err := checkImage(image); err != nil {
 		return nil, err
 	}
-	doc := req.GetDocument()
-	if err := policy.Validate(req.GetImage(), doc); err != nil {
+	if err := policy.Validate(image, doc); err != nil {
 		return nil, err
 	}
 	// encoding/json sorts map keys, so the digest is stable across builds
@@ -113,10 +123,10 @@ func (s *Server) ImportImagePolicy(_ context.Context, req *attestationv1.ImportI
 		return nil, apierr.Invalidf("document", "policy document: %v", err)
 	}
 	sum := sha256.Sum256(raw)
-	return s.store.UpdatePolicy(req.GetImage(), func(old *attestationv1.ImagePolicy) (*attestationv1.ImagePolicy, error) {
+	return s.store.UpdatePolicy(image, func(old *attestationv1.ImagePolicy) (*attestationv1.ImagePolicy, error) {
 		doc := proto.Clone(doc).(*structpb.Struct)
 		p := &attestationv1.ImagePolicy{
-			Image:        req.GetImage(),
+			Image:        image,
 			Document:     doc,
 			SourceSha256: hex.EncodeToString(sum[:]),
 			ImportTime:   timestamppb.New(s.now()),
@@ -142,7 +152,8 @@ func (s *Server) ImportImagePolicy(_ context.Context, req *attestationv1.ImportI
 	})
 }
 
-func (s *Server) ClearGolden(_ context.Context, req *attestationv1.ClearGoldenRequest) (*attestationv1.ImagePolicy, error) {
+// ClearGolden drops an image's golden values and records who did.
+func (s *Server) ClearGolden(ctx context.Context, req *attestationv1.ClearGoldenRequest) (*attestationv1.ImagePolicy, error) {
 	if err := checkImage(req.GetImage()); err != nil {
 		return nil, err
 	}
@@ -154,7 +165,7 @@ func (s *Server) ClearGolden(_ context.Context, req *attestationv1.ClearGoldenRe
 		delete(old.GetDocument().GetFields(), "golden_firmware")
 		old.GoldenPcrs = nil
 		old.GoldenFromVm = ""
-		old.GoldenUpdatedBy = "" // the caller's identity arrives with OIDC
+		old.GoldenUpdatedBy = identity.FromContext(ctx).String()
 		old.GoldenUpdateTime = timestamppb.New(s.now())
 		return old, nil
 	})

@@ -13,6 +13,7 @@ import (
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
+	"github.com/giantswarm/vm-manager/pkg/identity"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/policy"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/store"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/verify"
@@ -168,7 +169,7 @@ func (s *Server) record(vm *store.VM, att *attestationv1.Attestation, stage atte
 
 // RecordGolden copies a VM's verified ready-stage PCRs into its image's
 // golden values, keeping every other field of the policy.
-func (s *Server) RecordGolden(_ context.Context, req *attestationv1.RecordGoldenRequest) (*attestationv1.ImagePolicy, error) {
+func (s *Server) RecordGolden(ctx context.Context, req *attestationv1.RecordGoldenRequest) (*attestationv1.ImagePolicy, error) {
 	if err := checkImage(req.GetImage()); err != nil {
 		return nil, err
 	}
@@ -221,6 +222,7 @@ func (s *Server) RecordGolden(_ context.Context, req *attestationv1.RecordGolden
 		}
 		p.GoldenPcrs = policy.GoldenPCRs(p.Document)
 		p.GoldenFromVm = vm.ID
+		p.GoldenUpdatedBy = identity.FromContext(ctx).String()
 		p.GoldenUpdateTime = timestamppb.New(s.now())
 		return p, nil
 	})

@@ -49,7 +49,8 @@ const description = "Per-host VM provisioning: vm-manager runs QEMU virtual mach
 	"releases their user-data only after TPM attestation of the boot. " +
 	`Every error is {"error":{"code":"<code>","message":"<text>"}}, ` +
 	"with the codes listed in the Error schema. Request body fields are " +
-	"snake_case; response fields are camelCase."
+	"snake_case; response fields are camelCase, except the metrics summary " +
+	"(GET /api/v1/vms/{id}/metrics), which keeps the original's snake_case keys."
 
 var httpMethods = []string{"get", "put", "post", "delete", "options", "head", "patch", "trace"}
 

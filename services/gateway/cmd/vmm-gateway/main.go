@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/giantswarm/vm-manager/pkg/cli"
+	"github.com/giantswarm/vm-manager/pkg/identity"
 	"github.com/giantswarm/vm-manager/pkg/logging"
 	"github.com/giantswarm/vm-manager/pkg/mesh"
 	"github.com/giantswarm/vm-manager/services/gateway/server"
@@ -24,6 +25,8 @@ func main() {
 			hvSock := fs.String("hypervisor-socket", "VM_MANAGER_HYPERVISOR_SOCKET", "", "hypervisor socket (default <run-dir>/"+mesh.HypervisorSocket+")")
 			atSock := fs.String("attestation-socket", "VM_MANAGER_ATTESTATION_SOCKET", "", "attestation socket (default <run-dir>/"+mesh.AttestationSocket+")")
 			allow := fs.Bool("allow-anonymous-non-loopback", "VM_MANAGER_ALLOW_ANONYMOUS_NON_LOOPBACK", false, "let the anonymous API listen on a non-loopback address")
+			oidc := identity.Flags(fs)
+			metricsOn := fs.Bool("metrics-enabled", "VM_MANAGER_METRICS_ENABLED", false, "serve Prometheus metrics at /metrics (VMs, networks, requests per surface)")
 			logFormat := fs.String("log-format", "VM_MANAGER_LOG_FORMAT", "text", "log format: text or json")
 			logLevel := fs.String("log-level", "VM_MANAGER_LOG_LEVEL", "info", "log level: debug, info, warn, error")
 			return func(ctx context.Context) error {
@@ -36,6 +39,8 @@ func main() {
 					HypervisorSocket:  orDefault(*hvSock, filepath.Join(*runDir, mesh.HypervisorSocket)),
 					AttestationSocket: orDefault(*atSock, filepath.Join(*runDir, mesh.AttestationSocket)),
 					AllowNonLoopback:  *allow,
+					Identity:          oidc(),
+					MetricsEnabled:    *metricsOn,
 				}
 				return server.Run(ctx, cfg, log)
 			}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/giantswarm/vm-manager/pkg/cli"
+	"github.com/giantswarm/vm-manager/pkg/identity"
 	"github.com/giantswarm/vm-manager/pkg/logging"
 	"github.com/giantswarm/vm-manager/pkg/mesh"
 	"github.com/giantswarm/vm-manager/pkg/statedir"
@@ -39,6 +40,7 @@ func main() {
 			subnet := fs.String("network-subnet", "VM_MANAGER_NETWORK_SUBNET", "192.168.127.0/24", "IPv4 CIDR of the default network")
 			notifyPort := fs.Int("notify-port", "VM_MANAGER_NOTIFY_PORT", 0, "AF_VSOCK port for READY=1 on hosts with /dev/vhost-vsock (0: the recorded one, else any)")
 			accel := fs.String("accelerator", "VM_MANAGER_ACCELERATOR", "auto", "auto (kvm where /dev/kvm is usable, else tcg) or tcg")
+			oidc := identity.Flags(fs)
 			logFormat := fs.String("log-format", "VM_MANAGER_LOG_FORMAT", "text", "log format: text or json")
 			logLevel := fs.String("log-level", "VM_MANAGER_LOG_LEVEL", "info", "log level: debug, info, warn, error")
 			return func(ctx context.Context) error {
@@ -65,6 +67,7 @@ func main() {
 					DefaultNetwork:    *defaultNet,
 					DefaultSubnet:     *subnet,
 					Host:              host.Config{QEMUBinary: *qemu, SwtpmBinary: *swtpm, OVMFCode: *ovmfCode, OVMFVars: *ovmfVars, ForceTCG: *accel == "tcg"},
+					Identity:          oidc(),
 				}, log)
 			}
 		},

@@ -7,6 +7,7 @@ import (
 	"context"
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/pkg/identity"
 )
 
 // HostProber reports the host's capabilities.
@@ -75,7 +76,7 @@ func (s *Server) GetNetwork(_ context.Context, req *hypervisorv1.GetNetworkReque
 }
 
 func (s *Server) CreateNetwork(ctx context.Context, req *hypervisorv1.CreateNetworkRequest) (*hypervisorv1.Network, error) {
-	return s.vms.CreateNetwork(ctx, req, "")
+	return s.vms.CreateNetwork(ctx, req, identity.FromContext(ctx).String())
 }
 
 func (s *Server) DeleteNetwork(ctx context.Context, req *hypervisorv1.DeleteNetworkRequest) (*hypervisorv1.DeleteNetworkResponse, error) {
@@ -94,7 +95,7 @@ func (s *Server) GetVirtualMachine(_ context.Context, req *hypervisorv1.GetVirtu
 }
 
 func (s *Server) CreateVirtualMachine(ctx context.Context, req *hypervisorv1.CreateVirtualMachineRequest) (*hypervisorv1.VirtualMachine, error) {
-	return s.vms.Create(ctx, req, "")
+	return s.vms.Create(ctx, req, identity.FromContext(ctx).String())
 }
 
 func (s *Server) DeleteVirtualMachine(ctx context.Context, req *hypervisorv1.DeleteVirtualMachineRequest) (*hypervisorv1.DeleteVirtualMachineResponse, error) {
@@ -134,4 +135,26 @@ func (s *Server) ForwardVirtualMachinePort(ctx context.Context, req *hypervisorv
 
 func (s *Server) GetVirtualMachineReport(_ context.Context, req *hypervisorv1.GetVirtualMachineReportRequest) (*hypervisorv1.GetVirtualMachineReportResponse, error) {
 	return s.vms.Report(req.GetId())
+}
+
+// Telemetry serves the internal TelemetryService (the gateway's metrics
+// collector, which has no caller token) with the same read-only handlers.
+type Telemetry struct {
+	hypervisorv1.UnimplementedTelemetryServiceServer
+	s *Server
+}
+
+// Telemetry returns the internal TelemetryService over s.
+func (s *Server) Telemetry() *Telemetry { return &Telemetry{s: s} }
+
+func (t *Telemetry) ListVirtualMachines(ctx context.Context, req *hypervisorv1.ListVirtualMachinesRequest) (*hypervisorv1.ListVirtualMachinesResponse, error) {
+	return t.s.ListVirtualMachines(ctx, req)
+}
+
+func (t *Telemetry) GetVirtualMachineMetrics(ctx context.Context, req *hypervisorv1.GetVirtualMachineMetricsRequest) (*hypervisorv1.VirtualMachineMetrics, error) {
+	return t.s.GetVirtualMachineMetrics(ctx, req)
+}
+
+func (t *Telemetry) ListNetworks(ctx context.Context, req *hypervisorv1.ListNetworksRequest) (*hypervisorv1.ListNetworksResponse, error) {
+	return t.s.ListNetworks(ctx, req)
 }

@@ -1,0 +1,73 @@
+package identity
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+
+	"github.com/giantswarm/vm-manager/gen/apierr"
+)
+
+// Realm is the realm of the WWW-Authenticate challenge.
+const Realm = "vm-manager"
+
+// HTTP guards next: a request must carry "Authorization: Bearer <token>" with
+// a valid token, else it is answered 401 with a WWW-Authenticate challenge
+// and the REST error envelope {"error":{"code":"unauthenticated",...}}.
+// Requests for which open returns true (health, readiness, metrics, the
+// OpenAPI document) pass without a token. The caller's Identity and token are
+// put on the request context. A nil verifier passes everything.
+func (v *Verifier) HTTP(next http.Handler, open func(*http.Request) bool) http.Handler {
+	if v == nil {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if open != nil && open(r) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		values := r.Header.Values("Authorization")
+		ctx, err := v.authenticate(r.Context(), values, r.Method+" "+r.URL.Path)
+		if err != nil {
+			WriteUnauthorized(w, len(values) > 0, apierr.MessageOf(err))
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+// OpenPaths returns an open predicate for HTTP that matches the exact paths
+// given, and everything below those ending in "/".
+func OpenPaths(paths ...string) func(*http.Request) bool {
+	return func(r *http.Request) bool {
+		for _, p := range paths {
+			if r.URL.Path == p || (strings.HasSuffix(p, "/") && strings.HasPrefix(r.URL.Path, p)) {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// WriteUnauthorized answers 401 with the Bearer challenge (RFC 6750: with
+// error="invalid_token" when a credential was presented) and the REST error
+// envelope.
+func WriteUnauthorized(w http.ResponseWriter, presented bool, msg string) {
+	challenge := `Bearer realm="` + Realm + `"`
+	if presented {
+		challenge += `, error="invalid_token", error_description="` + strings.ReplaceAll(msg, `"`, `'`) + `"`
+	}
+	w.Header().Set("WWW-Authenticate", challenge)
+	var e struct {
+		Error struct {
+			Code    apierr.Code `json:"code"`
+			Message string      `json:"message"`
+		} `json:"error"`
+	}
+	e.Error.Code, e.Error.Message = apierr.Unauthenticated, msg
+	b, _ := json.MarshalIndent(e, "", "  ")
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Del("Content-Length")
+	w.WriteHeader(http.StatusUnauthorized)
+	_, _ = w.Write(append(b, '\n'))
+}

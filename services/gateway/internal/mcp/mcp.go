@@ -1,0 +1,277 @@
+// Package mcp is vm-manager's MCP server: the 20 tools of the contract (§2),
+// served with streamable HTTP, each a thin call into the hypervisor or
+// attestation backend.
+//
+// Conventions:
+//   - a tool result is one text content holding the REST body of the same
+//     operation (restjson, 2-space-indented JSON);
+//   - a failure is a tool result with isError and the text "<code>: <message>"
+//     (the apierr code the backend sent); bad or missing arguments are
+//     "invalid_request: …"; an unknown tool is a protocol error;
+//   - the caller's HTTP Authorization header is forwarded to the backend as
+//     the gRPC metadata "authorization".
+package mcp
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/giantswarm/vm-manager/gen/apierr"
+	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
+	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/pkg/buildinfo"
+	"github.com/giantswarm/vm-manager/services/gateway/internal/restjson"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/grpc/metadata"
+)
+
+// ServerName is the MCP implementation name.
+const ServerName = "vm-manager"
+
+// MaxRequestBodyBytes caps an MCP request: REST's 8 MiB for user_data plus
+// room for the JSON-RPC envelope and string escaping.
+const MaxRequestBodyBytes = 9 << 20
+
+// SessionTimeout closes sessions idle for this long; clients re-initialize.
+const SessionTimeout = time.Hour
+
+// Instructions is the server's instructions text (contract §2.3).
+const Instructions = `vm-manager provisions cloud-like virtual machines on this host for the CAPI cluster-manager: each VM gets an IMDS (instance metadata at 169.254.169.254), a vTPM, measured boot with remote attestation, an immutable mkosi-built OS and a Kubernetes sysext.
+
+Workflow: call get_host first and check that it is ready (missing lists what is not). Then list_images / get_image to pick an image and Kubernetes version, then a network (create_network, or the "default" network the server creates at startup), then create_vm.
+
+States: creating -> installing (the installer copies the OS onto the disk) -> booting (the installed boot) -> attesting (attestation is required and the guest fetched its first nonce) -> ready (the guest sent READY=1). A VM whose guest never sends READY=1 within the boot timeout becomes running: it is up but not ready. stopping and stopped follow stop_vm; failed means lastError says why; deleting while delete_vm runs.
+
+create_vm blocks per wait_for: none returns once the installer started, installed once the OS is on the disk, attested once the installed boot released user_data, ready (the default) once the guest sent READY=1. A timeout error still leaves the VM running: follow it with get_vm. A failed create names the VM id; the VM still exists until you delete_vm it.
+
+user_data is CAPI's bootstrap Secret as Ignition JSON. It is released to the guest only after a verified initrd quote (attestation), or right after the installed boot starts when require_attestation is false.
+
+Debugging: get_vm for the state and lastError, get_vm_console for the serial console (the first place to look when a VM is failed or stuck), get_vm_attestation for the attestation verdicts, get_vm_metrics for resource usage. exec_vm runs a command in the guest as root over ssh. forward_port exposes a guest TCP port (for example 6443, the Kubernetes API) on a host loopback address. delete_network works only once no VM is attached to the network.`
+
+// Observer is told how each tool call ended: code is "ok" or the error code
+// of the result (invalid_request, not_found, …). The gateway counts them.
+type Observer func(tool, code string, d time.Duration)
+
+// New returns the MCP handler the gateway mounts at /mcp; observe may be nil.
+func New(hv hypervisorv1.HypervisorServiceClient, at attestationv1.AttestationServiceClient, log *slog.Logger, observe Observer) http.Handler {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	srv := NewServer(hv, at, log)
+	if observe != nil {
+		srv.AddReceivingMiddleware(observed(observe))
+	}
+	return mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
+		Logger:              log,
+		SessionTimeout:      SessionTimeout,
+		MaxRequestBodyBytes: MaxRequestBodyBytes,
+	})
+}
+
+// NewServer returns the MCP server with the 20 tools registered.
+func NewServer(hv hypervisorv1.HypervisorServiceClient, at attestationv1.AttestationServiceClient, log *slog.Logger) *mcp.Server {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := mcp.NewServer(&mcp.Implementation{Name: ServerName, Version: buildinfo.Version}, &mcp.ServerOptions{
+		Instructions: Instructions,
+		Logger:       log,
+		// Tools only, and they never change: no listChanged, no logging.
+		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: false}},
+	})
+	t := &tools{hv: hv, at: at, log: log}
+	t.register(s)
+	s.AddReceivingMiddleware(registrationOrder)
+	return s
+}
+
+// observed reports every tools/call with its outcome.
+func observed(observe Observer) mcp.Middleware {
+	return func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			call, ok := req.(*mcp.CallToolRequest)
+			if method != "tools/call" || !ok || call.Params == nil {
+				return next(ctx, method, req)
+			}
+			start := time.Now()
+			res, err := next(ctx, method, req)
+			code := "ok"
+			switch r, _ := res.(*mcp.CallToolResult); {
+			case err != nil:
+				code = "protocol_error"
+			case r != nil && r.IsError:
+				code = "error"
+				if len(r.Content) > 0 {
+					if tc, ok := r.Content[0].(*mcp.TextContent); ok {
+						if c, _, found := strings.Cut(tc.Text, ": "); found {
+							code = c
+						}
+					}
+				}
+			}
+			observe(call.Params.Name, code, time.Since(start))
+			return res, err
+		}
+	}
+}
+
+// registrationOrder lists tools in registration order (ToolNames), reads
+// first; the SDK itself lists them sorted by name. All 20 fit on one page
+// (mcp.DefaultPageSize), so reordering within the page is the whole list.
+func registrationOrder(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		res, err := next(ctx, method, req)
+		if lt, ok := res.(*mcp.ListToolsResult); ok && err == nil && method == "tools/list" {
+			slices.SortStableFunc(lt.Tools, func(a, b *mcp.Tool) int {
+				return cmp.Compare(toolIndex(a.Name), toolIndex(b.Name))
+			})
+		}
+		return res, err
+	}
+}
+
+func toolIndex(name string) int {
+	if i := slices.Index(ToolNames, name); i >= 0 {
+		return i
+	}
+	return len(ToolNames)
+}
+
+// Info is get_info's result.
+type Info struct {
+	Version string   `json:"version"`
+	Commit  string   `json:"commit"`
+	Built   string   `json:"built"`
+	Tools   []string `json:"tools"`
+}
+
+// BuildInfo is this binary's build, as get_info reports it. built is the
+// commit time the go tool recorded (vcs.time), or "unknown".
+func BuildInfo() Info {
+	built := "unknown"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.time" && s.Value != "" {
+				built = s.Value
+			}
+		}
+	}
+	return Info{Version: buildinfo.Version, Commit: buildinfo.CommitOrVCS(), Built: built, Tools: append([]string(nil), ToolNames...)}
+}
+
+// annotation classes (contract §2.2).
+type class int
+
+const (
+	hintRead class = iota
+	hintCreate
+	hintIdempotent
+	hintDestructive
+	hintExec
+)
+
+func (c class) annotations() *mcp.ToolAnnotations {
+	f, tr := false, true
+	switch c {
+	case hintRead:
+		return &mcp.ToolAnnotations{ReadOnlyHint: true, DestructiveHint: &f, IdempotentHint: true, OpenWorldHint: &f}
+	case hintCreate:
+		return &mcp.ToolAnnotations{DestructiveHint: &f, OpenWorldHint: &f}
+	case hintIdempotent:
+		return &mcp.ToolAnnotations{DestructiveHint: &f, IdempotentHint: true, OpenWorldHint: &f}
+	case hintDestructive:
+		return &mcp.ToolAnnotations{DestructiveHint: &tr, IdempotentHint: true, OpenWorldHint: &f}
+	case hintExec:
+		return &mcp.ToolAnnotations{DestructiveHint: &tr, OpenWorldHint: &tr}
+	}
+	panic(fmt.Sprintf("unknown annotation class %d", c))
+}
+
+// toolFunc is a tool's body: it gets validated arguments and a context that
+// carries the caller's authorization, and returns what restjson marshals
+// into the REST body (a proto message, a slice of them, or a plain value).
+type toolFunc[In any] func(ctx context.Context, req *mcp.CallToolRequest, in *In) (any, error)
+
+// errInvalid marks argument errors.
+type errInvalid struct{ error }
+
+// addTool registers one tool: its schema from In, its annotations from the
+// class, and the common handling of arguments, authorization, results and
+// errors.
+func addTool[In any](s *mcp.Server, log *slog.Logger, name string, c class, description string, backend string, fn toolFunc[In]) {
+	schema, resolved, err := inputSchema[In]()
+	if err != nil {
+		panic(fmt.Sprintf("mcp: tool %s: %v", name, err))
+	}
+	tool := &mcp.Tool{
+		Name:        name,
+		Description: description,
+		InputSchema: schema,
+		Annotations: c.annotations(),
+	}
+	s.AddTool(tool, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		start := time.Now()
+		var raw json.RawMessage
+		if req.Params != nil {
+			raw = req.Params.Arguments
+		}
+		in := new(In)
+		if err := decodeArgs(raw, resolved, in); err != nil {
+			log.Debug("mcp tool call rejected", "tool", name, "error", err)
+			return errorResult(apierr.InvalidRequest, err.Error()), nil
+		}
+		ctx = withAuthorization(ctx, req)
+		out, err := fn(ctx, req, in)
+		if err != nil {
+			var inv errInvalid
+			if errors.As(err, &inv) {
+				return errorResult(apierr.InvalidRequest, inv.Error()), nil
+			}
+			code, msg := apierr.CodeOf(err), apierr.MessageOf(err)
+			if code == apierr.Unavailable {
+				msg = fmt.Sprintf("the %s service is unavailable: %s", backend, msg)
+			}
+			if apierr.HTTPStatus(code) >= 500 {
+				log.Error("mcp tool call failed", "tool", name, "code", code, "error", msg, "duration", time.Since(start))
+			} else {
+				log.Debug("mcp tool call failed", "tool", name, "code", code, "error", msg)
+			}
+			return errorResult(code, msg), nil
+		}
+		body, err := restjson.Marshaler{}.Marshal(out)
+		if err != nil {
+			log.Error("mcp tool result not encodable", "tool", name, "error", err)
+			return errorResult(apierr.Internal, "encoding the result: "+err.Error()), nil
+		}
+		log.Debug("mcp tool call", "tool", name, "duration", time.Since(start))
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(body)}}}, nil
+	})
+}
+
+func errorResult(code apierr.Code, msg string) *mcp.CallToolResult {
+	return &mcp.CallToolResult{
+		IsError: true,
+		Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("%s: %s", code, msg)}},
+	}
+}
+
+// withAuthorization forwards the HTTP request's Authorization header to the
+// backends as gRPC metadata.
+func withAuthorization(ctx context.Context, req *mcp.CallToolRequest) context.Context {
+	if req == nil || req.Extra == nil || req.Extra.Header == nil {
+		return ctx
+	}
+	if v := req.Extra.Header.Get("Authorization"); v != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", v)
+	}
+	return ctx
+}

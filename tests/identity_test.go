@@ -1,0 +1,317 @@
+package tests
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/giantswarm/vm-manager/gen/apierr"
+	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
+	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/pkg/identity"
+	"github.com/giantswarm/vm-manager/pkg/identity/oidctest"
+	"github.com/giantswarm/vm-manager/pkg/mesh"
+	"github.com/giantswarm/vm-manager/tests/cluster"
+	jose "github.com/go-jose/go-jose/v4"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// TestIdentity runs the three services against an in-process OpenID Provider
+// (a real issuer over HTTP with a JWKS) and checks that REST, gRPC through the
+// gateway and the backends' own sockets refuse every bad token, accept a good
+// one, and record the caller. No VM boots.
+func TestIdentity(t *testing.T) {
+	for _, mode := range []cluster.Mode{cluster.InProcess, cluster.Processes} {
+		t.Run(string(mode), func(t *testing.T) {
+			op := oidctest.Start(t)
+			images := t.TempDir()
+			writeCatalog(t, images)
+			c := cluster.Start(t, mode, binDir, cluster.Options{
+				ImageDir:      images,
+				OIDCIssuer:    op.Issuer(),
+				OIDCAudiences: []string{"portal", op.Audience},
+			})
+			identityChecks(t, c, op)
+		})
+	}
+}
+
+// authDo sends a request with an optional Authorization header.
+func authDo(t *testing.T, method, url, auth, body string) (int, http.Header, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, b
+}
+
+func identityChecks(t *testing.T, c *cluster.Cluster, op *oidctest.Provider) {
+	base := "http://" + c.Addr
+	api := base + "/api/v1"
+	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+	defer cancel()
+
+	stranger, err := oidctest.NewKey(jose.RS256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	bad := []struct {
+		name, token, reason string
+	}{
+		{"missing", "", "missing bearer token"},
+		{"malformed", "not.a.jwt", "malformed token"},
+		{"expired", op.Token(oidctest.Claims{Expiry: now.Add(-time.Hour), IssuedAt: now.Add(-2 * time.Hour)}), "token expired"},
+		{"wrong issuer", op.Token(oidctest.Claims{Issuer: "https://issuer.invalid"}), "token issuer not trusted"},
+		{"wrong audience", op.Token(oidctest.Claims{Audience: []string{"someone-else"}}), "token audience not trusted"},
+		{"wrong signature", op.TokenWith(stranger, oidctest.Claims{}), "token signature invalid"},
+		{"alg none", op.Unsigned(oidctest.Claims{}), "token signature algorithm not supported"},
+	}
+	good := op.Token(oidctest.Claims{Subject: "u-1", Email: "ada@example.com", Name: "Ada", Groups: []string{"ops"}})
+	bearer := func(tok string) string {
+		if tok == "" {
+			return ""
+		}
+		return "Bearer " + tok
+	}
+
+	t.Run("open paths need no token", func(t *testing.T) {
+		for _, p := range []string{"/healthz", "/readyz", "/metrics", "/api/v1/openapi.json", "/api/v1/openapi.yaml"} {
+			if code, _, b := authDo(t, "GET", base+p, "", ""); code != http.StatusOK {
+				t.Errorf("GET %s without token: %d %s", p, code, b)
+			}
+		}
+	})
+
+	t.Run("REST refuses bad tokens", func(t *testing.T) {
+		for _, tc := range bad {
+			for _, req := range [][3]string{{"GET", api + "/host", ""}, {"GET", api + "/networks", ""}, {"POST", api + "/networks", `{"name":"nope","cidr":"10.9.0.0/24"}`}, {"GET", api + "/attestation", ""}} {
+				code, hdr, b := authDo(t, req[0], req[1], bearer(tc.token), req[2])
+				if code != http.StatusUnauthorized {
+					t.Errorf("%s: %s %s: status %d, want 401: %s", tc.name, req[0], req[1], code, b)
+					continue
+				}
+				if wa := hdr.Get("WWW-Authenticate"); !strings.HasPrefix(wa, `Bearer realm="vm-manager"`) || (tc.token != "") != strings.Contains(wa, `error="invalid_token"`) {
+					t.Errorf("%s: WWW-Authenticate %q", tc.name, wa)
+				}
+				if ct := hdr.Get("Content-Type"); ct != "application/json" {
+					t.Errorf("%s: content-type %q", tc.name, ct)
+				}
+				var e envelope
+				dec := json.NewDecoder(bytes.NewReader(b))
+				dec.DisallowUnknownFields()
+				if err := dec.Decode(&e); err != nil || e.Error.Code != string(apierr.Unauthenticated) || e.Error.Message != tc.reason {
+					t.Errorf("%s: body %s (%v), want unauthenticated / %q", tc.name, b, err, tc.reason)
+				}
+			}
+		}
+		// Nothing was created by the refused POSTs.
+		if code, _, _ := authDo(t, "GET", api+"/networks/nope", bearer(good), ""); code != http.StatusNotFound {
+			t.Errorf("a refused create left a network behind: GET status %d", code)
+		}
+		// Unknown paths are behind the guard too.
+		if code, _, _ := authDo(t, "GET", base+"/nowhere", "", ""); code != http.StatusUnauthorized {
+			t.Errorf("GET /nowhere without token: %d, want 401", code)
+		}
+	})
+
+	t.Run("REST with a good token", func(t *testing.T) {
+		if code, _, b := authDo(t, "GET", api+"/host", bearer(good), ""); code != http.StatusOK {
+			t.Fatalf("GET /host: %d %s", code, b)
+		}
+		if code, _, b := authDo(t, "GET", api+"/networks", bearer(good), ""); code != http.StatusOK {
+			t.Fatalf("GET /networks: %d %s", code, b)
+		}
+		// A second trusted audience and an ES256 key work too.
+		if _, err := op.Rotate(jose.ES256); err != nil {
+			t.Fatal(err)
+		}
+		portal := op.Token(oidctest.Claims{Subject: "u-2", Audience: []string{"portal"}})
+		if code, _, b := authDo(t, "GET", api+"/host", bearer(portal), ""); code != http.StatusOK {
+			t.Fatalf("GET /host with the portal's ES256 token after a key rotation: %d %s", code, b)
+		}
+		// A client cannot smuggle a second authorization past the one verified
+		// (grpc-gateway's default header matcher forwards no Grpc-Metadata-*;
+		// were it to, the backend would refuse two authorization values).
+		req, _ := http.NewRequest("GET", api+"/host", nil)
+		req.Header.Set("Authorization", bearer(good))
+		req.Header.Set("Grpc-Metadata-Authorization", "Bearer forged")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("GET /host with Grpc-Metadata-Authorization added: %d, want 200 (the header is not forwarded)", resp.StatusCode)
+		}
+	})
+
+	t.Run("the caller is recorded on a network", func(t *testing.T) {
+		code, _, b := authDo(t, "POST", api+"/networks", bearer(good), `{"name":"ident","cidr":"10.77.0.0/24"}`)
+		if code != http.StatusCreated {
+			t.Fatalf("POST /networks: %d %s", code, b)
+		}
+		var nw struct {
+			CreatedBy string `json:"createdBy"`
+		}
+		code, _, b = authDo(t, "GET", api+"/networks/ident", bearer(good), "")
+		if code != http.StatusOK {
+			t.Fatalf("GET /networks/ident: %d %s", code, b)
+		}
+		if err := json.Unmarshal(b, &nw); err != nil || nw.CreatedBy != "ada@example.com" {
+			t.Errorf("createdBy = %q (%v), want ada@example.com: %s", nw.CreatedBy, err, b)
+		}
+		if code, _, b := authDo(t, "DELETE", api+"/networks/ident", bearer(good), ""); code != http.StatusNoContent {
+			t.Errorf("DELETE /networks/ident: %d %s", code, b)
+		}
+	})
+
+	t.Run("the catalog policy syncs and golden changes record the caller", func(t *testing.T) {
+		// The hypervisor hands the catalog's policy over on the internal
+		// VerifierService, with no person's token.
+		cluster.Eventually(t, 20*time.Second, "policy sync", func() error {
+			code, _, b := authDo(t, "GET", api+"/images/giantswarm-vm-base_0.2.0/policy", bearer(good), "")
+			if code != http.StatusOK {
+				return fmt.Errorf("%d %s", code, b)
+			}
+			return nil
+		})
+		code, _, b := authDo(t, "DELETE", api+"/images/giantswarm-vm-base_0.2.0/policy/golden", bearer(good), "")
+		if code != http.StatusNoContent && code != http.StatusOK {
+			t.Fatalf("DELETE golden: %d %s", code, b)
+		}
+		var pol struct {
+			GoldenUpdatedBy string `json:"goldenUpdatedBy"`
+		}
+		_, _, b = authDo(t, "GET", api+"/images/giantswarm-vm-base_0.2.0/policy", bearer(good), "")
+		if err := json.Unmarshal(b, &pol); err != nil || pol.GoldenUpdatedBy != "ada@example.com" {
+			t.Errorf("goldenUpdatedBy = %q (%v), want ada@example.com: %s", pol.GoldenUpdatedBy, err, b)
+		}
+	})
+
+	t.Run("MCP", func(t *testing.T) {
+		initialize := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}`
+		for _, tc := range bad {
+			code, hdr, b := authDo(t, "POST", base+"/mcp", bearer(tc.token), initialize)
+			if code != http.StatusUnauthorized || !strings.HasPrefix(hdr.Get("WWW-Authenticate"), `Bearer realm="vm-manager"`) || !strings.Contains(string(b), tc.reason) {
+				t.Errorf("%s: POST /mcp: %d %v %s", tc.name, code, hdr.Get("WWW-Authenticate"), b)
+			}
+		}
+		cs := mcpSession(t, c.Addr, good, nil)
+		if out := callTool(t, cs, "create_network", map[string]any{"name": "viamcp", "cidr": "10.78.0.0/24"}, false); !strings.Contains(out, `"createdBy": "ada@example.com"`) {
+			t.Errorf("create_network over MCP: %s", out)
+		}
+		callTool(t, cs, "delete_network", map[string]any{"name": "viamcp"}, false)
+	})
+
+	t.Run("gRPC through the gateway", func(t *testing.T) {
+		conn, err := grpc.NewClient(c.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		hv := hypervisorv1.NewHypervisorServiceClient(conn)
+		at := attestationv1.NewAttestationServiceClient(conn)
+		for _, tc := range bad {
+			cctx := ctx
+			if tc.token != "" {
+				cctx = metadata.AppendToOutgoingContext(ctx, "authorization", bearer(tc.token))
+			}
+			_, err := hv.ListNetworks(cctx, &hypervisorv1.ListNetworksRequest{})
+			if status.Code(err) != codes.Unauthenticated || apierr.CodeOf(err) != apierr.Unauthenticated || apierr.MessageOf(err) != tc.reason {
+				t.Errorf("%s: ListNetworks: err = %v, want Unauthenticated %q", tc.name, err, tc.reason)
+			}
+			if _, err := at.GetAttestationStatus(cctx, &attestationv1.GetAttestationStatusRequest{}); status.Code(err) != codes.Unauthenticated {
+				t.Errorf("%s: GetAttestationStatus: err = %v, want Unauthenticated", tc.name, err)
+			}
+		}
+		// Health and reflection stay open.
+		if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+			t.Errorf("health without token: %v", err)
+		}
+		good := grpc.PerRPCCredentials(identity.Bearer(good))
+		if _, err := hv.ListNetworks(ctx, &hypervisorv1.ListNetworksRequest{}, good); err != nil {
+			t.Fatalf("ListNetworks with a good token: %v", err)
+		}
+		if _, err := at.GetAttestationStatus(ctx, &attestationv1.GetAttestationStatusRequest{}, good); err != nil {
+			t.Fatalf("GetAttestationStatus with a good token: %v", err)
+		}
+		// The forwarder passes the caller's token on: the backend records it.
+		nw, err := hv.CreateNetwork(ctx, &hypervisorv1.CreateNetworkRequest{Name: "grpcident", Cidr: "10.78.0.0/24"}, good)
+		if err != nil {
+			t.Fatalf("CreateNetwork: %v", err)
+		}
+		if nw.GetCreatedBy() != "ada@example.com" {
+			t.Errorf("created_by = %q, want ada@example.com", nw.GetCreatedBy())
+		}
+		if _, err := hv.DeleteNetwork(ctx, &hypervisorv1.DeleteNetworkRequest{Name: "grpcident"}, good); err != nil {
+			t.Errorf("DeleteNetwork: %v", err)
+		}
+	})
+
+	t.Run("backend sockets verify again", func(t *testing.T) {
+		hconn, err := mesh.Dial(c.Socket("hypervisor"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer hconn.Close()
+		hv := hypervisorv1.NewHypervisorServiceClient(hconn)
+		if _, err := hv.GetHost(ctx, &hypervisorv1.GetHostRequest{}); status.Code(err) != codes.Unauthenticated || apierr.CodeOf(err) != apierr.Unauthenticated {
+			t.Errorf("hypervisor socket without token: err = %v, want Unauthenticated", err)
+		}
+		for _, tc := range bad[1:] {
+			cctx := metadata.AppendToOutgoingContext(ctx, "authorization", bearer(tc.token))
+			if _, err := hv.ListNetworks(cctx, &hypervisorv1.ListNetworksRequest{}); status.Code(err) != codes.Unauthenticated {
+				t.Errorf("hypervisor socket, %s token: err = %v, want Unauthenticated", tc.name, err)
+			}
+		}
+		if _, err := hv.GetHost(ctx, &hypervisorv1.GetHostRequest{}, grpc.PerRPCCredentials(identity.Bearer(good))); err != nil {
+			t.Errorf("hypervisor socket with a good token: %v", err)
+		}
+		if _, err := healthpb.NewHealthClient(hconn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+			t.Errorf("hypervisor health without token: %v", err)
+		}
+
+		aconn, err := mesh.Dial(c.Socket("attestation"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer aconn.Close()
+		at := attestationv1.NewAttestationServiceClient(aconn)
+		if _, err := at.GetAttestationStatus(ctx, &attestationv1.GetAttestationStatusRequest{}); status.Code(err) != codes.Unauthenticated {
+			t.Errorf("attestation socket without token: err = %v, want Unauthenticated", err)
+		}
+		if _, err := at.GetAttestationStatus(ctx, &attestationv1.GetAttestationStatusRequest{}, grpc.PerRPCCredentials(identity.Bearer(good))); err != nil {
+			t.Errorf("attestation socket with a good token: %v", err)
+		}
+		// The pod-internal VerifierService is the hypervisor's, on behalf of
+		// guests: no token.
+		if _, err := attestationv1.NewVerifierServiceClient(aconn).ForgetVirtualMachine(ctx, &attestationv1.ForgetVirtualMachineRequest{VmId: "0123abcd"}); err != nil {
+			t.Errorf("VerifierService without token: %v", err)
+		}
+	})
+}

@@ -1,0 +1,267 @@
+package tests
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/giantswarm/vm-manager/pkg/identity/oidctest"
+	"github.com/giantswarm/vm-manager/tests/cluster"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// mcpTools are the contract's 20 tools (§2.3) in registration order, with
+// their annotation class.
+var mcpTools = []struct{ name, class string }{
+	{"get_info", "read"}, {"get_host", "read"}, {"list_images", "read"}, {"get_image", "read"},
+	{"list_networks", "read"}, {"get_network", "read"}, {"list_vms", "read"}, {"get_vm", "read"},
+	{"get_vm_console", "read"}, {"get_vm_metrics", "read"}, {"get_vm_attestation", "read"},
+	{"create_network", "create"}, {"delete_network", "destructive"}, {"create_vm", "create"},
+	{"start_vm", "idempotent"}, {"stop_vm", "idempotent"}, {"reboot_vm", "idempotent"},
+	{"delete_vm", "destructive"}, {"exec_vm", "exec"}, {"forward_port", "idempotent"},
+}
+
+// classOf reads an annotation class back from the hints (contract §2.2).
+func classOf(a *mcp.ToolAnnotations) string {
+	if a == nil {
+		return "none"
+	}
+	destructive := a.DestructiveHint != nil && *a.DestructiveHint
+	open := a.OpenWorldHint != nil && *a.OpenWorldHint
+	switch {
+	case a.ReadOnlyHint && !destructive && a.IdempotentHint && !open:
+		return "read"
+	case !a.ReadOnlyHint && destructive && a.IdempotentHint && !open:
+		return "destructive"
+	case !a.ReadOnlyHint && destructive && !a.IdempotentHint && open:
+		return "exec"
+	case !a.ReadOnlyHint && !destructive && a.IdempotentHint && !open:
+		return "idempotent"
+	case !a.ReadOnlyHint && !destructive && !a.IdempotentHint && !open:
+		return "create"
+	}
+	return fmt.Sprintf("%+v", *a)
+}
+
+// bearerTransport adds a token to every request of the MCP client.
+type bearerTransport struct{ token string }
+
+func (b bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// mcpSession connects the go-sdk client to the gateway's /mcp.
+func mcpSession(t *testing.T, addr, token string, onProgress func(*mcp.ProgressNotificationParams)) *mcp.ClientSession {
+	t.Helper()
+	client := mcp.NewClient(&mcp.Implementation{Name: "vm-manager-tests", Version: "v0"}, &mcp.ClientOptions{
+		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
+			if onProgress != nil {
+				onProgress(req.Params)
+			}
+		},
+	})
+	cs, err := client.Connect(context.Background(), &mcp.StreamableClientTransport{
+		Endpoint:   "http://" + addr + "/mcp",
+		HTTPClient: &http.Client{Transport: bearerTransport{token}},
+	}, nil)
+	if err != nil {
+		t.Fatalf("connect to /mcp: %v", err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return cs
+}
+
+// callTool calls a tool and returns its text; a tool error fails the test
+// unless wantError.
+func callTool(t *testing.T, cs *mcp.ClientSession, name string, args map[string]any, wantError bool) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	params := &mcp.CallToolParams{Name: name, Arguments: args}
+	params.SetProgressToken(name + "-progress") // create_vm reports its wait
+	res, err := cs.CallTool(ctx, params)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	text := ""
+	if len(res.Content) > 0 {
+		if tc, ok := res.Content[0].(*mcp.TextContent); ok {
+			text = tc.Text
+		}
+	}
+	if res.IsError != wantError {
+		t.Fatalf("%s: isError %v, want %v: %s", name, res.IsError, wantError, text)
+	}
+	return text
+}
+
+// TestMCPEndToEnd drives a VM from get_host to delete_vm with the MCP SDK's
+// own client through the gateway, with identity on: the caller's token
+// reaches the hypervisor, which records the caller on the VM; create_vm
+// reports progress while the guest boots; /metrics counts every surface.
+func TestMCPEndToEnd(t *testing.T) {
+	images := guestImages(t)
+	op := oidctest.Start(t)
+	c := cluster.Start(t, cluster.Processes, binDir, cluster.Options{ImageDir: images, OIDCIssuer: op.Issuer(), OIDCAudiences: []string{op.Audience}})
+	token := op.Token(oidctest.Claims{Subject: "agent-7", Email: "agent@example.com"})
+	a := api{t: t, base: "http://" + c.Addr + "/api/v1"}
+	t.Cleanup(func() {
+		// killVMs reads the list with a token-less client: kill by name here.
+		code, _, b := authDo(t, "GET", a.base+"/vms", "Bearer "+token, "")
+		var list []vmJSON
+		if code == 200 && json.Unmarshal(b, &list) == nil {
+			for _, v := range list {
+				authDo(t, "DELETE", a.base+"/vms/"+v.ID, "Bearer "+token, "")
+			}
+		}
+	})
+
+	// Without a token /mcp is a plain HTTP 401.
+	if code, hdr, _ := authDo(t, "POST", "http://"+c.Addr+"/mcp", "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`); code != http.StatusUnauthorized || !strings.HasPrefix(hdr.Get("WWW-Authenticate"), "Bearer") {
+		t.Fatalf("/mcp without a token: %d %v", code, hdr)
+	}
+
+	var (
+		mu       sync.Mutex
+		progress []string
+	)
+	cs := mcpSession(t, c.Addr, token, func(p *mcp.ProgressNotificationParams) {
+		mu.Lock()
+		defer mu.Unlock()
+		progress = append(progress, p.Message)
+	})
+	if init := cs.InitializeResult(); init.ServerInfo.Name != "vm-manager" || !strings.Contains(init.Instructions, "get_host") {
+		t.Errorf("server info %+v, instructions %q", init.ServerInfo, init.Instructions)
+	}
+
+	t.Run("tools", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		res, err := cs.ListTools(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Tools) != len(mcpTools) {
+			t.Fatalf("%d tools, want %d", len(res.Tools), len(mcpTools))
+		}
+		name := regexp.MustCompile(`^[a-z_]+$`)
+		for i, tool := range res.Tools {
+			want := mcpTools[i]
+			if tool.Name != want.name || classOf(tool.Annotations) != want.class || !name.MatchString(tool.Name) {
+				t.Errorf("tool %d: %s (%s), want %s (%s)", i, tool.Name, classOf(tool.Annotations), want.name, want.class)
+			}
+			prefix := "Read-only."
+			switch want.class {
+			case "create", "idempotent":
+				prefix = "WRITES:"
+			case "destructive", "exec":
+				prefix = "WRITES (destructive):"
+			}
+			if !strings.HasPrefix(tool.Description, prefix) {
+				t.Errorf("%s: description %q does not start with %q", tool.Name, tool.Description, prefix)
+			}
+		}
+	})
+
+	var vm struct {
+		ID, State, IP, CreatedBy string
+	}
+	t.Run("get_host to delete_vm", func(t *testing.T) {
+		if !strings.Contains(callTool(t, cs, "get_host", nil, false), `"qemu"`) {
+			t.Error("get_host has no qemu")
+		}
+		if !strings.Contains(callTool(t, cs, "list_images", nil, false), "test-guest") {
+			t.Error("list_images lacks the test guest")
+		}
+		if !strings.Contains(callTool(t, cs, "get_network", map[string]any{"name": "default"}, false), "192.168.127.0/24") {
+			t.Error("get_network default")
+		}
+		ign := `{"ignition":{"version":"3.4.0"},"storage":{"files":[{"path":"/etc/agent","contents":{"source":"data:,from-mcp"}}]}}`
+		out := callTool(t, cs, "create_vm", map[string]any{"name": "mcp1", "image": "test-guest", "cpus": 1, "memory_mib": 384,
+			"require_attestation": false, "user_data": ign, "wait_for": "ready"}, false)
+		if err := json.Unmarshal([]byte(out), &vm); err != nil || vm.State != "ready" || vm.CreatedBy != "agent@example.com" {
+			t.Fatalf("create_vm: %v %s", err, out)
+		}
+		mu.Lock()
+		seen := strings.Join(progress, "|")
+		mu.Unlock()
+		if !strings.Contains(seen, "vm "+vm.ID+" is ") || !strings.Contains(seen, " is ready") {
+			t.Errorf("progress notifications: %q", seen)
+		}
+		if got := callTool(t, cs, "get_vm", map[string]any{"id": vm.ID}, false); !strings.Contains(got, `"state": "ready"`) {
+			t.Errorf("get_vm: %s", got)
+		}
+		var ex execJSON
+		if err := json.Unmarshal([]byte(callTool(t, cs, "exec_vm", map[string]any{"id": vm.ID, "command": []string{"cat", "/etc/agent"}}, false)), &ex); err != nil || ex.Stdout != "from-mcp" {
+			t.Errorf("exec_vm: %+v %v", ex, err)
+		}
+		var fwd struct{ Address string }
+		if err := json.Unmarshal([]byte(callTool(t, cs, "forward_port", map[string]any{"id": vm.ID, "port": 22}, false)), &fwd); err != nil {
+			t.Fatal(err)
+		}
+		if line, err := sshBanner(fwd.Address); err != nil || !strings.HasPrefix(line, "SSH-2.0-") {
+			t.Errorf("forward_port 22 answered %q %v", line, err)
+		}
+		if got := callTool(t, cs, "get_vm_console", map[string]any{"id": vm.ID, "lines": 50}, false); !strings.Contains(got, "vm-agent") {
+			t.Errorf("get_vm_console: %.200s", got)
+		}
+		if got := callTool(t, cs, "get_vm_attestation", map[string]any{"id": vm.ID}, false); !strings.Contains(got, `"userDataReleased": true`) {
+			t.Errorf("get_vm_attestation: %s", got)
+		}
+		if got := callTool(t, cs, "get_vm_metrics", map[string]any{"id": vm.ID}, false); !strings.Contains(got, `"boot_to_ready_seconds"`) {
+			t.Errorf("get_vm_metrics: %s", got)
+		}
+		if got := callTool(t, cs, "get_vm", map[string]any{"id": "ffffffff"}, true); !strings.HasPrefix(got, "not_found: ") {
+			t.Errorf("unknown vm: %s", got)
+		}
+		if got := callTool(t, cs, "exec_vm", map[string]any{"id": vm.ID}, true); !strings.HasPrefix(got, "invalid_request: ") {
+			t.Errorf("exec_vm without command: %s", got)
+		}
+		scrape := scrapeMetrics(t, c.Addr)
+		for _, want := range []string{
+			`vm_manager_vm_state{name="mcp1",state="ready",vm="` + vm.ID + `"} 1`,
+			`vm_manager_requests_total{code="ok",method="get_host",surface="mcp"} 1`,
+			`vm_manager_network_leases{network="default"} 1`,
+		} {
+			if !strings.Contains(scrape, want) {
+				t.Errorf("/metrics lacks %s", want)
+			}
+		}
+		if got := callTool(t, cs, "delete_vm", map[string]any{"id": vm.ID}, false); !strings.Contains(got, `"deleted": true`) {
+			t.Errorf("delete_vm: %s", got)
+		}
+		if got := callTool(t, cs, "list_vms", nil, false); strings.Contains(got, vm.ID) {
+			t.Errorf("list_vms after delete: %s", got)
+		}
+	})
+}
+
+// scrapeMetrics reads /metrics (an open path).
+func scrapeMetrics(t *testing.T, addr string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var b strings.Builder
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		b.WriteString(sc.Text())
+		b.WriteByte('\n')
+	}
+	if resp.StatusCode != 200 {
+		t.Fatalf("/metrics: %d", resp.StatusCode)
+	}
+	return b.String()
+}

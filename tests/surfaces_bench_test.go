@@ -1,0 +1,203 @@
+package tests
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/tests/cluster"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// surfaceCalls is how many sequential get_vm calls each surface gets per
+// benchmark iteration; surfaceBlock of them run back to back before the next
+// surface takes its turn, so a slow moment of the host hits all four alike.
+const (
+	surfaceCalls  = 2000
+	surfaceBlock  = 100
+	surfaceWarmup = 200
+)
+
+// BenchmarkSurfaces measures get_vm, one call at a time, over the four ways to
+// reach it: directly on the hypervisor's unix socket (gRPC), gRPC through the
+// gateway, REST and MCP (streamable HTTP, the official Go SDK). It prints p50,
+// p99 and calls/s for each and their ratios to the direct call: the price of
+// each surface. The VM is created with wait_for none and stopped before the
+// clock starts, so no guest competes for the CPU; only its record is read.
+// Run with a fixed count: go test -bench Surfaces -benchtime 1x (2000 calls
+// per surface; Nx multiplies that).
+func BenchmarkSurfaces(b *testing.B) {
+	images := guestImages(b)
+	// Stop waits up to the stop timeout for the guest to power off: keep it
+	// short, the guest is of no interest here.
+	b.Setenv("VM_MANAGER_STOP_TIMEOUT", "2s")
+	c := cluster.Start(b, cluster.Processes, binDir, cluster.Options{ImageDir: images, Quiet: true})
+	base := "http://" + c.Addr + "/api/v1"
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+
+	code, _, body := do(b, "POST", base+"/vms", `{"name":"surfaces","image":"test-guest","require_attestation":false,"memory_mib":384,"cpus":1,"wait_for":"none"}`)
+	if code != http.StatusCreated {
+		b.Fatalf("create: %d %s", code, body)
+	}
+	var vm vmJSON
+	if err := json.Unmarshal(body, &vm); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		if code, _, body := do(b, "DELETE", base+"/vms/"+vm.ID, ""); code != http.StatusNoContent {
+			b.Errorf("delete: %d %s", code, body)
+		}
+	})
+	if code, _, body = do(b, "POST", base+"/vms/"+vm.ID+"/stop", ""); code != http.StatusOK {
+		b.Fatalf("stop: %d %s", code, body)
+	}
+	if err := json.Unmarshal(body, &vm); err != nil {
+		b.Fatal(err)
+	}
+
+	direct, err := grpc.NewClient("unix://"+c.Socket("hypervisor"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer direct.Close()
+	gw, err := grpc.NewClient(c.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer gw.Close()
+	rest := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
+	defer rest.CloseIdleConnections()
+	session, err := mcp.NewClient(&mcp.Implementation{Name: "vmm-bench", Version: "0"}, nil).
+		Connect(ctx, &mcp.StreamableClientTransport{Endpoint: "http://" + c.Addr + "/mcp", MaxRetries: -1, DisableStandaloneSSE: true}, nil)
+	if err != nil {
+		b.Fatalf("mcp connect: %v", err)
+	}
+	defer session.Close()
+
+	grpcGet := func(conn *grpc.ClientConn) func() error {
+		hv := hypervisorv1.NewHypervisorServiceClient(conn)
+		req := &hypervisorv1.GetVirtualMachineRequest{Id: vm.ID}
+		return func() error {
+			v, err := hv.GetVirtualMachine(ctx, req)
+			if err == nil && v.GetId() != vm.ID {
+				err = fmt.Errorf("got vm %q", v.GetId())
+			}
+			return err
+		}
+	}
+	surfaces := []struct {
+		name string
+		call func() error
+		lat  []time.Duration
+		wall time.Duration
+	}{
+		{name: "direct (hypervisor.sock)", call: grpcGet(direct)},
+		{name: "gRPC via gateway", call: grpcGet(gw)},
+		{name: "REST", call: func() error {
+			req, err := http.NewRequestWithContext(ctx, "GET", base+"/vms/"+vm.ID, nil)
+			if err != nil {
+				return err
+			}
+			resp, err := rest.Do(req)
+			if err != nil {
+				return err
+			}
+			body, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err == nil && (resp.StatusCode != http.StatusOK || !strings.Contains(string(body), vm.ID)) {
+				err = fmt.Errorf("status %d: %s", resp.StatusCode, body)
+			}
+			return err
+		}},
+		{name: "MCP", call: func() error {
+			res, err := session.CallTool(ctx, &mcp.CallToolParams{Name: "get_vm", Arguments: map[string]any{"id": vm.ID}})
+			if err != nil {
+				return err
+			}
+			if text := mcpText(res); res.IsError || !strings.Contains(text, vm.ID) {
+				return fmt.Errorf("tool error %t: %s", res.IsError, text)
+			}
+			return nil
+		}},
+	}
+	for i := range surfaces {
+		for range surfaceWarmup {
+			if err := surfaces[i].call(); err != nil {
+				b.Fatalf("%s warm-up: %v", surfaces[i].name, err)
+			}
+		}
+	}
+
+	n := surfaceCalls * b.N
+	b.ResetTimer()
+	for done := 0; done < n; done += surfaceBlock {
+		for i := range surfaces {
+			s := &surfaces[i]
+			blockStart := time.Now()
+			for range min(surfaceBlock, n-done) {
+				start := time.Now()
+				if err := s.call(); err != nil {
+					b.Fatalf("%s: %v", s.name, err)
+				}
+				s.lat = append(s.lat, time.Since(start))
+			}
+			s.wall += time.Since(blockStart)
+		}
+	}
+	b.StopTimer()
+
+	type stats struct{ p50, p99, rate float64 } // µs, µs, calls/s
+	res := make([]stats, len(surfaces))
+	for i, s := range surfaces {
+		res[i] = stats{
+			p50:  micros(quantile(s.lat, 0.50)),
+			p99:  micros(quantile(s.lat, 0.99)),
+			rate: float64(len(s.lat)) / s.wall.Seconds(),
+		}
+	}
+	keys := []string{"direct", "grpc", "rest", "mcp"}
+	fmt.Printf("get_vm of a %s VM, %d sequential calls per surface, ratios to the direct call:\n", vm.State, n)
+	fmt.Printf("  %-26s %10s %10s %10s %10s %10s %14s\n", "surface", "p50", "p99", "calls/s", "p50 ratio", "p99 ratio", "calls/s ratio")
+	for i, s := range surfaces {
+		r, d := res[i], res[0]
+		fmt.Printf("  %-26s %8.0fµs %8.0fµs %10.0f %10.2f %10.2f %14.2f\n", s.name, r.p50, r.p99, r.rate, r.p50/d.p50, r.p99/d.p99, r.rate/d.rate)
+		b.ReportMetric(r.p50, keys[i]+"-p50-µs")
+		b.ReportMetric(r.p99, keys[i]+"-p99-µs")
+		b.ReportMetric(r.rate, keys[i]+"-calls/s")
+		if i > 0 {
+			b.ReportMetric(r.p50/d.p50, keys[i]+"-p50-ratio")
+			b.ReportMetric(r.rate/d.rate, keys[i]+"-calls/s-ratio")
+		}
+	}
+}
+
+// quantile is the q-quantile of d (nearest rank).
+func quantile(d []time.Duration, q float64) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	i := int(q*float64(len(s))+0.5) - 1
+	return s[max(0, min(i, len(s)-1))]
+}
+
+func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+// mcpText joins a tool result's text contents.
+func mcpText(r *mcp.CallToolResult) string {
+	var sb strings.Builder
+	for _, c := range r.Content {
+		if t, ok := c.(*mcp.TextContent); ok {
+			sb.WriteString(t.Text)
+		}
+	}
+	return sb.String()
+}
