@@ -213,7 +213,13 @@ exit $rc`
 
 	t.Run("two networks with one CIDR do not see each other", func(t *testing.T) {
 		a.t = t
-		if code, _, b := do(t, "POST", a.base+"/networks", `{"name":"twin","cidr":"192.168.127.0/24"}`); code != 201 {
+		// The twin network allows egress to one host port only (below).
+		hostIP, open, closed := hostListeners(t)
+		egress := ""
+		if hostIP != "" {
+			egress = fmt.Sprintf(`,"egress":[{"cidr":"%s/32","ports":[%d]}]`, hostIP, open)
+		}
+		if code, _, b := do(t, "POST", a.base+"/networks", `{"name":"twin","cidr":"192.168.127.0/24"`+egress+`}`); code != 201 {
 			t.Fatalf("create twin: %d %s", code, b)
 		}
 		twin := a.vm("POST", "/vms", `{"name":"twin-vm","image":"test-guest","network":"twin","require_attestation":false,"memory_mib":384,"cpus":1}`, 201)
@@ -227,6 +233,30 @@ exit $rc`
 		if r := a.sh(twin.ID, probe); r.Stdout != "" {
 			t.Errorf("from the twin network, app's SSH port answered: %+v", r)
 		}
+		// Egress: the twin network's rule lets its guest reach one port of
+		// the host and nothing else; the default network's policy blocks the
+		// host's address only when it is in a private range.
+		if hostIP != "" {
+			reach := func(port int) string { return fmt.Sprintf("nc -w 3 %s %d </dev/null | head -c 5", hostIP, port) }
+			if r := a.sh(twin.ID, reach(open)); r.Stdout != "hello" {
+				t.Errorf("egress rule: the guest did not reach %s:%d: %+v", hostIP, open, r)
+			}
+			before := egressDropped(t, a, twin.ID)
+			if r := a.sh(twin.ID, reach(closed)); r.Stdout != "" {
+				t.Errorf("egress rule: port %d, which no rule allows, answered: %+v", closed, r)
+			}
+			if after := egressDropped(t, a, twin.ID); after <= before {
+				t.Errorf("egress_dropped of twin-vm %d -> %d", before, after)
+			}
+			want := "hello"
+			if ip := net.ParseIP(hostIP); ip.IsPrivate() || ip.IsLinkLocalUnicast() {
+				want = "" // blocked by the default policy
+			}
+			if r := a.sh(first.ID, reach(closed)); r.Stdout != want {
+				t.Errorf("default policy, host address %s: got %+v, want %q", hostIP, r, want)
+			}
+		}
+		expectError(t, "POST", a.base+"/networks", `{"name":"bad","cidr":"10.9.0.0/24","egress":[{"cidr":"127.0.0.1/32"}]}`, 400, apierr.InvalidRequest)
 		expectError(t, "DELETE", a.base+"/networks/twin", "", 409, apierr.Conflict)
 		a.vm("DELETE", "/vms/"+twin.ID, "", 204)
 		if code, _, b := do(t, "DELETE", a.base+"/networks/twin", ""); code != 204 {
@@ -312,6 +342,55 @@ const imdsFunc = `imds() {
   case "$status" in *" 200 "*) return 0;; *) return 1;; esac
 }
 `
+
+// hostListeners serves "hello" on two ports of the host's first
+// non-loopback IPv4 address (the traffic stays on this machine), for the
+// egress tests; "" when the host has none.
+func hostListeners(t *testing.T) (ip string, open, closed int) {
+	t.Helper()
+	addrs, _ := net.InterfaceAddrs()
+	for _, a := range addrs {
+		ipn, ok := a.(*net.IPNet)
+		if !ok || ipn.IP.To4() == nil || ipn.IP.IsLoopback() || ipn.IP.IsLinkLocalUnicast() {
+			continue
+		}
+		var ports []int
+		for range 2 {
+			ln, err := net.Listen("tcp", net.JoinHostPort(ipn.IP.String(), "0"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { ln.Close() })
+			go func() {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					c.Write([]byte("hello"))
+					c.Close()
+				}
+			}()
+			ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+		}
+		return ipn.IP.String(), ports[0], ports[1]
+	}
+	t.Log("no non-loopback IPv4 address on this host: the egress checks are skipped")
+	return "", 0, 0
+}
+
+func egressDropped(t *testing.T, a api, id string) int64 {
+	t.Helper()
+	var met struct {
+		Host struct {
+			Network struct {
+				Egress int64 `json:"egress_dropped"`
+			} `json:"network"`
+		} `json:"host"`
+	}
+	getJSON(t, a.base+"/vms/"+id+"/metrics", &met)
+	return met.Host.Network.Egress
+}
 
 func droppedFrames(t *testing.T, a api, id string) int64 {
 	t.Helper()

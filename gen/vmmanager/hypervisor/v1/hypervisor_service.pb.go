@@ -438,7 +438,11 @@ type CreateNetworkRequest struct {
 	Cidr string `protobuf:"bytes,2,opt,name=cidr,proto3" json:"cidr,omitempty"`
 	// Handed to guests over DHCP.
 	DnsSearchDomain string `protobuf:"bytes,3,opt,name=dns_search_domain,json=dnsSearchDomain,proto3" json:"dns_search_domain,omitempty"`
-	// What guests may reach through NAT; empty means the built-in default.
+	// What guests may reach through NAT. Empty is the default: everything but
+	// loopback, 0/8, the private ranges (10/8, 172.16/12, 192.168/16),
+	// 100.64/10, link-local (169.254/16, except the IMDS), 198.18/15 and
+	// 240/4. With rules, only the listed ranges and ports (and the network
+	// itself and the IMDS); loopback is never reachable. At most 64 rules.
 	Egress        []*EgressRule `protobuf:"bytes,4,rep,name=egress,proto3" json:"egress,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1789,6 +1793,9 @@ type NetworkMetrics struct {
 	// Frames this VM sent with another MAC or IP than its lease's, dropped
 	// before they reached the network.
 	DroppedFrames int64 `protobuf:"varint,5,opt,name=dropped_frames,proto3" json:"dropped_frames,omitempty"`
+	// Packets this VM sent to destinations its network's egress policy does
+	// not allow, dropped before the NAT.
+	EgressDropped int64 `protobuf:"varint,6,opt,name=egress_dropped,proto3" json:"egress_dropped,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1854,6 +1861,13 @@ func (x *NetworkMetrics) GetLeases() int32 {
 func (x *NetworkMetrics) GetDroppedFrames() int64 {
 	if x != nil {
 		return x.DroppedFrames
+	}
+	return 0
+}
+
+func (x *NetworkMetrics) GetEgressDropped() int64 {
+	if x != nil {
+		return x.EgressDropped
 	}
 	return 0
 }
@@ -2143,7 +2157,7 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\f_cpu_secondsB\x13\n" +
 	"\x11_memory_rss_bytesB\x12\n" +
 	"\x10_install_secondsB\x18\n" +
-	"\x16_boot_to_ready_seconds\"\xac\x01\n" +
+	"\x16_boot_to_ready_seconds\"\xd4\x01\n" +
 	"\x0eNetworkMetrics\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1e\n" +
 	"\n" +
@@ -2151,7 +2165,8 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"bytes_sent\x12&\n" +
 	"\x0ebytes_received\x18\x03 \x01(\x03R\x0ebytes_received\x12\x16\n" +
 	"\x06leases\x18\x04 \x01(\x05R\x06leases\x12&\n" +
-	"\x0edropped_frames\x18\x05 \x01(\x03R\x0edropped_frames\"\x81\x03\n" +
+	"\x0edropped_frames\x18\x05 \x01(\x03R\x0edropped_frames\x12&\n" +
+	"\x0eegress_dropped\x18\x06 \x01(\x03R\x0eegress_dropped\"\x81\x03\n" +
 	"\fGuestMetrics\x12<\n" +
 	"\vreceived_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\vreceived_at\x12>\n" +
 	"\fgenerated_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\fgenerated_at\x12.\n" +

@@ -131,11 +131,16 @@ func (n *Network) serve(ctx context.Context, vmID string, conn net.Conn, log *sl
 		drops = new(atomic.Uint64)
 		n.dropsBy[vmID] = drops
 	}
+	egress := n.egressBy[vmID]
+	if egress == nil {
+		egress = new(atomic.Uint64)
+		n.egressBy[vmID] = egress
+	}
 	n.conns[conn] = vmID
 	n.mu.Unlock()
 
 	mac, _ := net.ParseMAC(MAC(n.spec.Name, ip))
-	vc := &vmConn{Conn: conn, n: n, mac: mac, ip: ip, drops: drops, log: log}
+	vc := &vmConn{Conn: conn, n: n, mac: mac, ip: ip, drops: drops, egress: egress, log: log}
 	vc.r = bufio.NewReader(readCounter{conn, &n.fromVMs})
 	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
 	log.Info("VM attached", "ip", ip, "mac", mac.String())
@@ -183,11 +188,12 @@ func (r readCounter) Read(b []byte) (int, error) {
 // (frames to the VM) pass unfiltered. Both directions are counted.
 type vmConn struct {
 	net.Conn
-	n     *Network
-	mac   net.HardwareAddr
-	ip    netip.Addr
-	drops *atomic.Uint64
-	log   *slog.Logger
+	n      *Network
+	mac    net.HardwareAddr
+	ip     netip.Addr
+	drops  *atomic.Uint64 // anti-spoofing drops of this VM
+	egress *atomic.Uint64 // egress-policy drops of this VM
+	log    *slog.Logger
 
 	r       *bufio.Reader
 	buf     [4 + maxFrame]byte
@@ -227,6 +233,15 @@ func (c *vmConn) next() ([]byte, error) {
 			return nil, err
 		}
 		ok, reason := allowed(frame, c.mac, c.ip)
+		if ok && isIPv4(frame) {
+			p := frame[ethHeaderLen:]
+			if ok, reason = c.n.egress.permit(p, int(p[0]&0x0f)*4); !ok {
+				c.egress.Add(1)
+				c.n.egressDropped.Add(1)
+				c.log.Debug("dropping egress from VM", "reason", reason)
+				continue
+			}
+		}
 		if ok {
 			return c.buf[:4+size], nil
 		}
@@ -241,6 +256,11 @@ func (c *vmConn) next() ([]byte, error) {
 			c.log.Debug("dropping frame from VM", "reason", reason, "len", size)
 		}
 	}
+}
+
+// isIPv4 is an Ethernet frame carrying IPv4 (allowed has checked its header).
+func isIPv4(frame []byte) bool {
+	return len(frame) >= ethHeaderLen+ipv4MinLen && binary.BigEndian.Uint16(frame[12:14]) == etherTypeIPv4
 }
 
 // looksSpoofed tells a dropped frame with a foreign source MAC, or ARP/IPv4
@@ -270,6 +290,7 @@ const (
 	arpLen        = 28 // Ethernet/IPv4 ARP
 	ipv4MinLen    = 20
 	udpHeaderLen  = 8
+	protoTCP      = 6
 	protoUDP      = 17
 	dhcpServer    = 67
 )

@@ -187,15 +187,18 @@ func TestVMConnFilters(t *testing.T) {
 	}{
 		{"mixed", framed(spoof, good1, ipv6, runt, good2, spoof), framed(good1, good2), 4, "EOF"},
 		{"all dropped", framed(spoof, ipv6), nil, 2, "EOF"},
+		// 192.168.1.1 is private: the default egress policy drops it (not
+		// counted as spoofing).
+		{"egress", framed(good1, ethFrame(mac, mustMAC(GatewayMAC), etherTypeIPv4, ipv4Packet(ip, netip.MustParseAddr("192.168.1.1"), 6, 0, 0, make([]byte, 20))), good2), framed(good1, good2), 0, "EOF"},
 		{"zero length", append(framed(good1), 0, 0, 0, 0), framed(good1), 0, "frame length 0"},
 		{"oversized", append(framed(good1), binary.BigEndian.AppendUint32(nil, maxFrame+1)...), framed(good1), 0, "frame length 65537"},
 		{"truncated frame", framed(good1, good2)[:len(framed(good1, good2))-1], framed(good1), 0, "unexpected EOF"},
 		{"truncated length", append(framed(good1), 0, 0), framed(good1), 0, "unexpected EOF"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			n := &Network{}
-			var drops atomic.Uint64
-			c := &vmConn{n: n, mac: mac, ip: ip, drops: &drops, log: slog.New(slog.DiscardHandler)}
+			n := &Network{egress: egressPolicy{local: netip.MustParsePrefix("10.1.0.0/24")}}
+			var drops, egress atomic.Uint64
+			c := &vmConn{n: n, mac: mac, ip: ip, drops: &drops, egress: &egress, log: slog.New(slog.DiscardHandler)}
 			c.r = bufio.NewReader(readCounter{bytes.NewReader(tc.stream), &n.fromVMs})
 			// Small reads, as a bufio.Reader with a tiny buffer would do.
 			var got []byte

@@ -49,12 +49,15 @@ type Network struct {
 
 	toVMs, fromVMs atomic.Uint64 // bytes on the QEMU sockets, frame lengths included
 	dropped        atomic.Uint64 // frames from VMs the anti-spoofing filter dropped
+	egressDropped  atomic.Uint64 // packets from VMs the egress policy dropped
+	egress         egressPolicy
 
-	mu      sync.Mutex
-	closed  bool
-	leases  map[string]netip.Addr     // vmID -> IP
-	conns   map[net.Conn]string       // open QEMU connections -> vmID
-	dropsBy map[string]*atomic.Uint64 // vmID -> dropped frames, until Release
+	mu       sync.Mutex
+	closed   bool
+	leases   map[string]netip.Addr     // vmID -> IP
+	conns    map[net.Conn]string       // open QEMU connections -> vmID
+	dropsBy  map[string]*atomic.Uint64 // vmID -> dropped frames, until Release
+	egressBy map[string]*atomic.Uint64 // vmID -> egress-policy drops, until Release
 }
 
 // Start creates the network described by spec and serves imds (if not nil)
@@ -82,12 +85,14 @@ func Start(ctx context.Context, spec Spec, leases map[string]netip.Addr, imds ht
 	log = log.With("network", spec.Name)
 
 	n := &Network{
-		spec:    spec,
-		plan:    plan,
-		log:     log,
-		leases:  make(map[string]netip.Addr, len(leases)),
-		conns:   make(map[net.Conn]string),
-		dropsBy: make(map[string]*atomic.Uint64),
+		spec:     spec,
+		plan:     plan,
+		log:      log,
+		leases:   make(map[string]netip.Addr, len(leases)),
+		conns:    make(map[net.Conn]string),
+		dropsBy:  make(map[string]*atomic.Uint64),
+		egressBy: make(map[string]*atomic.Uint64),
+		egress:   egressPolicy{local: plan.Prefix, rules: spec.Egress},
 	}
 	n.restore(leases)
 
@@ -218,6 +223,7 @@ func (n *Network) Release(vmID string) {
 	n.mu.Lock()
 	delete(n.leases, vmID)
 	delete(n.dropsBy, vmID)
+	delete(n.egressBy, vmID)
 	var conns []net.Conn
 	for c, id := range n.conns {
 		if id == vmID {
@@ -255,10 +261,11 @@ func (n *Network) DialContextTCP(ctx context.Context, addr string) (net.Conn, er
 
 // Stats are the traffic counters of a network.
 type Stats struct {
-	Attachments  int    // open QEMU connections
-	BytesToVMs   uint64 // bytes written to QEMU sockets, 4-byte frame lengths included
-	BytesFromVMs uint64 // bytes read from QEMU sockets, 4-byte frame lengths included (dropped frames too)
-	Dropped      uint64 // frames from VMs dropped by the anti-spoofing filter
+	Attachments   int    // open QEMU connections
+	BytesToVMs    uint64 // bytes written to QEMU sockets, 4-byte frame lengths included
+	BytesFromVMs  uint64 // bytes read from QEMU sockets, 4-byte frame lengths included (dropped frames too)
+	Dropped       uint64 // frames from VMs dropped by the anti-spoofing filter
+	EgressDropped uint64 // packets from VMs dropped by the egress policy
 }
 
 // Stats returns the current counters. (The library's own BytesSent and
@@ -268,7 +275,18 @@ func (n *Network) Stats() Stats {
 	n.mu.Lock()
 	a := len(n.conns)
 	n.mu.Unlock()
-	return Stats{Attachments: a, BytesToVMs: n.toVMs.Load(), BytesFromVMs: n.fromVMs.Load(), Dropped: n.dropped.Load()}
+	return Stats{Attachments: a, BytesToVMs: n.toVMs.Load(), BytesFromVMs: n.fromVMs.Load(), Dropped: n.dropped.Load(), EgressDropped: n.egressDropped.Load()}
+}
+
+// EgressDropped returns the number of packets from vmID that the egress
+// policy dropped; only Release resets it.
+func (n *Network) EgressDropped(vmID string) uint64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if c := n.egressBy[vmID]; c != nil {
+		return c.Load()
+	}
+	return 0
 }
 
 // Dropped returns the number of frames from vmID that the anti-spoofing

@@ -35,6 +35,9 @@ type Spec struct {
 	Name            string
 	CIDR            string
 	DNSSearchDomain string
+	// Egress allows guest traffic through the NAT (ParseEgress validates
+	// the API's rules); empty is the default policy (see blockedByDefault).
+	Egress []EgressRule
 }
 
 // Validate checks a Spec; every failure is an apierr invalid_request.

@@ -244,5 +244,6 @@ func (m *Manager) netMetrics(rec *hypervisorv1.VirtualMachine) *hypervisorv1.Net
 		BytesReceived: int64(st.BytesFromVMs),
 		Leases:        int32(len(ns.run.Leases())),
 		DroppedFrames: int64(ns.run.Dropped(rec.GetId())),
+		EgressDropped: int64(ns.run.EgressDropped(rec.GetId())),
 	}
 }

@@ -53,7 +53,11 @@ func (m *Manager) startNetworks() error {
 func (m *Manager) runNetwork(rec *hypervisorv1.Network, leases map[string]netip.Addr) error {
 	name := rec.GetSpec().GetName()
 	handler := imds.New(netVMs{Manager: m, network: name}, m.log.With("network", name))
-	run, err := network.Start(m.ctx, network.Spec{Name: name, CIDR: rec.GetSpec().GetCidr(), DNSSearchDomain: rec.GetSpec().GetDnsSearchDomain()}, leases, handler, m.log.With("network", name))
+	egress, err := egressRules(rec.GetSpec().GetEgress())
+	if err != nil {
+		return err
+	}
+	run, err := network.Start(m.ctx, network.Spec{Name: name, CIDR: rec.GetSpec().GetCidr(), DNSSearchDomain: rec.GetSpec().GetDnsSearchDomain(), Egress: egress}, leases, handler, m.log.With("network", name))
 	if err != nil {
 		return err
 	}
@@ -75,6 +79,29 @@ func (n netVMs) ByIP(ip netip.Addr) (*hypervisorv1.VirtualMachine, bool) {
 	return rec, ok
 }
 
+// egressRules validates the API's egress rules (empty: the default policy).
+func egressRules(in []*hypervisorv1.EgressRule) ([]network.EgressRule, error) {
+	cidrs := make([]string, len(in))
+	ports := make([][]uint32, len(in))
+	for i, r := range in {
+		cidrs[i], ports[i] = r.GetCidr(), r.GetPorts()
+	}
+	return network.ParseEgress("egress", cidrs, ports)
+}
+
+// egressRecord is the normalised form kept in the network record.
+func egressRecord(rules []network.EgressRule) []*hypervisorv1.EgressRule {
+	var out []*hypervisorv1.EgressRule
+	for _, r := range rules {
+		er := &hypervisorv1.EgressRule{Cidr: r.Prefix.String()}
+		for _, p := range r.Ports {
+			er.Ports = append(er.Ports, uint32(p))
+		}
+		out = append(out, er)
+	}
+	return out
+}
+
 // CreateNetwork validates and starts a network; IMDS is always on and the
 // host alias always off for networks the API creates.
 func (m *Manager) CreateNetwork(_ context.Context, req *hypervisorv1.CreateNetworkRequest, createdBy string) (*hypervisorv1.Network, error) {
@@ -82,8 +109,9 @@ func (m *Manager) CreateNetwork(_ context.Context, req *hypervisorv1.CreateNetwo
 	if err := network.Validate(spec); err != nil {
 		return nil, err
 	}
-	if len(req.GetEgress()) > 0 {
-		return nil, apierr.Errorf(apierr.Unsupported, "egress rules are not supported yet")
+	egress, err := egressRules(req.GetEgress())
+	if err != nil {
+		return nil, err
 	}
 	plan, err := network.PlanFor(spec.CIDR)
 	if err != nil {
@@ -98,7 +126,7 @@ func (m *Manager) CreateNetwork(_ context.Context, req *hypervisorv1.CreateNetwo
 	m.mu.Unlock()
 	rec := &hypervisorv1.Network{
 		Spec: &hypervisorv1.NetworkSpec{Name: spec.Name, Cidr: plan.Prefix.String(), GatewayIp: plan.Gateway.String(),
-			DnsSearchDomain: spec.DNSSearchDomain, EnableImds: true},
+			DnsSearchDomain: spec.DNSSearchDomain, EnableImds: true, Egress: egressRecord(egress)},
 		Gateway:   plan.Gateway.String(),
 		CreatedBy: createdBy,
 	}
