@@ -99,7 +99,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	report := host.New(cfg.Host).Report(ctx)
 	cpu := ""
 	if report.GetAccelerator() == hypervisorv1.Accelerator_ACCELERATOR_KVM && report.GetOvmfCode() != "" {
-		cpu, cfg.Host.KVMUnusable = qemu.ProbeKVM(ctx, report.GetQemu().GetPath(), report.GetOvmfCode(), report.GetOvmfVars())
+		var cached bool
+		cpu, cached, cfg.Host.KVMUnusable = qemu.ProbeKVMCached(ctx, filepath.Join(cfg.StateDir, "kvm-probe.json"), report.GetQemu().GetPath(), report.GetOvmfCode(), report.GetOvmfVars())
+		log.Info("KVM probe", "cpu", cpu, "unusable", cfg.Host.KVMUnusable, "cached", cached)
 		if cpu != "" && cpu != qemu.CPUHost {
 			log.Warn("KVM rejects -cpu host on this host (nested virtualisation); using "+cpu, "cpu", cpu)
 		}
