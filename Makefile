@@ -21,7 +21,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 GRPC_GATEWAY_VERSION       := v2.33.0
 GRPCURL_VERSION            := v1.9.4
 
-MODULES  := gen guest pkg services/hypervisor services/attestation services/gateway tests examples/sdk
+MODULES  := gen guest pkg services/hypervisor services/attestation services/gateway tests examples/sdk deploy/mkimage deploy/charttest
 SERVICES := hypervisor attestation gateway
 GO_PKGS   = $(shell go list -m -f '{{.Dir}}/...' | sed 's|$(CURDIR)/|./|')
 
@@ -123,6 +123,19 @@ bench: build guest-image ## benchmarks; ratios are printed side by side
 	cd tests && go test -run '^$$' -bench VerifyQuote -benchtime 200x .
 	cd tests && VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -run '^$$' -bench Surfaces -benchtime 1x .
 	cd services/attestation && go test -run '^$$' -bench . ./internal/verify/
+
+# ---- images -----------------------------------------------------------------
+
+# Images built without a Docker daemon (deploy/mkimage); the hypervisor image needs
+# Debian's QEMU, swtpm and OVMF: docker build --target hypervisor -f deploy/docker/Dockerfile .
+DAEMONLESS_IMAGES := gateway attestation
+
+.PHONY: images
+images: build ## gateway and attestation OCI image layouts in build/images/<name> (no Docker daemon)
+	@for s in $(DAEMONLESS_IMAGES); do \
+	  (cd deploy/mkimage && go run . -name $$s -binary $(BIN)/vmm-$$s -out $(CURDIR)/build/images/$$s \
+	    -version '$(VERSION)' -revision '$(COMMIT)') || exit 1; \
+	done
 
 # ---- run --------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"time"
@@ -19,7 +20,18 @@ import (
 )
 
 func main() {
-	os.Exit(cli.Main("vmm-hypervisor", "vm-manager's hypervisor (QEMU, swtpm, networks, IMDS, images)", os.Args[1:], os.Stderr, cli.Command{
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	ia := &imageArgs{}
+	cmds := []cli.Command{serveCommand(), imagePushCommand(ia, stdout), imagePullCommand(ia, stdout)}
+	args = ia.split(args, cmds)
+	return cli.Main("vmm-hypervisor", "vm-manager's hypervisor (QEMU, swtpm, networks, IMDS, images)", args, stderr, cmds...)
+}
+
+func serveCommand() cli.Command {
+	return cli.Command{
 		Name:  "serve",
 		Usage: "serve the HypervisorService on a unix socket",
 		Setup: func(fs *cli.FlagSet) func(context.Context) error {
@@ -71,7 +83,7 @@ func main() {
 				}, log)
 			}
 		},
-	}))
+	}
 }
 
 func orDefault(v, def string) string {

@@ -1,0 +1,417 @@
+package charttest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/giantswarm/vm-manager/tests/cluster"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// podValues are the values TestRenderedPodRuns renders: no registry to pull
+// the guest from (the test guest is put in place instead), metrics on, and the
+// anonymous API chosen explicitly.
+const podValues = `
+guestImage: {enabled: false}
+metrics: {enabled: true}
+gateway: {allowAnonymousNonLoopback: true}
+`
+
+// guestImages returns the directory holding the test guest built by `make
+// guest-image`: a failure on CI when it is missing, a skip elsewhere.
+func guestImages(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv("VMM_TEST_IMAGE_DIR")
+	if dir == "" {
+		dir, _ = filepath.Abs("../../.run/state/images")
+	}
+	matches, _ := filepath.Glob(filepath.Join(dir, "test-guest_*.vmlinuz"))
+	if len(matches) == 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("no test guest in %s: make test builds it with make guest-image", dir)
+		}
+		t.Skipf("no test guest in %s (VMM_TEST_IMAGE_DIR, or run make guest-image)", dir)
+	}
+	for _, tool := range []string{"qemu-system-x86_64", "swtpm"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("%s is required on CI (make deps installs it): %v", tool, err)
+			}
+			t.Skipf("%s not installed (run make deps): %v", tool, err)
+		}
+	}
+	return dir
+}
+
+// rewriter maps the pod's paths and port to this machine's: the only changes
+// made to the rendered commands and environments.
+type rewriter struct {
+	binDir, state, run, listen string
+	port                       int32 // the gateway's container port
+}
+
+func (r rewriter) path(v string) string {
+	for _, p := range [][2]string{{stateDir, r.state}, {runDir, r.run}} {
+		if v == p[0] || strings.HasPrefix(v, p[0]+"/") {
+			return p[1] + v[len(p[0]):]
+		}
+	}
+	return v
+}
+
+func (r rewriter) arg(t *testing.T, a string) string {
+	name, val, ok := strings.Cut(a, "=")
+	if !ok || !strings.HasPrefix(name, "--") {
+		return r.path(a)
+	}
+	if name == "--listen" {
+		host, port, err := net.SplitHostPort(val)
+		if err != nil || host != "" || port != fmt.Sprint(r.port) {
+			t.Fatalf("the gateway listens on %q, want all addresses on its container port %d", val, r.port)
+		}
+		return name + "=" + r.listen
+	}
+	return name + "=" + r.path(val)
+}
+
+// process is one container run as a local process.
+type process struct {
+	name string
+	argv []string
+	env  []string
+	log  string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// processFor turns a rendered container into a process: its command and args,
+// and its environment (plus PATH and HOME, which the image would provide),
+// with the paths and the port rewritten; nothing of the test's own
+// environment leaks in.
+func processFor(t *testing.T, c *corev1.Container, r rewriter, logDir string) *process {
+	t.Helper()
+	bin := strings.TrimPrefix(c.Command[0], "/usr/local/bin/")
+	if bin == c.Command[0] || !strings.HasPrefix(bin, "vmm-") {
+		t.Fatalf("%s: command %q is not a /usr/local/bin/vmm-* binary", c.Name, c.Command)
+	}
+	p := &process{name: c.Name, argv: []string{filepath.Join(r.binDir, bin)}, log: filepath.Join(logDir, c.Name+".log")}
+	for _, a := range append(append([]string{}, c.Command[1:]...), c.Args...) {
+		p.argv = append(p.argv, r.arg(t, a))
+	}
+	p.env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
+	for _, e := range c.Env {
+		if e.ValueFrom != nil {
+			t.Fatalf("%s: env %s comes from %+v, which a local process cannot resolve", c.Name, e.Name, e.ValueFrom)
+		}
+		p.env = append(p.env, e.Name+"="+r.path(e.Value))
+	}
+	for _, s := range append(append([]string{}, p.argv[1:]...), p.env[2:]...) {
+		for _, podPath := range []string{stateDir, runDir, "/usr/local/bin"} {
+			if strings.Contains(s, podPath) {
+				t.Fatalf("%s: %q still names the pod's %s", c.Name, s, podPath)
+			}
+		}
+	}
+	t.Logf("%s: %s\n  env %s", c.Name, strings.Join(p.argv, " "), strings.Join(p.env[2:], " "))
+	return p
+}
+
+func (p *process) start(t *testing.T) {
+	t.Helper()
+	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.cmd = exec.Command(p.argv[0], p.argv[1:]...)
+	p.cmd.Env = p.env
+	p.cmd.Stdout, p.cmd.Stderr = f, f
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", p.name, err)
+	}
+	p.done = make(chan struct{})
+	go func() {
+		err := p.cmd.Wait()
+		fmt.Fprintf(f, "--- %s exited: %v\n", p.name, err)
+		f.Close()
+		close(p.done)
+	}()
+}
+
+// stop signals the process and waits for it, SIGKILL after grace.
+func (p *process) stop(sig syscall.Signal, grace time.Duration) {
+	if p.cmd == nil || p.done == nil {
+		return
+	}
+	_ = p.cmd.Process.Signal(sig)
+	select {
+	case <-p.done:
+	case <-time.After(grace):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+func (p *process) running() bool {
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// vmRecord is the part of the REST VM record the test reads.
+type vmRecord struct {
+	ID        string `json:"id"`
+	Name      string `json:"name"`
+	State     string `json:"state"`
+	LastError string `json:"lastError"`
+	Processes *struct {
+		Qemu struct{ Pid int } `json:"qemu"`
+		Tpm  struct{ Pid int } `json:"tpm"`
+	} `json:"processes"`
+}
+
+func call(t *testing.T, method, url, body string, want int) []byte {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != want {
+		t.Fatalf("%s %s: %d, want %d: %s", method, url, resp.StatusCode, want, b)
+	}
+	return b
+}
+
+func alive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	return err == nil && !strings.Contains(string(b), ") Z ")
+}
+
+// TestRenderedPodRuns checks the chart's wiring, not only its syntax: the
+// rendered Deployment's three containers run as local processes with their
+// rendered commands, arguments and environments (only the pod's paths and
+// port mapped to temporary ones), serve a VM through REST and MCP, and keep
+// it across a SIGKILL of the gateway and of attestation.
+func TestRenderedPodRuns(t *testing.T) {
+	images := guestImages(t)
+	start := time.Now()
+
+	m, manifest := render(t, values(t, podValues))
+	tpl := checkPod(t, m, manifest)
+	pod := &tpl.Spec
+	if len(pod.InitContainers) != 0 {
+		t.Fatalf("guestImage.enabled=false still renders init containers %+v", pod.InitContainers)
+	}
+
+	binDir := t.TempDir()
+	if err := cluster.BuildBinaries(binDir); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("binaries built in %s", time.Since(start).Round(time.Millisecond))
+
+	// Unix socket paths must stay under 108 bytes: t.TempDir() can be long.
+	dir, err := os.MkdirTemp("", "vmm-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	r := rewriter{binDir: binDir, state: filepath.Join(dir, "state"), run: filepath.Join(dir, "run"), listen: addr,
+		port: Container(pod, "gateway").Ports[0].ContainerPort}
+
+	// The init container's job: the guest image in <state>/images.
+	imgDir := r.path(imageDir)
+	if err := os.MkdirAll(imgDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	files, _ := filepath.Glob(filepath.Join(images, "test-guest_*"))
+	for _, f := range files {
+		switch filepath.Ext(f) {
+		case ".vmlinuz", ".initrd", ".cmdline":
+			if err := os.Symlink(f, filepath.Join(imgDir, filepath.Base(f))); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	procs := map[string]*process{}
+	var order []string
+	for _, c := range pod.Containers {
+		procs[c.Name] = processFor(t, &c, r, dir)
+		order = append(order, c.Name)
+	}
+	var vm vmRecord
+	t.Cleanup(func() {
+		// Gateway first, the hypervisor last: with --detach-vms-on-exit=false
+		// its SIGTERM powers down whatever VM is left.
+		for i := len(order) - 1; i >= 0; i-- {
+			procs[order[i]].stop(syscall.SIGTERM, 45*time.Second)
+		}
+		if vm.Processes != nil {
+			for _, pid := range []int{vm.Processes.Qemu.Pid, vm.Processes.Tpm.Pid} {
+				if alive(pid) {
+					t.Logf("killing leftover pid %d", pid)
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+		}
+		if t.Failed() {
+			for _, name := range order {
+				b, _ := os.ReadFile(procs[name].log)
+				lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+				if len(lines) > 60 {
+					lines = lines[len(lines)-60:]
+				}
+				t.Logf("--- %s log (last %d lines):\n%s", name, len(lines), strings.Join(lines, "\n"))
+			}
+		}
+	})
+	// As in a pod, all three start at once, in no particular order.
+	for _, name := range order {
+		procs[name].start(t)
+	}
+	base := "http://" + addr
+	waitReady := func(what string) {
+		t.Helper()
+		cluster.Eventually(t, 30*time.Second, "gateway /readyz "+what, func() error {
+			for _, name := range order {
+				if !procs[name].running() {
+					t.Fatalf("%s exited", name)
+				}
+			}
+			resp, err := http.Get(base + "/readyz")
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("%d %s", resp.StatusCode, b)
+			}
+			return nil
+		})
+	}
+	waitReady("after start")
+	t.Logf("pod ready after %s", time.Since(start).Round(time.Millisecond))
+
+	var host struct {
+		Ready bool `json:"ready"`
+	}
+	if err := json.Unmarshal(call(t, "GET", base+"/api/v1/host", "", 200), &host); err != nil {
+		t.Fatal(err)
+	}
+	if metrics := string(call(t, "GET", base+"/metrics", "", 200)); !strings.Contains(metrics, "vm_manager_build_info") {
+		t.Errorf("/metrics lacks vm_manager_build_info")
+	}
+
+	body := `{"name":"chart","image":"test-guest","require_attestation":false,"memory_mib":384,"cpus":1}`
+	if err := json.Unmarshal(call(t, "POST", base+"/api/v1/vms", body, 201), &vm); err != nil {
+		t.Fatal(err)
+	}
+	if vm.State != "ready" || vm.Processes == nil || !alive(vm.Processes.Qemu.Pid) {
+		t.Fatalf("created vm: %+v", vm)
+	}
+	t.Logf("vm %s ready after %s", vm.ID, time.Since(start).Round(time.Millisecond))
+
+	// MCP through the rendered gateway.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	client := mcp.NewClient(&mcp.Implementation{Name: "vm-manager-charttest", Version: "v0"}, nil)
+	cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: base + "/mcp"}, nil)
+	if err != nil {
+		t.Fatalf("connect to /mcp: %v", err)
+	}
+	tools, err := cs.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tools.Tools) != 20 {
+		t.Errorf("%d MCP tools, want 20", len(tools.Tools))
+	}
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "get_vm", Arguments: map[string]any{"id": vm.ID}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var viaMCP vmRecord
+	if len(res.Content) != 1 || res.IsError {
+		t.Fatalf("get_vm: %+v", res)
+	}
+	if err := json.Unmarshal([]byte(res.Content[0].(*mcp.TextContent).Text), &viaMCP); err != nil || viaMCP.State != "ready" || viaMCP.ID != vm.ID {
+		t.Fatalf("get_vm: %v %+v", err, viaMCP)
+	}
+	cs.Close()
+
+	// A crash of the gateway and of attestation: the kubelet would restart
+	// each container with the same command and environment.
+	for _, name := range []string{"gateway", "attestation"} {
+		procs[name].stop(syscall.SIGKILL, 10*time.Second)
+	}
+	if !procs["hypervisor"].running() {
+		t.Fatal("the hypervisor ended with the others")
+	}
+	for _, name := range []string{"attestation", "gateway"} {
+		procs[name].start(t)
+	}
+	waitReady("after the restart of gateway and attestation")
+	var again vmRecord
+	if err := json.Unmarshal(call(t, "GET", base+"/api/v1/vms/"+vm.ID, "", 200), &again); err != nil {
+		t.Fatal(err)
+	}
+	if again.State != "ready" || again.Processes == nil || again.Processes.Qemu.Pid != vm.Processes.Qemu.Pid {
+		t.Fatalf("vm after the restart: %+v (was qemu pid %d)", again, vm.Processes.Qemu.Pid)
+	}
+	call(t, "GET", base+"/api/v1/attestation", "", 200) // the restarted attestation, through the gateway
+	var out struct {
+		Stdout   string `json:"stdout"`
+		ExitCode int    `json:"exitCode"`
+	}
+	if err := json.Unmarshal(call(t, "POST", base+"/api/v1/vms/"+vm.ID+"/exec", `{"command":["hostname"]}`, 200), &out); err != nil {
+		t.Fatal(err)
+	}
+	if out.Stdout != "chart\n" || out.ExitCode != 0 {
+		t.Fatalf("exec hostname: %+v", out)
+	}
+
+	call(t, "DELETE", base+"/api/v1/vms/"+vm.ID, "", 204)
+	cluster.Eventually(t, 15*time.Second, "qemu exit", func() error {
+		if alive(vm.Processes.Qemu.Pid) {
+			return errors.New("qemu still running")
+		}
+		return nil
+	})
+	t.Logf("done after %s", time.Since(start).Round(time.Millisecond))
+}

@@ -1,0 +1,403 @@
+{{/* Paths inside the pod. The run directory is created by the processes themselves
+(0700, owned by the pod's UID) inside the shared emptyDir mounted at its parent. */}}
+{{- define "vm-manager.stateDir" -}}/var/lib/vm-manager{{- end }}
+{{- define "vm-manager.imageDir" -}}/var/lib/vm-manager/images{{- end }}
+{{- define "vm-manager.runDir" -}}/run/vm-manager{{- end }}
+{{- define "vm-manager.runMount" -}}/run{{- end }}
+{{- define "vm-manager.caDir" -}}/etc/vm-manager/oidc-ca{{- end }}
+{{- define "vm-manager.dockerConfigDir" -}}/etc/vm-manager/registry{{- end }}
+
+{{- define "vm-manager.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "vm-manager.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "vm-manager.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "vm-manager.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "vm-manager.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "vm-manager.labels" -}}
+helm.sh/chart: {{ include "vm-manager.chart" . }}
+{{ include "vm-manager.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "vm-manager.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "vm-manager.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The image of one component: <registry>/<repository>-<component>:<tag>. */}}
+{{- define "vm-manager.image" -}}
+{{- $v := .root.Values.image -}}
+{{- printf "%s/%s-%s:%s" $v.registry $v.repository .component (default .root.Chart.AppVersion $v.tag) }}
+{{- end }}
+
+{{/* The guest image reference: by digest when one is set, else by tag. */}}
+{{- define "vm-manager.guestImageRef" -}}
+{{- $g := .Values.guestImage -}}
+{{- if $g.digest }}
+{{- printf "%s/%s@%s" $g.registry $g.repository $g.digest }}
+{{- else }}
+{{- printf "%s/%s:%s" $g.registry $g.repository (default .Chart.AppVersion $g.tag) }}
+{{- end }}
+{{- end }}
+
+{{- define "vm-manager.claimName" -}}
+{{- if .Values.persistence.existingClaim }}
+{{- .Values.persistence.existingClaim }}
+{{- else }}
+{{- printf "%s-state" (include "vm-manager.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{/* Combinations the schema cannot express; each fails rendering with the fix. */}}
+{{- define "vm-manager.validate" -}}
+{{- $v := .Values -}}
+{{- if and (not $v.oidc.issuer) (not $v.gateway.allowAnonymousNonLoopback) }}
+{{- fail "vm-manager: the gateway listens on :8080 and the API is anonymous without oidc.issuer. Set oidc.issuer and oidc.audiences (callers then need an id_token of that issuer), or set gateway.allowAnonymousNonLoopback=true to serve the anonymous API to anyone who reaches the pod." }}
+{{- end }}
+{{- if and $v.oidc.issuer (not $v.oidc.audiences) }}
+{{- fail "vm-manager: oidc.issuer needs at least one entry in oidc.audiences (the token audiences to trust, e.g. muster's client id)." }}
+{{- end }}
+{{- if and $v.oidc.caSecret.name (not $v.oidc.issuer) }}
+{{- fail "vm-manager: oidc.caSecret.name is set but oidc.issuer is empty: the CA is only used to reach the issuer." }}
+{{- end }}
+{{- if and $v.vm.learnGolden (ne $v.vm.attestation "verify") }}
+{{- fail "vm-manager: vm.learnGolden needs vm.attestation=verify." }}
+{{- end }}
+{{- if and $v.serviceMonitor.enabled (not $v.metrics.enabled) }}
+{{- fail "vm-manager: serviceMonitor.enabled needs metrics.enabled (the gateway serves /metrics only then)." }}
+{{- end }}
+{{- if and $v.persistence.create $v.persistence.existingClaim }}
+{{- fail "vm-manager: set persistence.create or persistence.existingClaim, not both." }}
+{{- end }}
+{{- if and (eq $v.mode "daemonset") (or $v.persistence.create $v.persistence.existingClaim) }}
+{{- fail "vm-manager: mode=daemonset keeps each node's state in an emptyDir (a claim cannot be shared by the pods of a DaemonSet, and nothing is mounted from the node); unset persistence.create and persistence.existingClaim, or use mode=deployment." }}
+{{- end }}
+{{- if and (not $v.hypervisor.privileged) (not $v.hypervisor.deviceResources) }}
+{{- fail "vm-manager: hypervisor.privileged=false needs hypervisor.deviceResources (the device plugin resources that hand the container /dev/kvm, /dev/vhost-vsock and /dev/net/tun)." }}
+{{- end }}
+{{- end }}
+
+{{/* Settings every process reads from its environment (so commands run with kubectl
+exec in a container find the same directories and identity). */}}
+{{- define "vm-manager.commonEnv" -}}
+- name: VM_MANAGER_RUN_DIR
+  value: {{ include "vm-manager.runDir" . }}
+- name: VM_MANAGER_LOG_FORMAT
+  value: {{ .Values.logging.format | quote }}
+- name: VM_MANAGER_LOG_LEVEL
+  value: {{ .Values.logging.level | quote }}
+{{- if .Values.oidc.issuer }}
+- name: VM_MANAGER_OIDC_ISSUER
+  value: {{ .Values.oidc.issuer | quote }}
+- name: VM_MANAGER_OIDC_AUDIENCES
+  value: {{ join "," .Values.oidc.audiences | quote }}
+{{- if .Values.oidc.caSecret.name }}
+- name: SSL_CERT_FILE
+  value: {{ printf "%s/%s" (include "vm-manager.caDir" .) .Values.oidc.caSecret.key }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "vm-manager.commonMounts" -}}
+- name: run
+  mountPath: {{ include "vm-manager.runMount" . }}
+- name: tmp
+  mountPath: /tmp
+{{- if and .Values.oidc.issuer .Values.oidc.caSecret.name }}
+- name: oidc-ca
+  mountPath: {{ include "vm-manager.caDir" . }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* The security context of every container but a privileged hypervisor. */}}
+{{- define "vm-manager.restrictedSecurityContext" -}}
+runAsNonRoot: true
+readOnlyRootFilesystem: true
+allowPrivilegeEscalation: false
+capabilities:
+  drop:
+    - ALL
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{- define "vm-manager.podTemplate" -}}
+{{- $v := .Values -}}
+metadata:
+  labels:
+    {{- include "vm-manager.selectorLabels" . | nindent 4 }}
+    {{- with $v.podLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  {{- with $v.podAnnotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+spec:
+  serviceAccountName: {{ include "vm-manager.serviceAccountName" . }}
+  automountServiceAccountToken: false
+  enableServiceLinks: false
+  terminationGracePeriodSeconds: {{ $v.terminationGracePeriodSeconds }}
+  {{- with $v.priorityClassName }}
+  priorityClassName: {{ . }}
+  {{- end }}
+  {{- with $v.imagePullSecrets }}
+  imagePullSecrets:
+    {{- range . }}
+    - name: {{ . }}
+    {{- end }}
+  {{- end }}
+  securityContext:
+    runAsNonRoot: true
+    runAsUser: {{ $v.podSecurityContext.runAsUser }}
+    runAsGroup: {{ $v.podSecurityContext.runAsGroup }}
+    fsGroup: {{ $v.podSecurityContext.fsGroup }}
+    fsGroupChangePolicy: OnRootMismatch
+    {{- with $v.podSecurityContext.supplementalGroups }}
+    supplementalGroups:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    seccompProfile:
+      type: RuntimeDefault
+  {{- $nodeSelector := $v.nodeSelector }}
+  {{- if eq $v.mode "daemonset" }}
+  {{- $nodeSelector = merge (deepCopy $v.nodeSelector) $v.daemonset.nodeSelector }}
+  {{- end }}
+  {{- with $nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $v.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- if $v.guestImage.enabled }}
+  initContainers:
+    - name: guest-image
+      image: {{ include "vm-manager.image" (dict "root" . "component" "hypervisor") }}
+      imagePullPolicy: {{ $v.image.pullPolicy }}
+      command:
+        - /usr/local/bin/vmm-hypervisor
+        - image
+        - pull
+        - {{ include "vm-manager.guestImageRef" . | quote }}
+        - {{ printf "--image-dir=%s" (include "vm-manager.imageDir" .) | quote }}
+        {{- if $v.guestImage.plainHTTP }}
+        - --plain-http
+        {{- end }}
+      env:
+        - name: VM_MANAGER_STATE_DIR
+          value: {{ include "vm-manager.stateDir" . }}
+        - name: VM_MANAGER_LOG_FORMAT
+          value: {{ $v.logging.format | quote }}
+        {{- if $v.guestImage.pullSecret }}
+        - name: DOCKER_CONFIG
+          value: {{ include "vm-manager.dockerConfigDir" . }}
+        {{- end }}
+      securityContext:
+        {{- include "vm-manager.restrictedSecurityContext" . | nindent 8 }}
+      {{- with $v.guestImage.resources }}
+      resources:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      volumeMounts:
+        - name: state
+          mountPath: {{ include "vm-manager.stateDir" . }}
+        - name: tmp
+          mountPath: /tmp
+        {{- if $v.guestImage.pullSecret }}
+        - name: registry-auth
+          mountPath: {{ include "vm-manager.dockerConfigDir" . }}
+          readOnly: true
+        {{- end }}
+  {{- end }}
+  containers:
+    - name: hypervisor
+      image: {{ include "vm-manager.image" (dict "root" . "component" "hypervisor") }}
+      imagePullPolicy: {{ $v.image.pullPolicy }}
+      command:
+        - /usr/local/bin/vmm-hypervisor
+        - serve
+      args:
+        - --detach-vms-on-exit=false
+        - {{ printf "--default-network=%s" $v.vm.defaultNetwork | quote }}
+        - {{ printf "--network-subnet=%s" $v.vm.networkSubnet | quote }}
+        - {{ printf "--install-timeout=%s" $v.vm.installTimeout | quote }}
+        - {{ printf "--boot-timeout=%s" $v.vm.bootTimeout | quote }}
+        - {{ printf "--stop-timeout=%s" $v.vm.stopTimeout | quote }}
+        - {{ printf "--accelerator=%s" $v.vm.accelerator | quote }}
+        {{- if $v.vm.notifyPort }}
+        - {{ printf "--notify-port=%d" (int64 $v.vm.notifyPort) | quote }}
+        {{- end }}
+        {{- with $v.vm.ovmf.code }}
+        - {{ printf "--ovmf-code=%s" . | quote }}
+        {{- end }}
+        {{- with $v.vm.ovmf.vars }}
+        - {{ printf "--ovmf-vars=%s" . | quote }}
+        {{- end }}
+        {{- range $v.hypervisor.extraArgs }}
+        - {{ . | quote }}
+        {{- end }}
+      env:
+        - name: VM_MANAGER_STATE_DIR
+          value: {{ include "vm-manager.stateDir" . }}
+        - name: VM_MANAGER_IMAGE_DIR
+          value: {{ include "vm-manager.imageDir" . }}
+        {{- include "vm-manager.commonEnv" . | nindent 8 }}
+        {{- with $v.hypervisor.extraEnv }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      securityContext:
+        {{- if $v.hypervisor.privileged }}
+        privileged: true
+        runAsNonRoot: true
+        readOnlyRootFilesystem: true
+        {{- else }}
+        {{- include "vm-manager.restrictedSecurityContext" . | nindent 8 }}
+        {{- end }}
+      {{- $res := deepCopy (default dict $v.hypervisor.resources) }}
+      {{- if not $v.hypervisor.privileged }}
+      {{- $_ := set $res "limits" (merge (deepCopy (default dict $res.limits)) $v.hypervisor.deviceResources) }}
+      {{- end }}
+      {{- with $res }}
+      resources:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      volumeMounts:
+        - name: state
+          mountPath: {{ include "vm-manager.stateDir" . }}
+        {{- include "vm-manager.commonMounts" . | nindent 8 }}
+    - name: attestation
+      image: {{ include "vm-manager.image" (dict "root" . "component" "attestation") }}
+      imagePullPolicy: {{ $v.image.pullPolicy }}
+      command:
+        - /usr/local/bin/vmm-attestation
+        - serve
+      args:
+        - {{ printf "--attestation=%s" $v.vm.attestation | quote }}
+        - {{ printf "--attestation-learn-golden=%t" $v.vm.learnGolden | quote }}
+        {{- range $v.attestation.extraArgs }}
+        - {{ . | quote }}
+        {{- end }}
+      env:
+        - name: VM_MANAGER_STATE_DIR
+          value: {{ include "vm-manager.stateDir" . }}
+        {{- include "vm-manager.commonEnv" . | nindent 8 }}
+        {{- with $v.attestation.extraEnv }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      securityContext:
+        {{- include "vm-manager.restrictedSecurityContext" . | nindent 8 }}
+      {{- with $v.attestation.resources }}
+      resources:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      volumeMounts:
+        - name: state
+          mountPath: {{ include "vm-manager.stateDir" . }}
+        {{- include "vm-manager.commonMounts" . | nindent 8 }}
+    - name: gateway
+      image: {{ include "vm-manager.image" (dict "root" . "component" "gateway") }}
+      imagePullPolicy: {{ $v.image.pullPolicy }}
+      command:
+        - /usr/local/bin/vmm-gateway
+        - serve
+      args:
+        - --listen=:8080
+        - {{ printf "--metrics-enabled=%t" $v.metrics.enabled | quote }}
+        {{- if not $v.oidc.issuer }}
+        - --allow-anonymous-non-loopback
+        {{- end }}
+        {{- range $v.gateway.extraArgs }}
+        - {{ . | quote }}
+        {{- end }}
+      env:
+        {{- include "vm-manager.commonEnv" . | nindent 8 }}
+        {{- with $v.gateway.extraEnv }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      ports:
+        - name: http
+          containerPort: 8080
+          protocol: TCP
+      livenessProbe:
+        httpGet:
+          path: /healthz
+          port: http
+        periodSeconds: 10
+        timeoutSeconds: 5
+        failureThreshold: 6
+      readinessProbe:
+        httpGet:
+          path: /readyz
+          port: http
+        periodSeconds: 5
+        timeoutSeconds: 5
+        failureThreshold: 3
+      securityContext:
+        {{- include "vm-manager.restrictedSecurityContext" . | nindent 8 }}
+      {{- with $v.gateway.resources }}
+      resources:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      volumeMounts:
+        {{- include "vm-manager.commonMounts" . | nindent 8 }}
+  volumes:
+    - name: state
+      {{- if or $v.persistence.create $v.persistence.existingClaim }}
+      persistentVolumeClaim:
+        claimName: {{ include "vm-manager.claimName" . }}
+      {{- else }}
+      emptyDir: {}
+      {{- end }}
+    - name: run
+      emptyDir:
+        medium: Memory
+        sizeLimit: 16Mi
+    - name: tmp
+      emptyDir:
+        sizeLimit: 1Gi
+    {{- if and $v.oidc.issuer $v.oidc.caSecret.name }}
+    - name: oidc-ca
+      secret:
+        secretName: {{ $v.oidc.caSecret.name }}
+        defaultMode: 0444
+        items:
+          - key: {{ $v.oidc.caSecret.key }}
+            path: {{ $v.oidc.caSecret.key }}
+    {{- end }}
+    {{- if and $v.guestImage.enabled $v.guestImage.pullSecret }}
+    - name: registry-auth
+      secret:
+        secretName: {{ $v.guestImage.pullSecret }}
+        defaultMode: 0444
+        items:
+          - key: .dockerconfigjson
+            path: config.json
+    {{- end }}
+{{- end }}
