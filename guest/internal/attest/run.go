@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/giantswarm/vm-manager/gen/imdswire"
 	"github.com/google/go-tpm/tpm2/transport"
 )
 
@@ -35,27 +36,11 @@ const (
 	ExitRejected = 2
 )
 
-// Request is the body of POST /attest/quote (contract §5.2). []byte fields are
-// base64 in JSON.
-type Request struct {
-	Stage        string                       `json:"stage"`
-	Nonce        string                       `json:"nonce"`
-	AKPub        []byte                       `json:"ak_pub"`
-	EKPub        []byte                       `json:"ek_pub,omitempty"`
-	Quote        []byte                       `json:"quote"`
-	Signature    []byte                       `json:"signature"`
-	PCRs         map[string]map[string]string `json:"pcrs"`
-	EventLog     []byte                       `json:"event_log,omitempty"`
-	UserspaceLog []byte                       `json:"userspace_log,omitempty"`
-}
-
-// Response is the IMDS's answer to a quote.
-type Response struct {
-	Stage            string `json:"stage"`
-	Verified         bool   `json:"verified"`
-	UserDataReleased bool   `json:"user_data_released"`
-	Message          string `json:"message,omitempty"`
-}
+// Request and Response are the wire format shared with the IMDS.
+type (
+	Request  = imdswire.QuoteRequest
+	Response = imdswire.QuoteResponse
+)
 
 // Config is one `vm-agent attest` run.
 type Config struct {

@@ -19,6 +19,7 @@ import (
 	"strings"
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
+	"github.com/giantswarm/vm-manager/gen/imdswire"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 )
@@ -266,27 +267,11 @@ func (s *server) nonce(w http.ResponseWriter, r *http.Request, vm *hypervisorv1.
 	text(w, http.StatusOK, hex.EncodeToString(n))
 }
 
-// QuoteRequest is the body of POST /attest/quote (contract §5.2); []byte
-// fields are base64 in JSON.
-type QuoteRequest struct {
-	Stage        string                       `json:"stage"`
-	Nonce        string                       `json:"nonce"`
-	AKPub        []byte                       `json:"ak_pub"`
-	EKPub        []byte                       `json:"ek_pub,omitempty"`
-	Quote        []byte                       `json:"quote"`
-	Signature    []byte                       `json:"signature"`
-	PCRs         map[string]map[string]string `json:"pcrs"`
-	EventLog     []byte                       `json:"event_log,omitempty"`
-	UserspaceLog []byte                       `json:"userspace_log,omitempty"`
-}
-
-// QuoteResponse is the answer to a quote, whatever the status.
-type QuoteResponse struct {
-	Stage            string `json:"stage"`
-	Verified         bool   `json:"verified"`
-	UserDataReleased bool   `json:"user_data_released"`
-	Message          string `json:"message,omitempty"`
-}
+// QuoteRequest and QuoteResponse are the wire format shared with vm-agent.
+type (
+	QuoteRequest  = imdswire.QuoteRequest
+	QuoteResponse = imdswire.QuoteResponse
+)
 
 var stages = map[string]attestationv1.Stage{
 	"initrd": attestationv1.Stage_STAGE_INITRD,
