@@ -106,12 +106,34 @@ test: deps tools check-generated lint breaking build guest-image ## everything C
 	VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -count=1 -timeout 30m $(GO_PKGS)
 	$(MAKE) fuzz
 
+# The fault suite (tests/faults_test.go): random VM operations with SIGKILL and
+# restart of the three processes, then invariants. FAULTS_SEED=<n> replays a
+# run's choices, FAULTS_EVENTS sets the number of kill/restart events (30).
+.PHONY: test-faults
+test-faults: ## the fault suite: ~8 minutes of VM operations and SIGKILLs, then invariants
+	cd tests && FAULTS=1 FAULTS_SEED=$(FAULTS_SEED) FAULTS_EVENTS=$(FAULTS_EVENTS) VMM_TEST_IMAGE_DIR=$${VMM_TEST_IMAGE_DIR:-$(IMAGE_DIR)} go test -count=1 -timeout 30m -run '^TestFaults$$' -v .
+
+# The load test (tests/load_test.go): LOAD_CLIENTS clients for LOAD_DURATION
+# over REST, gRPC and MCP against the three binaries while two test guests run
+# (make guest-image first; make test builds it). Fails on any error, a VM no
+# longer ready, or a process whose RSS grew by more than 100 MiB; prints the
+# table kept in docs/reliability.md.
+LOAD_CLIENTS  ?= 200
+LOAD_DURATION ?= 60s
+
+.PHONY: test-load
+test-load: ## the load test: 200 clients for 60 s, zero errors, p50/p99 and calls/s per surface, RSS
+	cd tests && LOAD=1 LOAD_CLIENTS=$(LOAD_CLIENTS) LOAD_DURATION=$(LOAD_DURATION) VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -count=1 -timeout 20m -run '^TestLoad$$' -v .
+
 FUZZTIME ?= 15s
 
 .PHONY: fuzz
 fuzz: ## the fuzz targets, each for $(FUZZTIME) (bounded, run by make test)
 	cd services/attestation && go test -run '^$$' -fuzz '^FuzzCheck$$' -fuzztime $(FUZZTIME) ./internal/verify/
 	cd services/attestation && go test -run '^$$' -fuzz '^FuzzEventLog$$' -fuzztime $(FUZZTIME) ./internal/verify/
+	cd services/hypervisor && go test -run '^$$' -fuzz '^FuzzIMDS$$' -fuzztime $(FUZZTIME) ./internal/imds/
+	cd services/hypervisor && go test -run '^$$' -fuzz '^FuzzNotify$$' -fuzztime $(FUZZTIME) ./internal/notify/
+	cd services/gateway && go test -run '^$$' -fuzz '^FuzzRESTBody$$' -fuzztime $(FUZZTIME) ./internal/restjson/
 
 .PHONY: test-short
 test-short: ## unit tests only

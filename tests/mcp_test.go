@@ -191,9 +191,19 @@ func TestMCPEndToEnd(t *testing.T) {
 		if err := json.Unmarshal([]byte(out), &vm); err != nil || vm.State != "ready" || vm.CreatedBy != "agent@example.com" {
 			t.Fatalf("create_vm: %v %s", err, out)
 		}
-		mu.Lock()
-		seen := strings.Join(progress, "|")
-		mu.Unlock()
+		// The client handles notifications on its own goroutine: the last one
+		// may land just after the result.
+		var seen string
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			mu.Lock()
+			seen = strings.Join(progress, "|")
+			mu.Unlock()
+			if strings.Contains(seen, " is ready") || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
 		if !strings.Contains(seen, "vm "+vm.ID+" is ") || !strings.Contains(seen, " is ready") {
 			t.Errorf("progress notifications: %q", seen)
 		}

@@ -53,12 +53,17 @@ func (s Schema) Latest() int {
 
 // Open opens (or creates, mode 0600) the database at path and migrates it to
 // the schema's latest version. A file held by another process fails after
-// lockTimeout (bbolt takes an flock on it).
+// lockTimeout (bbolt takes an flock on it). A damaged file (a meta page that
+// does not validate, a file shorter than its pages) is refused with
+// ErrCorrupt before anything is written to it.
 func Open(path string, s Schema, lockTimeout time.Duration) (*bolt.DB, error) {
 	for i, m := range s.Migrations {
 		if m.Version != i+1 {
 			return nil, fmt.Errorf("schema %s: migration %d has version %d", s.Name, i, m.Version)
 		}
+	}
+	if err := checkFile(path); err != nil {
+		return nil, fmt.Errorf("open %s: %w; the file was left as it is: restore it from a backup, or move it aside to start with an empty database", path, err)
 	}
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: lockTimeout})
 	if err != nil {

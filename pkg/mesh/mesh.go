@@ -86,6 +86,18 @@ func Listen(path string) (net.Listener, error) {
 	return l, nil
 }
 
+// MaxMessageBytes bounds one gRPC message on the mesh, both ways. gRPC's
+// default of 4 MiB is below what the API accepts: a REST body may be 8 MiB
+// (user_data, a quote with event logs), and a guest's 8 MiB report grows when
+// it is re-encoded as a protobuf Struct.
+const MaxMessageBytes = 64 << 20
+
+// DrainTimeout is how long a process finishes in-flight calls after SIGTERM
+// before it cuts them off. A create_vm waiting for ready takes 10-15 s under
+// TCG; the pod's grace period (90 s) also covers the hypervisor's power-down
+// of its VMs (the stop timeout) after the drain.
+const DrainTimeout = 30 * time.Second
+
 // Server is a gRPC server with health and reflection.
 type Server struct {
 	*grpc.Server
@@ -97,6 +109,8 @@ type Server struct {
 // internal errors instead of killing the process.
 func NewServer(log *slog.Logger, extra ...grpc.ServerOption) *Server {
 	opts := append([]grpc.ServerOption{
+		grpc.MaxRecvMsgSize(MaxMessageBytes),
+		grpc.MaxSendMsgSize(MaxMessageBytes),
 		grpc.ChainUnaryInterceptor(unaryErrors(log)),
 		grpc.ChainStreamInterceptor(streamErrors(log)),
 	}, extra...)
@@ -158,6 +172,7 @@ func convert(log *slog.Logger, method string, err error) error {
 func Dial(path string, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
 	opts := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageBytes), grpc.MaxCallSendMsgSize(MaxMessageBytes)),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 			MinConnectTimeout: 2 * time.Second,

@@ -44,6 +44,12 @@ type Options struct {
 	// (--oidc-issuer, --oidc-audiences): every API call then needs a token.
 	OIDCIssuer    string
 	OIDCAudiences []string
+	// LogLevel is the services' log level (VM_MANAGER_LOG_LEVEL); default
+	// debug. Load tests use info: no per-request lines.
+	LogLevel string
+	// StopVMsOnExit starts the hypervisor with --detach-vms-on-exit=false:
+	// a graceful stop powers its VMs down (the pod's behaviour).
+	StopVMsOnExit bool
 }
 
 // Cluster is a running set of the three services.
@@ -115,17 +121,25 @@ func (c *Cluster) Socket(service string) string {
 }
 
 func (c *Cluster) env() []string {
-	return []string{
+	level := c.options.LogLevel
+	if level == "" {
+		level = "debug"
+	}
+	env := []string{
 		"VM_MANAGER_STATE_DIR=" + c.StateDir,
 		"VM_MANAGER_RUN_DIR=" + c.RunDir,
 		"VM_MANAGER_IMAGE_DIR=" + c.ImageDir,
 		"VM_MANAGER_LISTEN=" + c.Addr,
-		"VM_MANAGER_LOG_LEVEL=debug",
+		"VM_MANAGER_LOG_LEVEL=" + level,
 		fmt.Sprintf("VM_MANAGER_ATTESTATION_LEARN_GOLDEN=%t", c.options.LearnGolden),
 		"VM_MANAGER_METRICS_ENABLED=true",
 		"VM_MANAGER_OIDC_ISSUER=" + c.options.OIDCIssuer,
 		"VM_MANAGER_OIDC_AUDIENCES=" + strings.Join(c.options.OIDCAudiences, ","),
 	}
+	if c.options.StopVMsOnExit {
+		env = append(env, "VM_MANAGER_DETACH_VMS_ON_EXIT=false")
+	}
+	return env
 }
 
 // identity is the services' in-process identity configuration.
@@ -138,6 +152,14 @@ func (c *Cluster) SetLearnGolden(on bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.options.LearnGolden = on
+}
+
+// SetStopVMsOnExit sets the hypervisor's --detach-vms-on-exit=false for its
+// next start.
+func (c *Cluster) SetStopVMsOnExit(on bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.options.StopVMsOnExit = on
 }
 
 // StartService starts one service (again).
@@ -178,6 +200,56 @@ func (c *Cluster) StopService(name string) {
 	if err := p.stop(); err != nil {
 		c.t.Logf("stop %s: %v", name, err)
 	}
+}
+
+// StopServiceGracefully sends a process SIGTERM (in-process: cancels its
+// context) and waits up to timeout for it to exit; it returns the exit code
+// (-1 when it had to be killed after the timeout or died of a signal).
+func (c *Cluster) StopServiceGracefully(name string, timeout time.Duration) (exitCode int) {
+	c.t.Helper()
+	c.mu.Lock()
+	p, ok := c.procs[name]
+	delete(c.procs, name)
+	c.mu.Unlock()
+	if !ok {
+		c.t.Fatalf("%s is not running", name)
+	}
+	switch p := p.(type) {
+	case *osProc:
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+			return p.cmd.ProcessState.ExitCode()
+		case <-time.After(timeout):
+			c.t.Errorf("%s did not exit within %s of SIGTERM; killing it", name, timeout)
+			_ = p.stop()
+			return -1
+		}
+	case *goProc:
+		p.cancel()
+		select {
+		case err := <-p.done:
+			if err != nil {
+				c.t.Logf("%s: %v", name, err)
+				return 1
+			}
+			return 0
+		case <-time.After(timeout):
+			c.t.Errorf("%s did not stop within %s", name, timeout)
+			return -1
+		}
+	}
+	return -1
+}
+
+// Pid is a service's process id (0 in-process or when it is not running).
+func (c *Cluster) Pid(name string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p, ok := c.procs[name].(*osProc); ok {
+		return p.cmd.Process.Pid
+	}
+	return 0
 }
 
 // StopAll stops everything, gateway first.
@@ -265,7 +337,7 @@ func (c *Cluster) startInProcess(name string) proc {
 		run = func() error {
 			// The binary's defaults, spelled out.
 			return hypervisor.Run(ctx, hypervisor.Config{StateDir: c.StateDir, ImageDir: c.ImageDir, Socket: c.Socket(name), AttestationSocket: c.Socket("attestation"),
-				DefaultNetwork: "default", DefaultSubnet: "192.168.127.0/24", Identity: c.identity()}, log)
+				DefaultNetwork: "default", DefaultSubnet: "192.168.127.0/24", Identity: c.identity(), StopVMsOnExit: c.options.StopVMsOnExit}, log)
 		}
 	case "gateway":
 		run = func() error {

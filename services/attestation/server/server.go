@@ -96,7 +96,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	go func() { srv.GracefulStop(); close(stopped) }()
 	select {
 	case <-stopped:
-	case <-time.After(15 * time.Second):
+	case <-time.After(mesh.DrainTimeout):
 		srv.Stop()
 	}
 	_ = os.Remove(cfg.Socket)

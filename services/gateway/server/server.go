@@ -139,14 +139,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	mux.Handle("/api/v1/", api)
 	// MCP (streamable HTTP); its tool calls reach the backends with the
 	// caller's token like REST's.
-	mux.Handle("/mcp", mcp.New(hypervisorv1.NewHypervisorServiceClient(hconn), attestationv1.NewAttestationServiceClient(aconn), log, observe))
+	mcpHandler := newMCPDrain(mcp.New(hypervisorv1.NewHypervisorServiceClient(hconn), attestationv1.NewAttestationServiceClient(aconn), log, observe))
+	defer mcpHandler.drain()
+	mux.Handle("/mcp", mcpHandler)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		rest.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
 	})
 
 	// With an issuer, everything on the mux but OpenPaths needs a token;
 	// grpc-gateway forwards the Authorization header as "authorization".
-	guarded := verifier.HTTP(mux, identity.OpenPaths(OpenPaths...))
+	guarded := verifier.HTTP(rest.RefuseUncleanPaths(mux), identity.OpenPaths(OpenPaths...))
 	root := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
 			gs.ServeHTTP(w, r)
@@ -164,6 +166,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
+	srv.RegisterOnShutdown(mcpHandler.drain)
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return err
@@ -182,7 +185,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	case <-ctx.Done():
 	}
 	hs.Shutdown()
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), mesh.DrainTimeout)
 	defer cancel()
 	err = srv.Shutdown(shutdownCtx)
 	gs.Stop()
@@ -191,6 +194,59 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	log.Info("gateway stopped")
 	return err
+}
+
+// mcpDrain ends MCP's standalone SSE streams (a GET each session holds
+// open for the server's notifications) when the gateway drains: they never
+// end by themselves, so Shutdown would wait its whole timeout for them. They
+// end once the session's other requests (POSTs: the tool calls) are done, as
+// a client may give its session up, tool calls in flight included, when its
+// stream ends.
+type mcpDrain struct {
+	h http.Handler
+
+	mu       sync.Mutex
+	inflight int  // requests other than GET
+	draining bool // Shutdown has begun
+	streams  context.Context
+	end      context.CancelFunc // ends the GET streams
+}
+
+func newMCPDrain(h http.Handler) *mcpDrain {
+	d := &mcpDrain{h: h}
+	d.streams, d.end = context.WithCancel(context.Background())
+	return d
+}
+
+func (d *mcpDrain) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet {
+		d.mu.Lock()
+		d.inflight++
+		d.mu.Unlock()
+		defer func() {
+			d.mu.Lock()
+			if d.inflight--; d.inflight == 0 && d.draining {
+				d.end()
+			}
+			d.mu.Unlock()
+		}()
+		d.h.ServeHTTP(w, r)
+		return
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	defer context.AfterFunc(d.streams, cancel)()
+	d.h.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// drain ends the streams as soon as no other request is in flight.
+func (d *mcpDrain) drain() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.draining = true
+	if d.inflight == 0 {
+		d.end()
+	}
 }
 
 // checkListen refuses a non-loopback address for an anonymous API.

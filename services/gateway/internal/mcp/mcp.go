@@ -71,11 +71,43 @@ func New(hv hypervisorv1.HypervisorServiceClient, at attestationv1.AttestationSe
 		srv.AddReceivingMiddleware(observed(observe))
 	}
 	return mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
-		Logger:              log,
+		Logger:              sdkLogger(log),
 		SessionTimeout:      SessionTimeout,
 		MaxRequestBodyBytes: MaxRequestBodyBytes,
 	})
 }
+
+// sdkLogger is log for the SDK, whose session lifecycle lines (connecting,
+// connected, initialized, disconnected: four per MCP client) are info: they
+// become debug, so that at info the gateway logs nothing per client or call.
+// Warnings and errors pass unchanged.
+func sdkLogger(log *slog.Logger) *slog.Logger {
+	return slog.New(demoteInfo{log.Handler()})
+}
+
+type demoteInfo struct{ slog.Handler }
+
+func demote(l slog.Level) slog.Level {
+	if l < slog.LevelWarn {
+		return min(l, slog.LevelDebug)
+	}
+	return l
+}
+
+func (d demoteInfo) Enabled(ctx context.Context, l slog.Level) bool {
+	return d.Handler.Enabled(ctx, demote(l))
+}
+
+func (d demoteInfo) Handle(ctx context.Context, r slog.Record) error {
+	r.Level = demote(r.Level)
+	return d.Handler.Handle(ctx, r)
+}
+
+func (d demoteInfo) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return demoteInfo{d.Handler.WithAttrs(attrs)}
+}
+
+func (d demoteInfo) WithGroup(name string) slog.Handler { return demoteInfo{d.Handler.WithGroup(name)} }
 
 // NewServer returns the MCP server with the 20 tools registered.
 func NewServer(hv hypervisorv1.HypervisorServiceClient, at attestationv1.AttestationServiceClient, log *slog.Logger) *mcp.Server {
@@ -84,7 +116,7 @@ func NewServer(hv hypervisorv1.HypervisorServiceClient, at attestationv1.Attesta
 	}
 	s := mcp.NewServer(&mcp.Implementation{Name: ServerName, Version: buildinfo.Version}, &mcp.ServerOptions{
 		Instructions: Instructions,
-		Logger:       log,
+		Logger:       sdkLogger(log),
 		// Tools only, and they never change: no listChanged, no logging.
 		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: false}},
 	})

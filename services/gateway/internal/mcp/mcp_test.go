@@ -1,8 +1,10 @@
 package mcp
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -677,4 +679,67 @@ func TestBackendDown(t *testing.T) {
 	wantError(t, h.call(t, "get_vm_attestation", map[string]any{"id": "0a1b2c3d"}), "unavailable: the attestation service is unavailable: ")
 	// get_info needs no backend.
 	wantOK(t, h.call(t, "get_info", nil))
+}
+
+// syncBuffer is a bytes.Buffer for a logger written from several goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestSessionsQuietAtInfo: an MCP client's session (connect, a call, close)
+// writes nothing at info; the SDK's lifecycle lines are debug.
+func TestSessionsQuietAtInfo(t *testing.T) {
+	for _, level := range []slog.Level{slog.LevelInfo, slog.LevelDebug} {
+		t.Run(level.String(), func(t *testing.T) {
+			var logs syncBuffer
+			log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: level}))
+			conn, err := grpc.NewClient("unix://"+t.TempDir()+"/nothing.sock", grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = conn.Close() })
+			ts := httptest.NewServer(New(hypervisorv1.NewHypervisorServiceClient(conn), attestationv1.NewAttestationServiceClient(conn), log, nil))
+			t.Cleanup(ts.Close)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v0"}, nil).Connect(ctx, &mcp.StreamableClientTransport{Endpoint: ts.URL}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantOK(t, (&harness{session: cs}).call(t, "get_info", nil))
+			_ = cs.Close()
+			got := ""
+			for range 50 { // the server logs the disconnect after the client returns
+				if got = logs.String(); strings.Contains(got, "disconnected") {
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			switch level {
+			case slog.LevelInfo:
+				if got != "" {
+					t.Errorf("a session at info logged:\n%s", got)
+				}
+			case slog.LevelDebug:
+				for _, want := range []string{"level=DEBUG msg=\"server session connected\"", "level=DEBUG msg=\"session initialized\"", "level=DEBUG msg=\"server session disconnected\""} {
+					if !strings.Contains(got, want) {
+						t.Errorf("debug log lacks %s:\n%s", want, got)
+					}
+				}
+			}
+		})
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"path"
 	"strings"
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
@@ -108,4 +109,30 @@ func LimitBody(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// RefuseUncleanPaths answers a path with "." or ".." segments or doubled
+// slashes with the contract's not_found envelope. http.ServeMux would
+// redirect it (307, method and body kept) to the cleaned path, so
+// "POST /api/v1/vms/x/../../networks" would land on another resource.
+func RefuseUncleanPaths(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p := r.URL.EscapedPath(); p != "" && p != "*" && p != cleanPath(p) {
+			WriteError(w, http.StatusNotFound, apierr.NotFound, fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// cleanPath is http.ServeMux's: path.Clean, keeping a trailing slash.
+func cleanPath(p string) string {
+	if p[0] != '/' {
+		p = "/" + p
+	}
+	np := path.Clean(p)
+	if p[len(p)-1] == '/' && np != "/" {
+		np += "/"
+	}
+	return np
 }

@@ -26,6 +26,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -151,7 +152,9 @@ func writeField(buf *bytes.Buffer, fd protoreflect.FieldDescriptor, v protorefle
 			if i > 0 {
 				buf.WriteByte(',')
 			}
-			buf.WriteString(strconv.Quote(k.String()))
+			// strconv.Quote would write Go escapes (\x00), which JSON lacks.
+			kb, _ := json.Marshal(k.String())
+			buf.Write(kb)
 			buf.WriteByte(':')
 			if err := writeSingular(buf, fd.MapValue(), mp.Get(k)); err != nil {
 				return err
@@ -219,9 +222,13 @@ func sortMapKeys(keys []protoreflect.MapKey) {
 	}
 }
 
-// Unmarshal decodes a request body into m: unknown fields are an error and
-// enums may be given in their REST form.
+// Unmarshal decodes a request body into m: unknown fields and invalid UTF-8
+// are errors, and enums may be given in their REST form.
 func Unmarshal(data []byte, m proto.Message) error {
+	// encoding/json would turn invalid UTF-8 into U+FFFD without a word.
+	if !utf8.Valid(data) {
+		return fmt.Errorf("invalid UTF-8 in the JSON text")
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
 	var tree any

@@ -79,8 +79,9 @@ type Config struct {
 type Prober struct {
 	cfg Config
 
-	mu     sync.Mutex
-	hashes map[string]hashEntry
+	mu      sync.Mutex
+	hashes  map[string]hashEntry
+	outputs map[string]outputEntry
 }
 
 // hashEntry caches a firmware digest: the image is a few MB and rarely changes.
@@ -88,6 +89,17 @@ type hashEntry struct {
 	modTime time.Time
 	size    int64
 	sum     string
+}
+
+// outputEntry caches a command's output about one file (a program's
+// --version, the package shipping the firmware) while the file keeps its
+// size and mtime: get_host is a hot call, and five forks per report under a
+// few hundred concurrent callers starved the host (and ran into
+// CommandTimeout, reporting tools as broken).
+type outputEntry struct {
+	modTime time.Time
+	size    int64
+	out     []byte
 }
 
 // New returns a Prober with the defaults filled in.
@@ -112,7 +124,7 @@ func New(cfg Config) *Prober {
 	if cfg.LookPath == nil {
 		cfg.LookPath = exec.LookPath
 	}
-	return &Prober{cfg: cfg, hashes: map[string]hashEntry{}}
+	return &Prober{cfg: cfg, hashes: map[string]hashEntry{}, outputs: map[string]outputEntry{}}
 }
 
 // Report measures the host now. It never fails: what cannot be measured is
@@ -254,13 +266,35 @@ func (p *Prober) tool(ctx context.Context, name string, args ...string) *hypervi
 		return t
 	}
 	t.Found, t.Path = true, path
-	out, err := p.run(ctx, path, args...)
+	out, err := p.runAbout(ctx, path, path, args...)
 	if err != nil {
 		t.Error = err.Error()
 		return t
 	}
 	t.Version = firstLine(out)
 	return t
+}
+
+// runAbout is run for a command whose output depends only on file: a
+// successful output is served again while file keeps its size and mtime.
+func (p *Prober) runAbout(ctx context.Context, file, name string, args ...string) ([]byte, error) {
+	key := strings.Join(append([]string{file, name}, args...), "\x00")
+	fi, statErr := os.Stat(file)
+	if statErr == nil {
+		p.mu.Lock()
+		e, ok := p.outputs[key]
+		p.mu.Unlock()
+		if ok && e.size == fi.Size() && e.modTime.Equal(fi.ModTime()) {
+			return e.out, nil
+		}
+	}
+	out, err := p.run(ctx, name, args...)
+	if err == nil && statErr == nil {
+		p.mu.Lock()
+		p.outputs[key] = outputEntry{modTime: fi.ModTime(), size: fi.Size(), out: out}
+		p.mu.Unlock()
+	}
+	return out, err
 }
 
 func (p *Prober) run(ctx context.Context, name string, args ...string) ([]byte, error) {
@@ -366,7 +400,7 @@ func (p *Prober) hash(path string) (string, error) {
 
 // dpkg names the Debian package shipping path and its installed version.
 func (p *Prober) dpkg(ctx context.Context, path string) (pkg, version string, err error) {
-	out, err := p.run(ctx, "dpkg-query", "--search", path)
+	out, err := p.runAbout(ctx, path, "dpkg-query", "--search", path)
 	if err != nil {
 		return "", "", err
 	}
@@ -390,7 +424,7 @@ func (p *Prober) dpkg(ctx context.Context, path string) (pkg, version string, er
 	}
 	// A multiarch name ("libfoo:amd64") is queried as such, reported without the arch.
 	pkg, _, _ = strings.Cut(query, ":")
-	out, err = p.run(ctx, "dpkg-query", "--show", "--showformat=${Version}", query)
+	out, err = p.runAbout(ctx, path, "dpkg-query", "--show", "--showformat=${Version}", query)
 	if err != nil {
 		return pkg, "", err
 	}

@@ -217,3 +217,39 @@ func ReadStat(pid int) (Stat, error) {
 		RSSBytes:   rss * int64(os.Getpagesize()),
 	}, nil
 }
+
+// Running is a process found by Scan: its handle and its argv.
+type Running struct {
+	Handle
+	Argv []string
+}
+
+// Scan lists the running processes (zombies left out) whose argv match
+// accepts. Processes that exit while it reads are skipped.
+func Scan(match func(argv []string) bool) ([]Running, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	var out []Running
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		raw, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil || len(raw) == 0 {
+			continue // gone, or a kernel thread
+		}
+		argv := strings.Split(strings.TrimSuffix(string(raw), "\x00"), "\x00")
+		if !match(argv) || zombie(pid) {
+			continue
+		}
+		ticks, err := StartTicks(pid)
+		if err != nil {
+			continue
+		}
+		out = append(out, Running{Handle: Handle{PID: pid, StartTicks: ticks}, Argv: argv})
+	}
+	return out, nil
+}

@@ -3,6 +3,7 @@ package proc
 import (
 	"errors"
 	"os/exec"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -118,5 +119,26 @@ func TestReadStat(t *testing.T) {
 	}
 	if st.RSSBytes <= 0 {
 		t.Errorf("stat %+v", st)
+	}
+}
+
+func TestScan(t *testing.T) {
+	marker := "vmm-scan-test-" + t.Name()
+	cmd := exec.Command("sh", "-c", "sleep 30; true", marker)
+	p, err := Start(cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Terminate(time.Second)
+	found, err := Scan(func(argv []string) bool { return slices.Contains(argv, marker) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(found) != 1 || found[0].Handle != p.Handle || found[0].Argv[0] != "sh" {
+		t.Fatalf("Scan found %+v, want pid %d", found, p.PID)
+	}
+	p.Terminate(time.Second)
+	if found, _ := Scan(func(argv []string) bool { return slices.Contains(argv, marker) }); len(found) != 0 {
+		t.Errorf("an exited process is still found: %+v", found)
 	}
 }

@@ -75,14 +75,19 @@ func Quote(argv []string) string {
 // PinFile keeps the guest's host key in one file (authorized_keys format).
 type PinFile string
 
-// callback accepts the pinned key, or pins the first key seen.
+// callback accepts the pinned key, or pins the first key seen. Of
+// concurrent first connections one pins its key, the others are checked
+// against it.
 func (p PinFile) callback() ssh.HostKeyCallback {
 	return func(_ string, _ net.Addr, key ssh.PublicKey) error {
 		b, err := os.ReadFile(string(p))
-		switch {
-		case errors.Is(err, os.ErrNotExist):
-			return writeAtomic(string(p), ssh.MarshalAuthorizedKey(key))
-		case err != nil:
+		if errors.Is(err, os.ErrNotExist) {
+			if err = pinFirst(string(p), ssh.MarshalAuthorizedKey(key)); !errors.Is(err, os.ErrExist) {
+				return err
+			}
+			b, err = os.ReadFile(string(p))
+		}
+		if err != nil {
 			return fmt.Errorf("read pinned host key: %w", err)
 		}
 		pinned, _, _, _, err := ssh.ParseAuthorizedKey(b)
@@ -189,6 +194,30 @@ func (c *capped) Write(b []byte) (int, error) {
 		return len(b), nil
 	}
 	return c.buf.Write(b)
+}
+
+// pinFirst creates path with data unless it exists (an error satisfying
+// errors.Is(err, os.ErrExist)); the file appears complete or not at all.
+func pinFirst(path string, data []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	return os.Link(f.Name(), path)
 }
 
 func writeAtomic(path string, data []byte) error {

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"golang.org/x/crypto/ssh"
@@ -129,6 +130,43 @@ func TestRunResultAndPin(t *testing.T) {
 	other := newGuest(t, pub)
 	if _, err := Run(context.Background(), other.dial(t), priv, pin, []string{"true"}); !errors.Is(err, ErrHostKeyChanged) {
 		t.Fatalf("changed host key: err = %v", err)
+	}
+}
+
+// TestFirstPinConcurrent: concurrent first execs on a fresh VM all succeed
+// (they used to race on one temporary file: "rename …ssh_host_key.tmp: no
+// such file or directory"), and of two guests racing to be first one wins.
+func TestFirstPinConcurrent(t *testing.T) {
+	priv, pub := key(t)
+	g := newGuest(t, pub)
+	pin := PinFile(filepath.Join(t.TempDir(), "ssh_host_key"))
+	var wg sync.WaitGroup
+	errs := make([]error, 16)
+	for i := range errs {
+		conn := g.dial(t)
+		wg.Go(func() { _, errs[i] = Run(context.Background(), conn, priv, pin, []string{"true"}) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("exec %d: %v", i, err)
+		}
+	}
+	if left, _ := filepath.Glob(string(pin) + ".tmp*"); len(left) > 0 {
+		t.Errorf("temporary files left: %q", left)
+	}
+
+	other := newGuest(t, pub)
+	for range 4 {
+		pin := PinFile(filepath.Join(t.TempDir(), "ssh_host_key"))
+		a, b := g.dial(t), other.dial(t)
+		var errA, errB error
+		wg.Go(func() { _, errA = Run(context.Background(), a, priv, pin, []string{"true"}) })
+		wg.Go(func() { _, errB = Run(context.Background(), b, priv, pin, []string{"true"}) })
+		wg.Wait()
+		if (errA == nil) == (errB == nil) || !errors.Is(errors.Join(errA, errB), ErrHostKeyChanged) {
+			t.Fatalf("two guests racing for the pin: %v, %v; want one pinned, the other refused", errA, errB)
+		}
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
@@ -43,6 +44,9 @@ func (m *Manager) IssueNonce(ctx context.Context, vmID string) ([]byte, error) {
 	if m.verifier == nil {
 		return nil, apierr.Errorf(apierr.Unavailable, "no attestation service")
 	}
+	if err := m.beginLate(ctx, mc); err != nil {
+		return nil, err
+	}
 	resp, err := m.verifier.IssueNonce(ctx, &attestationv1.IssueNonceRequest{VmId: vmID})
 	if err != nil {
 		return nil, err
@@ -57,6 +61,39 @@ func (m *Manager) IssueNonce(ctx context.Context, vmID string) ([]byte, error) {
 		}
 	})
 	return resp.GetNonce(), nil
+}
+
+// lateBoots serialises beginLate, so that concurrent nonce requests of one
+// boot begin it once.
+var lateBoots sync.Mutex
+
+// beginLate begins the VM's current boot in attestation when its launch
+// could not (attestation was down then; the record's attestation has no boot
+// number). Without it attestation refuses the boot's nonces (a VM it has
+// never seen: the guest retried until the boot timeout, found by the fault
+// suite) or takes the guest's quotes as the previous boot's, whose verified
+// verdict a rejected quote does not erase.
+func (m *Manager) beginLate(ctx context.Context, mc *machine) error {
+	if rec, _ := mc.snapshot(); rec.GetAttestation().GetBoot() != 0 || rec.GetPhase() != hypervisorv1.Phase_PHASE_BOOT {
+		return nil
+	}
+	lateBoots.Lock()
+	defer lateBoots.Unlock()
+	rec, _ := mc.snapshot()
+	if rec.GetAttestation().GetBoot() != 0 {
+		return nil
+	}
+	att, err := m.verifier.BeginBoot(ctx, m.beginBootRequest(rec))
+	if err != nil {
+		return err
+	}
+	m.log.Info("attestation recorded the boot at the guest's first nonce (it was unavailable at launch)", "vm", mc.id, "boot", att.GetBoot())
+	m.update(mc, func(r *hypervisorv1.VirtualMachine) {
+		if r.GetAttestation().GetBoot() == 0 {
+			r.Attestation = att
+		}
+	})
+	return nil
 }
 
 // rejectedPrefix marks a lastError written by a rejected initrd quote, which

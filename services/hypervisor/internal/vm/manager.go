@@ -147,11 +147,16 @@ func New(cfg Config, log *slog.Logger, st Store, images ImageResolver, verifier 
 		cancel()
 		return nil, fmt.Errorf("load vm records: %w", err)
 	}
+	strays := m.findStrays()
 	for _, rec := range recs {
 		mc := &machine{id: rec.GetId(), rec: rec, changed: make(chan struct{})}
 		m.machines[mc.id] = mc
-		m.restore(mc)
+		m.restore(mc, strays[mc.id])
 		m.restoreForwards(mc)
+		delete(strays, mc.id)
+	}
+	for id, procs := range strays { // of VM directories without a record
+		m.endStrays(id, procs, nil)
 	}
 	return m, nil
 }
@@ -648,6 +653,10 @@ func (m *Manager) Delete(_ context.Context, id string) error {
 	return nil
 }
 
+// StoppedOnExit is lastError of a VM powered down by the hypervisor's exit
+// with StopVMsOnExit (--detach-vms-on-exit=false).
+const StoppedOnExit = "powered down when vm-manager stopped (--detach-vms-on-exit=false); start the VM again"
+
 // Close stops supervising: the VMs keep running for the next hypervisor, or
 // with StopVMsOnExit are powered down within the stop timeout.
 func (m *Manager) Close() {
@@ -662,6 +671,11 @@ func (m *Manager) Close() {
 		var wg sync.WaitGroup
 		for _, mc := range mcs {
 			wg.Go(func() {
+				mc.mu.Lock()
+				if mc.run != nil {
+					mc.run.stopReason = StoppedOnExit
+				}
+				mc.mu.Unlock()
 				if _, err := m.Stop(context.Background(), mc.id); err != nil && apierr.CodeOf(err) != apierr.Conflict {
 					m.log.Warn("stop on exit", "vm", mc.id, "error", err)
 				}

@@ -3,6 +3,9 @@ package vm
 import (
 	"context"
 	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
@@ -13,8 +16,26 @@ import (
 // restore brings a loaded record in line with reality after a hypervisor
 // (re)start: a live VM whose QEMU still runs is re-adopted (QMP reconnected,
 // readiness re-attached, its supervisor resumed); anything else is settled
-// with the reason in lastError.
-func (m *Manager) restore(mc *machine) {
+// with the reason in lastError. Processes of the VM that the record does not
+// list (strays: a launch the previous hypervisor died in) are ended.
+func (m *Manager) restore(mc *machine, strays []proc.Running) {
+	before := mc.rec.GetState()
+	m.restoreRecord(mc)
+	mc.mu.Lock()
+	var keep []int
+	if rt := mc.run; rt != nil {
+		keep = []int{rt.qemu.PID, rt.tpm.PID}
+	}
+	mc.mu.Unlock()
+	if m.endStrays(mc.id, strays, keep) > 0 && (before == hypervisorv1.State_STATE_STOPPED || before == hypervisorv1.State_STATE_FAILED) {
+		// A start or reboot was launching it: say why it is still down.
+		m.update(mc, func(r *hypervisorv1.VirtualMachine) {
+			r.LastError = "vm-manager restarted while the VM was starting; start the VM again"
+		})
+	}
+}
+
+func (m *Manager) restoreRecord(mc *machine) {
 	rec := mc.rec
 	state := rec.GetState()
 	switch {
@@ -93,4 +114,72 @@ func (m *Manager) killLeftovers(rec *hypervisorv1.VirtualMachine) {
 			p.Terminate(m.cfg.KillGrace)
 		}
 	}
+}
+
+// findStrays lists the QEMU and swtpm processes whose argv names a VM
+// directory of this state directory, by VM id. swtpm and QEMU are started
+// before the record lists them (QEMU once QMP answers), so a hypervisor that
+// dies in between leaves processes only this scan finds.
+func (m *Manager) findStrays() map[string][]proc.Running {
+	names := []string{filepath.Base(m.cfg.QEMUBinary), filepath.Base(m.cfg.SwtpmBinary)}
+	prefixes := []string{filepath.Join(m.cfg.StateDir, "vms") + "/"}
+	if abs, err := filepath.Abs(prefixes[0]); err == nil && abs+"/" != prefixes[0] {
+		prefixes = append(prefixes, abs+"/") // swtpm gets absolute paths
+	}
+	found, err := proc.Scan(func(argv []string) bool {
+		return slices.Contains(names, filepath.Base(argv[0])) && vmOfArgv(argv, prefixes) != ""
+	})
+	if err != nil {
+		m.log.Warn("cannot look for stray vm processes", "error", err)
+		return nil
+	}
+	out := map[string][]proc.Running{}
+	for _, r := range found {
+		id := vmOfArgv(r.Argv, prefixes)
+		out[id] = append(out[id], r)
+	}
+	return out
+}
+
+// vmOfArgv is the id of the VM directory an argument names: a path below one
+// of prefixes at the start of the argument or after '=', ':' or ','
+// (dir=…/tpm, path=…/qmp.sock, file:…/console.log).
+func vmOfArgv(argv []string, prefixes []string) string {
+	for _, a := range argv[1:] {
+		for _, p := range prefixes {
+			for i := 0; i+len(p) <= len(a); {
+				j := strings.Index(a[i:], p)
+				if j < 0 {
+					break
+				}
+				at := i + j
+				if at == 0 || strings.ContainsRune("=:,", rune(a[at-1])) {
+					id, _, _ := strings.Cut(a[at+len(p):], "/")
+					if vmID.MatchString(id) {
+						return id
+					}
+				}
+				i = at + 1
+			}
+		}
+	}
+	return ""
+}
+
+// endStrays terminates a VM's processes other than keep (the adopted ones)
+// and returns how many it ended.
+func (m *Manager) endStrays(id string, strays []proc.Running, keep []int) (ended int) {
+	for _, r := range strays {
+		if slices.Contains(keep, r.PID) {
+			continue
+		}
+		p, err := proc.Adopt(r.Handle)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		m.log.Warn("ending a vm process no record lists (a launch interrupted by a restart?)", "vm", id, "pid", p.PID, "binary", filepath.Base(r.Argv[0]))
+		p.Terminate(m.cfg.KillGrace)
+		ended++
+	}
+	return ended
 }

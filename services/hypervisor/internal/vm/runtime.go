@@ -30,6 +30,9 @@ type runtime struct {
 
 	stopping      atomic.Bool // stop, reboot or delete asked for the power-down
 	guestShutdown atomic.Bool // QMP SHUTDOWN said the guest powered off
+	// stopReason, set under the machine's lock before the power-down,
+	// becomes lastError of the stopped record (the hypervisor's exit).
+	stopReason string
 
 	cancel  context.CancelFunc // ends readiness and the supervisor (detach)
 	settled chan struct{}      // closed once the record reflects the exit
@@ -228,15 +231,20 @@ func (m *Manager) beginBoot(rec *hypervisorv1.VirtualMachine, phase hypervisorv1
 	}
 	ctx, cancel := context.WithTimeout(m.ctx, 5*time.Second)
 	defer cancel()
-	att, err := m.verifier.BeginBoot(ctx, &attestationv1.BeginBootRequest{
-		VmId: rec.GetId(), Image: rec.GetImage(), KubernetesVersion: rec.GetKubernetesVersion(), Required: rec.GetRequireAttestation(),
-		Firmware: &attestationv1.FirmwareBuild{Sha256: m.cfg.Firmware.GetSha256(), Package: m.cfg.Firmware.GetPackage(), Version: m.cfg.Firmware.GetVersion()},
-	})
+	att, err := m.verifier.BeginBoot(ctx, m.beginBootRequest(rec))
 	if err != nil {
-		m.log.Warn("attestation did not record the boot", "vm", rec.GetId(), "error", err)
+		// Boot 0 in the record says so: the guest's first nonce begins it (beginLate).
+		m.log.Warn("attestation did not record the boot; the guest's first nonce request will", "vm", rec.GetId(), "error", err)
 		return local
 	}
 	return att
+}
+
+func (m *Manager) beginBootRequest(rec *hypervisorv1.VirtualMachine) *attestationv1.BeginBootRequest {
+	return &attestationv1.BeginBootRequest{
+		VmId: rec.GetId(), Image: rec.GetImage(), KubernetesVersion: rec.GetKubernetesVersion(), Required: rec.GetRequireAttestation(),
+		Firmware: &attestationv1.FirmwareBuild{Sha256: m.cfg.Firmware.GetSha256(), Package: m.cfg.Firmware.GetPackage(), Version: m.cfg.Firmware.GetVersion()},
+	}
 }
 
 // supervise watches one run: readiness messages, QMP events, the boot
@@ -361,6 +369,9 @@ func (m *Manager) exited(mc *machine, rt *runtime) {
 		case rt.stopping.Load():
 			if r.GetState() != hypervisorv1.State_STATE_DELETING {
 				r.State = hypervisorv1.State_STATE_STOPPED
+				if rt.stopReason != "" {
+					r.LastError = rt.stopReason
+				}
 			}
 		case rt.phase == hypervisorv1.Phase_PHASE_INSTALL && clean && closing:
 			r.InstalledAt = timestamppb.Now()

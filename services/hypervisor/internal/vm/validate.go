@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
@@ -16,6 +17,14 @@ const (
 	DefaultCPUs      = 2
 	DefaultMemoryMiB = 2048
 	DefaultDiskGiB   = 20
+)
+
+// Limits of a VM's metadata: it lives in the VM record and is served key by
+// key at /metadata/<key> (one path segment).
+const (
+	MaxMetadataEntries  = 128
+	MaxMetadataKeyBytes = 128
+	MaxMetadataBytes    = 256 << 10 // keys and values together
 )
 
 var (
@@ -117,10 +126,8 @@ func validate(req *hypervisorv1.CreateVirtualMachineRequest, images ImageResolve
 		}
 	}
 	r.sshKeys = req.GetSshAuthorizedKeys()
-	for k := range r.metadata {
-		if k == "" || strings.ContainsAny(k, "/ \t\n") {
-			return nil, apierr.Invalidf("metadata", "metadata key %q must be non-empty without '/', space, tab or newline", k)
-		}
+	if err := validateMetadata(r.metadata); err != nil {
+		return nil, err
 	}
 	r.requireAttestation = true
 	if req.RequireAttestation != nil {
@@ -131,6 +138,28 @@ func validate(req *hypervisorv1.CreateVirtualMachineRequest, images ImageResolve
 		r.waitFor = hypervisorv1.WaitFor_WAIT_FOR_READY
 	}
 	return r, nil
+}
+
+// validateMetadata checks the keys (one IMDS path segment each: non-empty,
+// no '/', whitespace or control characters, not "." or "..") and the sizes.
+func validateMetadata(md map[string]string) error {
+	if len(md) > MaxMetadataEntries {
+		return apierr.Invalidf("metadata", "at most %d metadata entries, got %d", MaxMetadataEntries, len(md))
+	}
+	total := 0
+	for k, v := range md {
+		if k == "" || k == "." || k == ".." || strings.ContainsFunc(k, func(r rune) bool { return r == '/' || unicode.IsSpace(r) || unicode.IsControl(r) }) {
+			return apierr.Invalidf("metadata", "metadata key %q must be non-empty, not '.' or '..', without '/', whitespace or control characters", k)
+		}
+		if len(k) > MaxMetadataKeyBytes {
+			return apierr.Invalidf("metadata", "metadata key %.32q… is %d bytes, at most %d", k, len(k), MaxMetadataKeyBytes)
+		}
+		total += len(k) + len(v)
+	}
+	if total > MaxMetadataBytes {
+		return apierr.Invalidf("metadata", "metadata is %d bytes, at most %d", total, MaxMetadataBytes)
+	}
+	return nil
 }
 
 // waitName is the contract's name of a milestone.

@@ -1,6 +1,7 @@
 package vm
 
 import (
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -57,6 +58,16 @@ func TestValidateRejects(t *testing.T) {
 		{"disk 4097", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", DiskGib: proto.Int32(4097), RequireAttestation: no}, apierr.InvalidRequest, "1..4096"},
 		{"ssh key lines", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", SshAuthorizedKeys: []string{"a\nb"}, RequireAttestation: no}, apierr.InvalidRequest, "one non-empty line"},
 		{"metadata key", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", Metadata: map[string]string{"a/b": "x"}, RequireAttestation: no}, apierr.InvalidRequest, "metadata key"},
+		// Hostile keys (issue 8): each would be unreachable or ambiguous at /metadata/<key>.
+		{"metadata key ..", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", Metadata: map[string]string{"..": "x"}, RequireAttestation: no}, apierr.InvalidRequest, "metadata key"},
+		{"metadata key .", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", Metadata: map[string]string{".": "x"}, RequireAttestation: no}, apierr.InvalidRequest, "metadata key"},
+		{"metadata key NUL", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", Metadata: map[string]string{"a\x00b": "x"}, RequireAttestation: no}, apierr.InvalidRequest, "metadata key"},
+		{"metadata key CR", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", Metadata: map[string]string{"a\rb": "x"}, RequireAttestation: no}, apierr.InvalidRequest, "metadata key"},
+		{"metadata key DEL", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", Metadata: map[string]string{"a\x7f": "x"}, RequireAttestation: no}, apierr.InvalidRequest, "metadata key"},
+		{"metadata key NBSP", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", Metadata: map[string]string{"a\u00a0b": "x"}, RequireAttestation: no}, apierr.InvalidRequest, "metadata key"},
+		{"metadata key long", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", Metadata: map[string]string{strings.Repeat("k", MaxMetadataKeyBytes+1): "x"}, RequireAttestation: no}, apierr.InvalidRequest, "at most 128"},
+		{"metadata entries", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", Metadata: manyKeys(MaxMetadataEntries + 1), RequireAttestation: no}, apierr.InvalidRequest, "at most 128 metadata entries"},
+		{"metadata bytes", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", Metadata: map[string]string{"a": strings.Repeat("v", MaxMetadataBytes)}, RequireAttestation: no}, apierr.InvalidRequest, "metadata is"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -65,6 +76,27 @@ func TestValidateRejects(t *testing.T) {
 				t.Errorf("got %v (%s), want %s containing %q", err, apierr.CodeOf(err), c.code, c.want)
 			}
 		})
+	}
+}
+
+func manyKeys(n int) map[string]string {
+	m := make(map[string]string, n)
+	for i := range n {
+		m[fmt.Sprintf("k%d", i)] = "v"
+	}
+	return m
+}
+
+func TestValidateMetadataLimits(t *testing.T) {
+	md := manyKeys(MaxMetadataEntries)
+	md["role"] = ""
+	delete(md, "k0")
+	md[strings.Repeat("k", MaxMetadataKeyBytes)] = strings.Repeat("v", 1000)
+	md["a.b_c-d:é"] = "x"
+	delete(md, "k1")
+	delete(md, "k2")
+	if _, err := validate(&hypervisorv1.CreateVirtualMachineRequest{Name: "a", Metadata: md}, images{}); err != nil {
+		t.Fatalf("metadata at the limits: %v", err)
 	}
 }
 

@@ -1,0 +1,116 @@
+package vm
+
+import (
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store"
+)
+
+// A hypervisor SIGKILLed between starting swtpm and QEMU and recording them
+// (a create, start or reboot in flight; found by the fault suite) left both
+// running under a record that lists no processes. The next hypervisor ends
+// every QEMU or swtpm that names a VM directory of its state directory and
+// is not the adopted process of that VM, and leaves other processes alone.
+func TestRestoreEndsStrayProcesses(t *testing.T) {
+	dir := t.TempDir()
+	bin := t.TempDir()
+	qemuBin, swtpmBin := filepath.Join(bin, "qemu-system-x86_64"), filepath.Join(bin, "swtpm")
+	for _, l := range []string{qemuBin, swtpmBin} {
+		if err := os.Symlink("/bin/sh", l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := store.Open(filepath.Join(dir, "hypervisor.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	vmDir := func(id string) string { return filepath.Join(dir, "vms", id) }
+	for id, state := range map[string]hypervisorv1.State{
+		"0a0b0c01": hypervisorv1.State_STATE_CREATING, // create in flight
+		"0a0b0c02": hypervisorv1.State_STATE_STOPPED,  // start or reboot in flight
+	} {
+		if err := os.MkdirAll(vmDir(id), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.PutVM(&hypervisorv1.VirtualMachine{Id: id, Name: "n" + id, State: state, Paths: &hypervisorv1.Paths{Dir: vmDir(id)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// sh stands in for both binaries; its extra argument is the one that
+	// names the VM directory, as QEMU's and swtpm's do.
+	start := func(binary, arg string) <-chan struct{} {
+		cmd := exec.Command(binary, "-c", "sleep 60; true", arg)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		return done
+	}
+	strays := []<-chan struct{}{
+		start(swtpmBin, "dir="+vmDir("0a0b0c01")+"/tpm"),
+		start(qemuBin, "path="+vmDir("0a0b0c01")+"/qmp.sock,server=on,wait=off"),
+		start(swtpmBin, "dir="+vmDir("0a0b0c02")+"/tpm"),
+		start(qemuBin, "file:"+vmDir("0a0b0c03")+"/console.log"), // no record at all
+	}
+	others := []<-chan struct{}{
+		start(qemuBin, "path=/elsewhere"+vmDir("0a0b0c01")+"/qmp.sock"), // another state directory
+		start("/bin/sh", vmDir("0a0b0c01")+"/console.log"),              // not QEMU or swtpm
+	}
+	time.Sleep(100 * time.Millisecond) // let sh start
+
+	m, err := New(Config{StateDir: dir, QEMUBinary: qemuBin, SwtpmBinary: swtpmBin, KillGrace: time.Second},
+		slog.New(slog.DiscardHandler), st, images2{}, nil, notify.NewRouter())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	for i, done := range strays {
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Errorf("stray %d still runs", i)
+		}
+	}
+	for i, done := range others {
+		select {
+		case <-done:
+			t.Errorf("process %d, which is no VM process of this state directory, was ended", i)
+		default:
+		}
+	}
+	if rec, _ := m.Get("0a0b0c01"); rec.GetState() != hypervisorv1.State_STATE_FAILED || rec.GetLastError() == "" {
+		t.Errorf("record caught in creating: %v", rec)
+	}
+	if rec, _ := m.Get("0a0b0c02"); rec.GetState() != hypervisorv1.State_STATE_STOPPED || rec.GetLastError() != "vm-manager restarted while the VM was starting; start the VM again" {
+		t.Errorf("stopped record whose start was interrupted: %v", rec)
+	}
+}
+
+func TestVMOfArgv(t *testing.T) {
+	prefixes := []string{"/s/vms/"}
+	for arg, want := range map[string]string{
+		"dir=/s/vms/0a0b0c0d/tpm":             "0a0b0c0d",
+		"file:/s/vms/0a0b0c0d/console.log":    "0a0b0c0d",
+		"/s/vms/0a0b0c0d/ovmf_vars.fd":        "0a0b0c0d",
+		"if=pflash,file=/s/vms/0a0b0c0d/x.fd": "0a0b0c0d",
+		"path=/t/s/vms/0a0b0c0d/qmp.sock":     "", // another state directory
+		"dir=/s/vms/../etc":                   "",
+		"dir=/s/vms/0a0b0c0dd/tpm":            "",
+	} {
+		if got := vmOfArgv([]string{"qemu", arg}, prefixes); got != want {
+			t.Errorf("vmOfArgv(%q) = %q, want %q", arg, got, want)
+		}
+	}
+}
