@@ -199,35 +199,35 @@ func (c *capped) Write(b []byte) (int, error) {
 // pinFirst creates path with data unless it exists (an error satisfying
 // errors.Is(err, os.ErrExist)); the file appears complete or not at all.
 func pinFirst(path string, data []byte) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+	tmp, err := syncedTemp(path, data)
+	if err != nil {
 		return err
+	}
+	defer os.Remove(tmp)
+	return os.Link(tmp, path)
+}
+
+// writeAtomic replaces path with data; the file appears complete or not at all.
+func writeAtomic(path string, data []byte) error {
+	tmp, err := syncedTemp(path, data)
+	if err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return nil
+}
+
+// syncedTemp writes data to a new 0600 file beside path and syncs it.
+func syncedTemp(path string, data []byte) (string, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return "", err
 	}
 	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp-*")
 	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return err
-	}
-	return os.Link(f.Name(), path)
-}
-
-func writeAtomic(path string, data []byte) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return err
-	}
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
+		return "", err
 	}
 	_, err = f.Write(data)
 	if err == nil {
@@ -237,9 +237,10 @@ func writeAtomic(path string, data []byte) error {
 		err = cerr
 	}
 	if err != nil {
-		return err
+		os.Remove(f.Name())
+		return "", err
 	}
-	return os.Rename(tmp, path)
+	return f.Name(), nil
 }
 
 // WriteKey stores a private key with the same crash safety as the pin.
