@@ -110,7 +110,7 @@ test: deps tools check-generated lint breaking build guest-image ## everything C
 # restart of the three processes, then invariants. FAULTS_SEED=<n> replays a
 # run's choices, FAULTS_EVENTS sets the number of kill/restart events (30).
 .PHONY: test-faults
-test-faults: ## the fault suite: ~8 minutes of VM operations and SIGKILLs, then invariants
+test-faults: ## the fault suite: 4-6 minutes of VM operations and SIGKILLs, then invariants (docs/reliability.md)
 	cd tests && FAULTS=1 FAULTS_SEED=$(FAULTS_SEED) FAULTS_EVENTS=$(FAULTS_EVENTS) VMM_TEST_IMAGE_DIR=$${VMM_TEST_IMAGE_DIR:-$(IMAGE_DIR)} go test -count=1 -timeout 30m -run '^TestFaults$$' -v .
 
 # The load test (tests/load_test.go): LOAD_CLIENTS clients for LOAD_DURATION

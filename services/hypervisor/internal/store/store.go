@@ -6,11 +6,15 @@
 //	vms/<id>             hypervisorv1.VirtualMachine, protobuf binary
 //	networks/<name>      hypervisorv1.Network, protobuf binary
 //	policy-sync/<ref>    hex SHA-256 of the policy.json last handed to attestation
+//	attestation-forget/<id>
+//	                     a deleted VM attestation has not forgotten yet (empty value)
 //
 // Version history:
 //
 //	1  vms, networks
 //	2  policy-sync
+//	3  attestation-forget (before, a VM deleted while attestation was down kept
+//	   its AK pin, nonces and verdicts there for good)
 package store
 
 import (
@@ -29,6 +33,7 @@ var (
 	bucketVMs        = []byte("vms")
 	bucketNetworks   = []byte("networks")
 	bucketPolicySync = []byte("policy-sync")
+	bucketForget     = []byte("attestation-forget")
 )
 
 // Schema is the hypervisor database's layout and migrations.
@@ -37,6 +42,7 @@ var Schema = boltdb.Schema{
 	Migrations: []boltdb.Migration{
 		{Version: 1, Description: "vms and networks buckets", Apply: createBuckets(bucketVMs, bucketNetworks)},
 		{Version: 2, Description: "policy-sync bucket", Apply: createBuckets(bucketPolicySync)},
+		{Version: 3, Description: "attestation-forget bucket", Apply: createBuckets(bucketForget)},
 	},
 }
 
@@ -91,9 +97,33 @@ func (s *Store) PutVM(vm *hypervisorv1.VirtualMachine) error {
 	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketVMs).Put([]byte(vm.GetId()), raw) })
 }
 
-// DeleteVM removes a VM record.
+// DeleteVM removes a VM record and, in the same transaction, queues the VM
+// for attestation to forget (PendingForgets), so a crash or an attestation
+// outage cannot lose that.
 func (s *Store) DeleteVM(id string) error {
-	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketVMs).Delete([]byte(id)) })
+	return s.db.Update(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bucketForget).Put([]byte(id), nil); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketVMs).Delete([]byte(id))
+	})
+}
+
+// PendingForgets returns the deleted VMs attestation has not forgotten yet.
+func (s *Store) PendingForgets() ([]string, error) {
+	var ids []string
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketForget).ForEach(func(k, _ []byte) error {
+			ids = append(ids, string(k))
+			return nil
+		})
+	})
+	return ids, err
+}
+
+// Forgotten records that attestation forgot a deleted VM.
+func (s *Store) Forgotten(id string) error {
+	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketForget).Delete([]byte(id)) })
 }
 
 // ListVMs returns every VM record, oldest first (createdAt, then id).

@@ -44,7 +44,7 @@ func version(t *testing.T, path string) (string, int) {
 }
 
 func TestSchema(t *testing.T) {
-	if store.Schema.Name != "hypervisor" || store.Schema.Latest() != 2 || len(store.Schema.Migrations) != 2 {
+	if store.Schema.Name != "hypervisor" || store.Schema.Latest() != 3 || len(store.Schema.Migrations) != 3 {
 		t.Fatalf("schema = %s v%d (%d migrations)", store.Schema.Name, store.Schema.Latest(), len(store.Schema.Migrations))
 	}
 }
@@ -58,8 +58,8 @@ func TestFreshOpenIsLatest(t *testing.T) {
 	if err := st.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if name, v := version(t, path); name != "hypervisor" || v != 2 {
-		t.Errorf("Version = (%q, %d), want (hypervisor, 2)", name, v)
+	if name, v := version(t, path); name != "hypervisor" || v != 3 {
+		t.Errorf("Version = (%q, %d), want (hypervisor, 3)", name, v)
 	}
 	// Every bucket exists.
 	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: time.Second})
@@ -68,7 +68,7 @@ func TestFreshOpenIsLatest(t *testing.T) {
 	}
 	defer db.Close()
 	_ = db.View(func(tx *bolt.Tx) error {
-		for _, b := range []string{"meta", "vms", "networks", "policy-sync"} {
+		for _, b := range []string{"meta", "vms", "networks", "policy-sync", "attestation-forget"} {
 			if tx.Bucket([]byte(b)) == nil {
 				t.Errorf("bucket %s missing", b)
 			}
@@ -134,8 +134,8 @@ func TestMigrationFromVersion1(t *testing.T) {
 		t.Errorf("PolicySynced = %q %v", d, err)
 	}
 	st.Close()
-	if name, v := version(t, path); name != "hypervisor" || v != 2 {
-		t.Errorf("after migration: (%q, %d), want (hypervisor, 2)", name, v)
+	if name, v := version(t, path); name != "hypervisor" || v != store.Schema.Latest() {
+		t.Errorf("after migration: (%q, %d), want (hypervisor, %d)", name, v, store.Schema.Latest())
 	}
 
 	// The migrated file opens again with everything in place.
@@ -161,8 +161,8 @@ func TestRefusesOtherSchemaAndNewer(t *testing.T) {
 	}
 
 	path = tempDB(t)
-	three := append(append([]boltdb.Migration(nil), store.Schema.Migrations...), boltdb.Migration{Version: 3, Apply: func(*bolt.Tx) error { return nil }})
-	db, err = boltdb.Open(path, boltdb.Schema{Name: "hypervisor", Migrations: three}, time.Second)
+	newer := append(append([]boltdb.Migration(nil), store.Schema.Migrations...), boltdb.Migration{Version: store.Schema.Latest() + 1, Apply: func(*bolt.Tx) error { return nil }})
+	db, err = boltdb.Open(path, boltdb.Schema{Name: "hypervisor", Migrations: newer}, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -313,5 +313,42 @@ func TestSecondOpenRefused(t *testing.T) {
 	if st, err := store.Open(path); err == nil {
 		st.Close()
 		t.Fatal("second store.Open of a held file succeeded")
+	}
+}
+
+// A deleted VM stays queued for attestation to forget until Forgotten, across
+// a reopen (the fault suite found VMs deleted while attestation was down
+// keeping their AK pin there).
+func TestDeleteVMQueuesForget(t *testing.T) {
+	path := tempDB(t)
+	st, err := store.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"0a0b0c01", "0a0b0c02"} {
+		if err := st.PutVM(&hypervisorv1.VirtualMachine{Id: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ids, err := st.PendingForgets(); err != nil || len(ids) != 0 {
+		t.Fatalf("PendingForgets before a delete = %v, %v", ids, err)
+	}
+	for _, id := range []string{"0a0b0c01", "0a0b0c02"} {
+		if err := st.DeleteVM(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.Forgotten("0a0b0c01"); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	st = open(t, path)
+	if ids, err := st.PendingForgets(); err != nil || !reflect.DeepEqual(ids, []string{"0a0b0c02"}) {
+		t.Errorf("PendingForgets after a reopen = %v, %v", ids, err)
+	}
+	if _, err := st.GetVM("0a0b0c02"); apierr.CodeOf(err) != apierr.NotFound {
+		t.Errorf("GetVM of a deleted VM: %v", err)
 	}
 }

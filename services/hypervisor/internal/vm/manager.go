@@ -94,8 +94,11 @@ func (c *Config) defaults() {
 type Store interface {
 	GetVM(id string) (*hypervisorv1.VirtualMachine, error)
 	PutVM(vm *hypervisorv1.VirtualMachine) error
+	// DeleteVM also queues the VM for attestation to forget.
 	DeleteVM(id string) error
 	ListVMs() ([]*hypervisorv1.VirtualMachine, error)
+	PendingForgets() ([]string, error)
+	Forgotten(id string) error
 	ListNetworks() ([]*hypervisorv1.Network, error)
 	PutNetwork(n *hypervisorv1.Network) error
 	DeleteNetwork(name string) error
@@ -158,6 +161,7 @@ func New(cfg Config, log *slog.Logger, st Store, images ImageResolver, verifier 
 	for id, procs := range strays { // of VM directories without a record
 		m.endStrays(id, procs, nil)
 	}
+	m.wg.Go(m.forgetLoop)
 	return m, nil
 }
 
@@ -643,11 +647,9 @@ func (m *Manager) Delete(_ context.Context, id string) error {
 	mc.changed = make(chan struct{})
 	mc.mu.Unlock()
 	if m.verifier != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if _, err := m.verifier.ForgetVirtualMachine(ctx, &attestationv1.ForgetVirtualMachineRequest{VmId: id}); err != nil {
-			m.log.Warn("attestation could not forget the vm", "vm", id, "error", err)
+		if err := m.forget(id); err != nil {
+			m.log.Warn("attestation could not forget the vm yet; retrying in the background", "vm", id, "error", err)
 		}
-		cancel()
 	}
 	m.log.Info("vm deleted", "vm", id)
 	return nil
