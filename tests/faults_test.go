@@ -616,9 +616,10 @@ func TestFaults(t *testing.T) {
 	t.Logf("operations (succeeded/attempted, time spent): %d/%d: %s", total(f.opsOK), total(f.ops), strings.Join(opsLine, ", "))
 	t.Logf("errors tolerated: %d (%s)", total(f.tolerated), fmtCounts(f.tolerated))
 	if b, err := os.ReadFile(filepath.Join(c.Dir, "hypervisor.log")); err == nil {
-		t.Logf("recovery in the hypervisor's log: %d VMs re-adopted, %d stray QEMU/swtpm processes ended, %d boots begun in attestation at the first nonce, %d forgets retried",
+		t.Logf("recovery in the hypervisor's log: %d VMs re-adopted, %d stray QEMU/swtpm processes ended, %d boots begun in attestation at the first nonce, %d forgets retried, %d leases and %d directories of cut-off creates/deletes swept",
 			bytes.Count(b, []byte(`msg="vm re-adopted"`)), bytes.Count(b, []byte("ending a vm process no record lists")),
-			bytes.Count(b, []byte("recorded the boot at the guest's first nonce")), bytes.Count(b, []byte("attestation forgot a vm deleted earlier")))
+			bytes.Count(b, []byte("recorded the boot at the guest's first nonce")), bytes.Count(b, []byte("attestation forgot a vm deleted earlier")),
+			bytes.Count(b, []byte("releasing the lease of a vm without a record")), bytes.Count(b, []byte("removing the files of a deleted vm")))
 	}
 	t.Logf("VMs at the end: %d records; created %d VMs in all", len(final), len(f.ledger))
 	failed := 0

@@ -161,6 +161,7 @@ func New(cfg Config, log *slog.Logger, st Store, images ImageResolver, verifier 
 	for id, procs := range strays { // of VM directories without a record
 		m.endStrays(id, procs, nil)
 	}
+	m.sweepDeleted()
 	m.wg.Go(m.forgetLoop)
 	return m, nil
 }
@@ -339,11 +340,18 @@ func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMac
 		rec.Network, rec.Ip, rec.Mac, rec.Zone = netName, ip.String(), mac, netName
 	}
 
+	// The directory, marked, before the record: a restart in between sweeps it.
+	if err := m.makeDir(id); err != nil {
+		m.discard(mc)
+		mc.op.Unlock()
+		return nil, apierr.Errorf(apierr.Internal, "vm directory: %v", err)
+	}
 	if err := m.store.PutVM(rec); err != nil {
 		m.discard(mc)
 		mc.op.Unlock()
 		return nil, err
 	}
+	m.unmark(id)
 	err = m.prepare(rec, r, sshKey)
 	if err == nil {
 		phase := hypervisorv1.Phase_PHASE_BOOT
@@ -401,18 +409,22 @@ func (m *Manager) prepare(rec *hypervisorv1.VirtualMachine, r *request, sshKey [
 	return nil
 }
 
-// discard drops a VM that never ran: record, files, lease, map entry.
+// discard drops a VM that never ran: record, lease, files, map entry, in
+// Delete's order.
 func (m *Manager) discard(mc *machine) {
-	if n := mc.rec.GetNetwork(); n != "" {
-		m.detach(n, mc.id)
+	if err := m.markDeleted(mc.id); err != nil {
+		m.log.Error("mark vm directory deleted", "vm", mc.id, "error", err)
+	}
+	if err := m.store.DeleteVM(mc.id); err != nil {
+		m.log.Error("delete vm record", "vm", mc.id, "error", err)
 	}
 	m.mu.Lock()
 	delete(m.machines, mc.id)
 	m.mu.Unlock()
-	_ = os.RemoveAll(m.vmDir(mc.id))
-	if err := m.store.DeleteVM(mc.id); err != nil {
-		m.log.Error("delete vm record", "vm", mc.id, "error", err)
+	if n := mc.rec.GetNetwork(); n != "" {
+		m.detach(n, mc.id)
 	}
+	m.removeDir(mc.id)
 	mc.mu.Lock()
 	close(mc.changed)
 	mc.changed = make(chan struct{})
@@ -630,18 +642,23 @@ func (m *Manager) Delete(_ context.Context, id string) error {
 		m.powerOff(mc, rt)
 	}
 	m.closeForwards(mc, false)
-	if n := mc.rec.GetNetwork(); n != "" {
-		m.detach(n, id)
-	}
-	if err := os.RemoveAll(m.vmDir(id)); err != nil {
-		return apierr.Errorf(apierr.Internal, "remove files of vm %s: %v", id, err)
+	// The record goes first, then the lease and the files: a restart in
+	// between finds a lease or a marked directory without a record and
+	// removes them (sweepDeleted), never a record without its lease or files.
+	if err := m.markDeleted(id); err != nil {
+		return apierr.Errorf(apierr.Internal, "delete vm %s: %v", id, err)
 	}
 	if err := m.store.DeleteVM(id); err != nil {
+		m.unmark(id)
 		return err
 	}
 	m.mu.Lock()
 	delete(m.machines, id)
 	m.mu.Unlock()
+	if n := mc.rec.GetNetwork(); n != "" {
+		m.detach(n, id)
+	}
+	m.removeDir(id)
 	mc.mu.Lock()
 	close(mc.changed)
 	mc.changed = make(chan struct{})

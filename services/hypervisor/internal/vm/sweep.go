@@ -1,0 +1,98 @@
+package vm
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// sweepMarker, in a VM's directory, is there while the directory may have no
+// record: from a create's mkdir until its record is written, and from a
+// delete's start until the directory is gone. A directory without a record is
+// removed at start only with it, so a database restored from an older copy
+// never costs the disks of VMs it does not know.
+const sweepMarker = "unrecorded"
+
+// makeDir creates a new VM's directory, marked until its record is written.
+func (m *Manager) makeDir(id string) error {
+	if err := os.MkdirAll(m.vmDir(id), 0o700); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(m.vmDir(id), sweepMarker), nil, 0o600)
+}
+
+// markDeleted marks a VM's directory before its record is deleted; a VM
+// without a directory (a create that failed early) needs no mark.
+func (m *Manager) markDeleted(id string) error {
+	err := os.WriteFile(filepath.Join(m.vmDir(id), sweepMarker), nil, 0o600)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	return err
+}
+
+// unmark removes the mark once a record owns the directory again (a create's
+// record written, a delete that failed).
+func (m *Manager) unmark(id string) {
+	if err := os.Remove(filepath.Join(m.vmDir(id), sweepMarker)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		m.log.Error("unmark vm directory", "vm", id, "error", err)
+	}
+}
+
+// removeDir removes a deleted VM's files; what it cannot remove the next
+// start's sweepDeleted tries again.
+func (m *Manager) removeDir(id string) {
+	if err := os.RemoveAll(m.vmDir(id)); err != nil {
+		m.log.Error("remove files of a deleted vm; retried at the next start", "vm", id, "error", err)
+	}
+}
+
+// sweepDeleted finishes creates and deletes a restart cut short, after the
+// records are loaded and stray processes ended: leases and marked directories
+// of VMs without a record (a create before its record was written, a delete
+// after) are released and removed. An unmarked directory
+// without a record is reported and left alone.
+func (m *Manager) sweepDeleted() {
+	m.mu.Lock()
+	known := make(map[string]bool, len(m.machines))
+	for id := range m.machines {
+		known[id] = true
+	}
+	nets := make([]*netState, 0, len(m.networks))
+	for _, ns := range m.networks {
+		nets = append(nets, ns)
+	}
+	m.mu.Unlock()
+	for _, ns := range nets {
+		released := 0
+		for id, ip := range ns.run.Leases() {
+			if !known[id] {
+				m.log.Warn("releasing the lease of a vm without a record (a create or delete cut short)", "network", ns.rec.GetSpec().GetName(), "vm", id, "ip", ip)
+				ns.run.Release(id)
+				released++
+			}
+		}
+		if released > 0 {
+			if err := m.persistLeases(ns); err != nil {
+				m.log.Error("persist leases", "network", ns.rec.GetSpec().GetName(), "error", err)
+			}
+		}
+	}
+	entries, err := os.ReadDir(filepath.Join(m.cfg.StateDir, "vms"))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		m.log.Warn("cannot list vm directories", "error", err)
+	}
+	for _, e := range entries {
+		id := e.Name()
+		if known[id] || !e.IsDir() {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(m.vmDir(id), sweepMarker)); err != nil {
+			m.log.Warn("a vm directory without a record and not marked for the sweep; left in place", "dir", m.vmDir(id))
+			continue
+		}
+		m.log.Warn("removing the files of a deleted vm (a create or delete cut short)", "vm", id)
+		m.removeDir(id)
+	}
+}

@@ -1,0 +1,104 @@
+package vm
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+
+	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store"
+)
+
+// A create killed after its lease was written but before its record, or a
+// delete killed after the record went, leaves a lease (and a marked
+// directory) without a record. The next hypervisor releases and removes
+// them; a directory it cannot tell was deleted stays.
+func TestSweepDeletedAtStart(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.Open(filepath.Join(dir, "hypervisor.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	vmDir := func(id string) string { return filepath.Join(dir, "vms", id) }
+	const kept, leaked, deleted, unknown = "0a0b0c01", "0a0b0c02", "0a0b0c03", "0a0b0c04"
+	if err := st.PutNetwork(&hypervisorv1.Network{
+		Spec: &hypervisorv1.NetworkSpec{Name: "lab", Cidr: "10.9.0.0/24"},
+		Leases: []*hypervisorv1.Lease{
+			{VmId: kept, Ip: "10.9.0.2"},
+			{VmId: leaked, Ip: "10.9.0.3"},
+			{VmId: deleted, Ip: "10.9.0.4"},
+		},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.PutVM(&hypervisorv1.VirtualMachine{Id: kept, Name: "kept", State: hypervisorv1.State_STATE_STOPPED,
+		Network: "lab", Ip: "10.9.0.2", Paths: &hypervisorv1.Paths{Dir: vmDir(kept)}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{kept, deleted, unknown} {
+		if err := os.MkdirAll(vmDir(id), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(vmDir(deleted), sweepMarker), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	m, err := New(Config{StateDir: dir}, slog.New(slog.DiscardHandler), st, images2{}, nil, notify.NewRouter())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+
+	leases := func() map[string]string {
+		rec, err := st.GetNetwork("lab")
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]string{}
+		for _, l := range rec.GetLeases() {
+			out[l.GetVmId()] = l.GetIp()
+		}
+		return out
+	}
+	if got := leases(); len(got) != 1 || got[kept] != "10.9.0.2" {
+		t.Errorf("persisted leases after the start = %v, want only %s's", got, kept)
+	}
+	if got := m.networkLeases("lab"); len(got) != 1 {
+		t.Errorf("leases in memory after the start = %v", got)
+	}
+	for id, want := range map[string]bool{kept: true, deleted: false, unknown: true} {
+		if _, err := os.Stat(vmDir(id)); (err == nil) != want {
+			t.Errorf("directory of %s exists=%v, want %v", id, err == nil, want)
+		}
+	}
+
+	// A whole delete leaves none of the three behind.
+	if err := m.Delete(context.Background(), kept); err != nil {
+		t.Fatal(err)
+	}
+	if got := leases(); len(got) != 0 {
+		t.Errorf("leases after delete = %v", got)
+	}
+	if _, err := os.Stat(vmDir(kept)); !os.IsNotExist(err) {
+		t.Errorf("directory after delete: %v", err)
+	}
+	if _, err := st.GetVM(kept); err == nil {
+		t.Error("record after delete")
+	}
+}
+
+func (m *Manager) networkLeases(name string) map[string]string {
+	m.mu.Lock()
+	ns := m.networks[name]
+	m.mu.Unlock()
+	out := map[string]string{}
+	for id, ip := range ns.run.Leases() {
+		out[id] = ip.String()
+	}
+	return out
+}
