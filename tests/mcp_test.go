@@ -224,6 +224,9 @@ func TestMCPEndToEnd(t *testing.T) {
 		if got := callTool(t, cs, "get_vm_console", map[string]any{"id": vm.ID, "lines": 50}, false); !strings.Contains(got, "vm-agent") {
 			t.Errorf("get_vm_console: %.200s", got)
 		}
+		if got := callTool(t, cs, "get_vm_console", map[string]any{"id": vm.ID, "lines": 0}, false); !strings.Contains(got, `"lines": 100`) {
+			t.Errorf("get_vm_console lines 0 (the default, as REST's ?lines=0): %.200s", got)
+		}
 		if got := callTool(t, cs, "get_vm_attestation", map[string]any{"id": vm.ID}, false); !strings.Contains(got, `"userDataReleased": true`) {
 			t.Errorf("get_vm_attestation: %s", got)
 		}
@@ -236,14 +239,37 @@ func TestMCPEndToEnd(t *testing.T) {
 		if got := callTool(t, cs, "exec_vm", map[string]any{"id": vm.ID}, true); !strings.HasPrefix(got, "invalid_request: ") {
 			t.Errorf("exec_vm without command: %s", got)
 		}
-		scrape := scrapeMetrics(t, c.Addr)
+		// The guest's systemd-report (vm-agent uploads one at ready, then
+		// every 15 s) becomes vm_guest_* families, typed by its describe list.
+		var scrape string
+		cluster.Eventually(t, 40*time.Second, "the guest's report in /metrics", func() error {
+			scrape = scrapeMetrics(t, c.Addr)
+			if !strings.Contains(scrape, `vm_guest_reports_total{vm="`+vm.ID+`"}`) || strings.Contains(scrape, `vm_guest_reports_total{vm="`+vm.ID+`"} 0`) {
+				return fmt.Errorf("no report counted yet")
+			}
+			return nil
+		})
 		for _, want := range []string{
 			`vm_manager_vm_state{name="mcp1",state="ready",vm="` + vm.ID + `"} 1`,
 			`vm_manager_requests_total{code="ok",method="get_host",surface="mcp"} 1`,
 			`vm_manager_network_leases{network="default"} 1`,
+			"# TYPE vm_guest_io_vmagent_context_switches_total counter",
+			`vm_guest_io_vmagent_context_switches_total{object="",vm="` + vm.ID + `"} `,
+			"# TYPE vm_guest_io_vmagent_uptime_seconds gauge",
+			`vm_guest_io_vmagent_load_average{object="",period="1m",vm="` + vm.ID + `"} `,
+			// Not required and no golden values: the guest saw its quote rejected.
+			`vm_guest_io_vmagent_attestation_info{object="initrd",value="rejected",vm="` + vm.ID + `"} 1`,
+			`vm_guest_report_series_dropped_total{reason="unsupported",vm="` + vm.ID + `"} 0`,
 		} {
 			if !strings.Contains(scrape, want) {
 				t.Errorf("/metrics lacks %s", want)
+			}
+		}
+		if t.Failed() {
+			for _, line := range strings.Split(scrape, "\n") {
+				if strings.HasPrefix(line, "vm_guest_") {
+					t.Log(line)
+				}
 			}
 		}
 		if got := callTool(t, cs, "delete_vm", map[string]any{"id": vm.ID}, false); !strings.Contains(got, `"deleted": true`) {

@@ -223,7 +223,7 @@ func TestTemplate(t *testing.T) {
 			if sc := hv.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged {
 				t.Errorf("hypervisor is not privileged by default: %+v", sc)
 			}
-			for _, a := range []string{"--default-network=default", "--network-subnet=192.168.127.0/24", "--install-timeout=5m", "--boot-timeout=4m", "--stop-timeout=30s"} {
+			for _, a := range []string{"--default-network=default", "--network-subnet=192.168.127.0/24", "--install-timeout=5m", "--boot-timeout=4m", "--stop-timeout=30s", "--metrics-guest-series-limit=1000"} {
 				if !hasArg(hv, a) {
 					t.Errorf("hypervisor args %q lack %s", hv.Args, a)
 				}
@@ -475,6 +475,7 @@ networkPolicy: {enabled: true, ingressNamespaces: [muster, monitoring]}
 		{"a bad duration", anonymous + "vm: {bootTimeout: 4 minutes}\n", "at '/vm/bootTimeout'"},
 		{"a bad CIDR", anonymous + "vm: {networkSubnet: 192.168.127.0}\n", "at '/vm/networkSubnet'"},
 		{"a bad type", anonymous + "metrics: {enabled: 'yes'}\n", "at '/metrics/enabled': got string, want boolean"},
+		{"a guest series limit of 0", anonymous + "metrics: {guestSeriesLimit: 0}\n", "at '/metrics/guestSeriesLimit'"},
 		{"a bad digest", anonymous + "guestImage: {digest: latest}\n", "at '/guestImage/digest'"},
 		{"root", anonymous + "podSecurityContext: {runAsUser: 0, runAsGroup: 0, fsGroup: 0}\n", "at '/podSecurityContext/runAsUser'"},
 		{"an issuer without audiences", "oidc: {issuer: https://dex.example.com}\n", "oidc.issuer needs at least one entry in oidc.audiences"},

@@ -11,31 +11,32 @@ import (
 	"strings"
 	"time"
 
+	"github.com/giantswarm/vm-manager/gen/imdswire"
 	"github.com/giantswarm/vm-manager/guest/internal/attest"
 	"github.com/giantswarm/vm-manager/guest/internal/imds"
 	"github.com/giantswarm/vm-manager/guest/internal/version"
 )
 
-// ReportMediaType and the shape of Report follow systemd-report's upload format.
-const ReportMediaType = "application/vnd.io.systemd.report"
-
 // ReportInterval is how often the report is sent again after the first one.
 const ReportInterval = 15 * time.Second
 
-// Report is the body of POST /report.
-type Report struct {
-	MediaType string   `json:"mediaType"`
-	ReportID  string   `json:"reportID"`
-	Timestamp string   `json:"timestamp"`
-	Metrics   []Metric `json:"metrics"`
-}
+// Report is the body of POST /report, in systemd-report's upload format.
+type Report = imdswire.Report
 
-// Metric is one value; Value is a number or a string.
-type Metric struct {
-	Name   string            `json:"name"`
-	Object string            `json:"object,omitempty"`
-	Fields map[string]string `json:"fields,omitempty"`
-	Value  any               `json:"value"`
+// Metric is one entry of a Report; Value is a number or a string.
+type Metric = imdswire.ReportMetric
+
+// families describes what buildReport sends, as io.systemd.Metrics.Describe
+// would; the host exports counters with _total and strings as _info.
+var families = []imdswire.ReportFamily{
+	{Name: "io.vmagent.UptimeSeconds", Type: imdswire.FamilyGauge, Description: "Seconds since the guest booted."},
+	{Name: "io.vmagent.MemoryTotalBytes", Type: imdswire.FamilyGauge, Description: "Usable memory."},
+	{Name: "io.vmagent.MemoryAvailableBytes", Type: imdswire.FamilyGauge, Description: "Memory available for new work."},
+	{Name: "io.vmagent.LoadAverage", Type: imdswire.FamilyGauge, Description: "Load average over period."},
+	{Name: "io.vmagent.ContextSwitches", Type: imdswire.FamilyCounter, Description: "Context switches since boot."},
+	{Name: "io.vmagent.ProcessesCreated", Type: imdswire.FamilyCounter, Description: "Processes and threads created since boot."},
+	{Name: "io.vmagent.Version", Type: imdswire.FamilyString, Description: "The vm-agent version."},
+	{Name: "io.vmagent.Attestation", Type: imdswire.FamilyString, Description: "How the attestation stage (object) of this boot ended."},
 }
 
 // attestResults is how the attestation stages of this boot ended.
@@ -63,7 +64,7 @@ func buildReport(proc string, now time.Time, att attestResults) (*Report, error)
 		return nil, err
 	}
 	r := &Report{
-		MediaType: ReportMediaType,
+		MediaType: imdswire.ReportMediaType,
 		ReportID:  base64.StdEncoding.EncodeToString(id),
 		Timestamp: now.UTC().Format(time.RFC3339),
 	}
@@ -84,14 +85,22 @@ func buildReport(proc string, now time.Time, att attestResults) (*Report, error)
 	if f := procFields(proc, "loadavg"); len(f) >= 3 {
 		for i, period := range []string{"1m", "5m", "15m"} {
 			if v, err := strconv.ParseFloat(f[i], 64); err == nil {
-				r.Metrics = append(r.Metrics, Metric{Name: "io.vmagent.LoadAverage", Fields: map[string]string{"period": period}, Value: v})
+				r.Metrics = append(r.Metrics, Metric{Name: "io.vmagent.LoadAverage", Fields: map[string]any{"period": period}, Value: v})
 			}
 		}
+	}
+	stat := procStat(proc)
+	if v, ok := stat["ctxt"]; ok {
+		add("io.vmagent.ContextSwitches", v)
+	}
+	if v, ok := stat["processes"]; ok {
+		add("io.vmagent.ProcessesCreated", v)
 	}
 	add("io.vmagent.Version", version.Version)
 	r.Metrics = append(r.Metrics,
 		Metric{Name: "io.vmagent.Attestation", Object: attest.StageInitrd, Value: att.initrd.String()},
 		Metric{Name: "io.vmagent.Attestation", Object: attest.StageReady, Value: att.ready.String()})
+	r.Describe = families
 	return r, nil
 }
 
@@ -101,6 +110,25 @@ func procFields(proc, name string) []string {
 		return nil
 	}
 	return strings.Fields(string(b))
+}
+
+// procStat reads /proc/stat's single-number lines ("ctxt 123").
+func procStat(proc string) map[string]uint64 {
+	b, err := os.ReadFile(filepath.Join(proc, "stat"))
+	if err != nil {
+		return nil
+	}
+	m := map[string]uint64{}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 2 {
+			continue
+		}
+		if n, err := strconv.ParseUint(f[1], 10, 64); err == nil {
+			m[f[0]] = n
+		}
+	}
+	return m
 }
 
 // meminfo reads /proc/meminfo's "<Key>: <n> kB" lines as bytes.

@@ -27,6 +27,7 @@ func fakeProc(t *testing.T) string {
 		"uptime":  "1234.56 4321.00\n",
 		"loadavg": "0.52 0.25 0.10 1/123 4567\n",
 		"meminfo": "MemTotal:        2014500 kB\nMemFree:         1800000 kB\nMemAvailable:    1900000 kB\nHugePages_Total:       0\n",
+		"stat":    "cpu  10 0 20 300 0 0 0 0 0 0\nintr 5000 1 2\nctxt 987654\nbtime 1764470000\nprocesses 4321\nprocs_running 1\n",
 	} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
 			t.Fatal(err)
@@ -85,12 +86,24 @@ func TestBuildReport(t *testing.T) {
 		"io.vmagent.LoadAverage period=1m 0.52",
 		"io.vmagent.LoadAverage period=5m 0.25",
 		"io.vmagent.LoadAverage period=15m 0.1",
+		"io.vmagent.ContextSwitches 987654",
+		"io.vmagent.ProcessesCreated 4321",
 		`io.vmagent.Version "` + version.Version + `"`,
 		`io.vmagent.Attestation object=initrd "verified"`,
 		`io.vmagent.Attestation object=ready "rejected"`,
 	}
 	if strings.Join(lines, "\n") != strings.Join(want, "\n") {
 		t.Errorf("metrics:\n%s\nwant:\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
+	}
+	// Every family sent is described, once.
+	described := map[string]int{}
+	for _, f := range r.Describe {
+		described[f.Name]++
+	}
+	for _, m := range got.Metrics {
+		if described[m.Name] != 1 {
+			t.Errorf("family %s described %d times", m.Name, described[m.Name])
+		}
 	}
 	// Optional parts are left out rather than sent empty.
 	if bytes.Contains(b, []byte(`"object":""`)) || bytes.Contains(b, []byte(`"fields":null`)) {

@@ -58,6 +58,9 @@ type Config struct {
 	// StopVMsOnExit powers VMs down on exit instead of leaving them for the
 	// next hypervisor (--detach-vms-on-exit=false).
 	StopVMsOnExit bool
+	// GuestSeriesLimit bounds the exported series of one guest's report
+	// (--metrics-guest-series-limit).
+	GuestSeriesLimit int
 	// Identity, with an issuer, requires every HypervisorService call to carry
 	// a valid token (the gateway forwards the caller's) and records the caller
 	// on the VMs and networks it creates. Health and reflection stay open.
@@ -144,23 +147,24 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		log.Info("readiness over AF_VSOCK", "port", port)
 	}
 	vms, err := vm.New(vm.Config{
-		StateDir:        cfg.StateDir,
-		QEMUBinary:      qemuBin,
-		SwtpmBinary:     cfg.Host.SwtpmBinary,
-		OVMFCode:        report.GetOvmfCode(),
-		OVMFVars:        report.GetOvmfVars(),
-		Accelerator:     report.GetAccelerator(),
-		QEMUVersion:     version,
-		CPU:             cpu,
-		Region:          hostname,
-		Firmware:        report.GetFirmware(),
-		DefaultNetwork:  cfg.DefaultNetwork,
-		DefaultSubnet:   cfg.DefaultSubnet,
-		NotifyVsockPort: vsockPort,
-		InstallTimeout:  cfg.InstallTimeout,
-		BootTimeout:     cfg.BootTimeout,
-		StopTimeout:     cfg.StopTimeout,
-		StopVMsOnExit:   cfg.StopVMsOnExit,
+		StateDir:         cfg.StateDir,
+		QEMUBinary:       qemuBin,
+		SwtpmBinary:      cfg.Host.SwtpmBinary,
+		OVMFCode:         report.GetOvmfCode(),
+		OVMFVars:         report.GetOvmfVars(),
+		Accelerator:      report.GetAccelerator(),
+		QEMUVersion:      version,
+		CPU:              cpu,
+		Region:           hostname,
+		Firmware:         report.GetFirmware(),
+		DefaultNetwork:   cfg.DefaultNetwork,
+		DefaultSubnet:    cfg.DefaultSubnet,
+		NotifyVsockPort:  vsockPort,
+		InstallTimeout:   cfg.InstallTimeout,
+		BootTimeout:      cfg.BootTimeout,
+		StopTimeout:      cfg.StopTimeout,
+		StopVMsOnExit:    cfg.StopVMsOnExit,
+		GuestSeriesLimit: cfg.GuestSeriesLimit,
 	}, log, st, cat, attestationv1.NewVerifierServiceClient(aconn), router)
 	if err != nil {
 		return err

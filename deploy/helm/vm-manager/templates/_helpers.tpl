@@ -251,6 +251,7 @@ spec:
         - {{ printf "--boot-timeout=%s" $v.vm.bootTimeout | quote }}
         - {{ printf "--stop-timeout=%s" $v.vm.stopTimeout | quote }}
         - {{ printf "--accelerator=%s" $v.vm.accelerator | quote }}
+        - {{ printf "--metrics-guest-series-limit=%d" (int $v.metrics.guestSeriesLimit) | quote }}
         {{- if $v.vm.notifyPort }}
         - {{ printf "--notify-port=%d" (int64 $v.vm.notifyPort) | quote }}
         {{- end }}

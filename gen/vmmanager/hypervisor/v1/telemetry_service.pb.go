@@ -9,7 +9,9 @@ package hypervisorv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
+	sync "sync"
 	unsafe "unsafe"
 )
 
@@ -20,36 +22,413 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type GuestSeriesType int32
+
+const (
+	GuestSeriesType_GUEST_SERIES_TYPE_UNSPECIFIED GuestSeriesType = 0
+	GuestSeriesType_GUEST_SERIES_TYPE_GAUGE       GuestSeriesType = 1
+	GuestSeriesType_GUEST_SERIES_TYPE_COUNTER     GuestSeriesType = 2
+	GuestSeriesType_GUEST_SERIES_TYPE_INFO        GuestSeriesType = 3
+)
+
+// Enum value maps for GuestSeriesType.
+var (
+	GuestSeriesType_name = map[int32]string{
+		0: "GUEST_SERIES_TYPE_UNSPECIFIED",
+		1: "GUEST_SERIES_TYPE_GAUGE",
+		2: "GUEST_SERIES_TYPE_COUNTER",
+		3: "GUEST_SERIES_TYPE_INFO",
+	}
+	GuestSeriesType_value = map[string]int32{
+		"GUEST_SERIES_TYPE_UNSPECIFIED": 0,
+		"GUEST_SERIES_TYPE_GAUGE":       1,
+		"GUEST_SERIES_TYPE_COUNTER":     2,
+		"GUEST_SERIES_TYPE_INFO":        3,
+	}
+)
+
+func (x GuestSeriesType) Enum() *GuestSeriesType {
+	p := new(GuestSeriesType)
+	*p = x
+	return p
+}
+
+func (x GuestSeriesType) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (GuestSeriesType) Descriptor() protoreflect.EnumDescriptor {
+	return file_vmmanager_hypervisor_v1_telemetry_service_proto_enumTypes[0].Descriptor()
+}
+
+func (GuestSeriesType) Type() protoreflect.EnumType {
+	return &file_vmmanager_hypervisor_v1_telemetry_service_proto_enumTypes[0]
+}
+
+func (x GuestSeriesType) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use GuestSeriesType.Descriptor instead.
+func (GuestSeriesType) EnumDescriptor() ([]byte, []int) {
+	return file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDescGZIP(), []int{0}
+}
+
+type ListGuestSeriesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListGuestSeriesRequest) Reset() {
+	*x = ListGuestSeriesRequest{}
+	mi := &file_vmmanager_hypervisor_v1_telemetry_service_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListGuestSeriesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListGuestSeriesRequest) ProtoMessage() {}
+
+func (x *ListGuestSeriesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_vmmanager_hypervisor_v1_telemetry_service_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListGuestSeriesRequest.ProtoReflect.Descriptor instead.
+func (*ListGuestSeriesRequest) Descriptor() ([]byte, []int) {
+	return file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDescGZIP(), []int{0}
+}
+
+type ListGuestSeriesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One entry per VM, oldest VM first; a VM without an upload has no series.
+	Vms           []*VirtualMachineGuestSeries `protobuf:"bytes,1,rep,name=vms,proto3" json:"vms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListGuestSeriesResponse) Reset() {
+	*x = ListGuestSeriesResponse{}
+	mi := &file_vmmanager_hypervisor_v1_telemetry_service_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListGuestSeriesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListGuestSeriesResponse) ProtoMessage() {}
+
+func (x *ListGuestSeriesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_vmmanager_hypervisor_v1_telemetry_service_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListGuestSeriesResponse.ProtoReflect.Descriptor instead.
+func (*ListGuestSeriesResponse) Descriptor() ([]byte, []int) {
+	return file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ListGuestSeriesResponse) GetVms() []*VirtualMachineGuestSeries {
+	if x != nil {
+		return x.Vms
+	}
+	return nil
+}
+
+// VirtualMachineGuestSeries is one VM's guest report, ready for export.
+type VirtualMachineGuestSeries struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	VmId  string                 `protobuf:"bytes,1,opt,name=vm_id,json=vmId,proto3" json:"vm_id,omitempty"`
+	// When the last upload arrived; unset before the first.
+	ReceivedAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=received_at,json=receivedAt,proto3" json:"received_at,omitempty"`
+	// Uploads received since this hypervisor process started.
+	ReportsTotal uint64 `protobuf:"varint,3,opt,name=reports_total,json=reportsTotal,proto3" json:"reports_total,omitempty"`
+	// Entries of those uploads that were not exported, by reason: "limit"
+	// (beyond --metrics-guest-series-limit), "unsupported" (no name, a value
+	// that is not a number, string or boolean, a field name that is no label
+	// name, a value that does not fit its described type) and "duplicate".
+	SeriesDroppedTotal map[string]uint64 `protobuf:"bytes,4,rep,name=series_dropped_total,json=seriesDroppedTotal,proto3" json:"series_dropped_total,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// Entries in the last upload, exported or not.
+	Entries int32 `protobuf:"varint,5,opt,name=entries,proto3" json:"entries,omitempty"`
+	// The last upload's exported series, in upload order.
+	Series        []*GuestSeries `protobuf:"bytes,6,rep,name=series,proto3" json:"series,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VirtualMachineGuestSeries) Reset() {
+	*x = VirtualMachineGuestSeries{}
+	mi := &file_vmmanager_hypervisor_v1_telemetry_service_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VirtualMachineGuestSeries) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VirtualMachineGuestSeries) ProtoMessage() {}
+
+func (x *VirtualMachineGuestSeries) ProtoReflect() protoreflect.Message {
+	mi := &file_vmmanager_hypervisor_v1_telemetry_service_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VirtualMachineGuestSeries.ProtoReflect.Descriptor instead.
+func (*VirtualMachineGuestSeries) Descriptor() ([]byte, []int) {
+	return file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *VirtualMachineGuestSeries) GetVmId() string {
+	if x != nil {
+		return x.VmId
+	}
+	return ""
+}
+
+func (x *VirtualMachineGuestSeries) GetReceivedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ReceivedAt
+	}
+	return nil
+}
+
+func (x *VirtualMachineGuestSeries) GetReportsTotal() uint64 {
+	if x != nil {
+		return x.ReportsTotal
+	}
+	return 0
+}
+
+func (x *VirtualMachineGuestSeries) GetSeriesDroppedTotal() map[string]uint64 {
+	if x != nil {
+		return x.SeriesDroppedTotal
+	}
+	return nil
+}
+
+func (x *VirtualMachineGuestSeries) GetEntries() int32 {
+	if x != nil {
+		return x.Entries
+	}
+	return 0
+}
+
+func (x *VirtualMachineGuestSeries) GetSeries() []*GuestSeries {
+	if x != nil {
+		return x.Series
+	}
+	return nil
+}
+
+// GuestSeries is one exported report entry.
+type GuestSeries struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The metric name without the vm_guest_ prefix: the snake-cased family,
+	// with _total for a counter and _info for a string family.
+	Name string          `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Type GuestSeriesType `protobuf:"varint,2,opt,name=type,proto3,enum=vmmanager.hypervisor.v1.GuestSeriesType" json:"type,omitempty"`
+	// The entry's object; empty when it has none.
+	Object string `protobuf:"bytes,3,opt,name=object,proto3" json:"object,omitempty"`
+	// The entry's fields, their names snake-cased.
+	Labels map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The value; 1 for an info series.
+	Value float64 `protobuf:"fixed64,5,opt,name=value,proto3" json:"value,omitempty"`
+	// The string value of an info series (its label "value").
+	Info          string `protobuf:"bytes,6,opt,name=info,proto3" json:"info,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GuestSeries) Reset() {
+	*x = GuestSeries{}
+	mi := &file_vmmanager_hypervisor_v1_telemetry_service_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GuestSeries) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GuestSeries) ProtoMessage() {}
+
+func (x *GuestSeries) ProtoReflect() protoreflect.Message {
+	mi := &file_vmmanager_hypervisor_v1_telemetry_service_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GuestSeries.ProtoReflect.Descriptor instead.
+func (*GuestSeries) Descriptor() ([]byte, []int) {
+	return file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *GuestSeries) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *GuestSeries) GetType() GuestSeriesType {
+	if x != nil {
+		return x.Type
+	}
+	return GuestSeriesType_GUEST_SERIES_TYPE_UNSPECIFIED
+}
+
+func (x *GuestSeries) GetObject() string {
+	if x != nil {
+		return x.Object
+	}
+	return ""
+}
+
+func (x *GuestSeries) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *GuestSeries) GetValue() float64 {
+	if x != nil {
+		return x.Value
+	}
+	return 0
+}
+
+func (x *GuestSeries) GetInfo() string {
+	if x != nil {
+		return x.Info
+	}
+	return ""
+}
+
 var File_vmmanager_hypervisor_v1_telemetry_service_proto protoreflect.FileDescriptor
 
 const file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDesc = "" +
 	"\n" +
-	"/vmmanager/hypervisor/v1/telemetry_service.proto\x12\x17vmmanager.hypervisor.v1\x1a0vmmanager/hypervisor/v1/hypervisor_service.proto2\x89\x03\n" +
+	"/vmmanager/hypervisor/v1/telemetry_service.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a0vmmanager/hypervisor/v1/hypervisor_service.proto\"\x18\n" +
+	"\x16ListGuestSeriesRequest\"_\n" +
+	"\x17ListGuestSeriesResponse\x12D\n" +
+	"\x03vms\x18\x01 \x03(\v22.vmmanager.hypervisor.v1.VirtualMachineGuestSeriesR\x03vms\"\xaf\x03\n" +
+	"\x19VirtualMachineGuestSeries\x12\x13\n" +
+	"\x05vm_id\x18\x01 \x01(\tR\x04vmId\x12;\n" +
+	"\vreceived_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"receivedAt\x12#\n" +
+	"\rreports_total\x18\x03 \x01(\x04R\freportsTotal\x12|\n" +
+	"\x14series_dropped_total\x18\x04 \x03(\v2J.vmmanager.hypervisor.v1.VirtualMachineGuestSeries.SeriesDroppedTotalEntryR\x12seriesDroppedTotal\x12\x18\n" +
+	"\aentries\x18\x05 \x01(\x05R\aentries\x12<\n" +
+	"\x06series\x18\x06 \x03(\v2$.vmmanager.hypervisor.v1.GuestSeriesR\x06series\x1aE\n" +
+	"\x17SeriesDroppedTotalEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xa6\x02\n" +
+	"\vGuestSeries\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12<\n" +
+	"\x04type\x18\x02 \x01(\x0e2(.vmmanager.hypervisor.v1.GuestSeriesTypeR\x04type\x12\x16\n" +
+	"\x06object\x18\x03 \x01(\tR\x06object\x12H\n" +
+	"\x06labels\x18\x04 \x03(\v20.vmmanager.hypervisor.v1.GuestSeries.LabelsEntryR\x06labels\x12\x14\n" +
+	"\x05value\x18\x05 \x01(\x01R\x05value\x12\x12\n" +
+	"\x04info\x18\x06 \x01(\tR\x04info\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\x8c\x01\n" +
+	"\x0fGuestSeriesType\x12!\n" +
+	"\x1dGUEST_SERIES_TYPE_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17GUEST_SERIES_TYPE_GAUGE\x10\x01\x12\x1d\n" +
+	"\x19GUEST_SERIES_TYPE_COUNTER\x10\x02\x12\x1a\n" +
+	"\x16GUEST_SERIES_TYPE_INFO\x10\x032\xff\x03\n" +
 	"\x10TelemetryService\x12\x80\x01\n" +
 	"\x13ListVirtualMachines\x123.vmmanager.hypervisor.v1.ListVirtualMachinesRequest\x1a4.vmmanager.hypervisor.v1.ListVirtualMachinesResponse\x12\x84\x01\n" +
 	"\x18GetVirtualMachineMetrics\x128.vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest\x1a..vmmanager.hypervisor.v1.VirtualMachineMetrics\x12k\n" +
-	"\fListNetworks\x12,.vmmanager.hypervisor.v1.ListNetworksRequest\x1a-.vmmanager.hypervisor.v1.ListNetworksResponseBKZIgithub.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1;hypervisorv1b\x06proto3"
+	"\fListNetworks\x12,.vmmanager.hypervisor.v1.ListNetworksRequest\x1a-.vmmanager.hypervisor.v1.ListNetworksResponse\x12t\n" +
+	"\x0fListGuestSeries\x12/.vmmanager.hypervisor.v1.ListGuestSeriesRequest\x1a0.vmmanager.hypervisor.v1.ListGuestSeriesResponseBKZIgithub.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1;hypervisorv1b\x06proto3"
 
+var (
+	file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDescOnce sync.Once
+	file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDescData []byte
+)
+
+func file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDescGZIP() []byte {
+	file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDescOnce.Do(func() {
+		file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDesc), len(file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDesc)))
+	})
+	return file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDescData
+}
+
+var file_vmmanager_hypervisor_v1_telemetry_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_vmmanager_hypervisor_v1_telemetry_service_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_vmmanager_hypervisor_v1_telemetry_service_proto_goTypes = []any{
-	(*ListVirtualMachinesRequest)(nil),      // 0: vmmanager.hypervisor.v1.ListVirtualMachinesRequest
-	(*GetVirtualMachineMetricsRequest)(nil), // 1: vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
-	(*ListNetworksRequest)(nil),             // 2: vmmanager.hypervisor.v1.ListNetworksRequest
-	(*ListVirtualMachinesResponse)(nil),     // 3: vmmanager.hypervisor.v1.ListVirtualMachinesResponse
-	(*VirtualMachineMetrics)(nil),           // 4: vmmanager.hypervisor.v1.VirtualMachineMetrics
-	(*ListNetworksResponse)(nil),            // 5: vmmanager.hypervisor.v1.ListNetworksResponse
+	(GuestSeriesType)(0),                    // 0: vmmanager.hypervisor.v1.GuestSeriesType
+	(*ListGuestSeriesRequest)(nil),          // 1: vmmanager.hypervisor.v1.ListGuestSeriesRequest
+	(*ListGuestSeriesResponse)(nil),         // 2: vmmanager.hypervisor.v1.ListGuestSeriesResponse
+	(*VirtualMachineGuestSeries)(nil),       // 3: vmmanager.hypervisor.v1.VirtualMachineGuestSeries
+	(*GuestSeries)(nil),                     // 4: vmmanager.hypervisor.v1.GuestSeries
+	nil,                                     // 5: vmmanager.hypervisor.v1.VirtualMachineGuestSeries.SeriesDroppedTotalEntry
+	nil,                                     // 6: vmmanager.hypervisor.v1.GuestSeries.LabelsEntry
+	(*timestamppb.Timestamp)(nil),           // 7: google.protobuf.Timestamp
+	(*ListVirtualMachinesRequest)(nil),      // 8: vmmanager.hypervisor.v1.ListVirtualMachinesRequest
+	(*GetVirtualMachineMetricsRequest)(nil), // 9: vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
+	(*ListNetworksRequest)(nil),             // 10: vmmanager.hypervisor.v1.ListNetworksRequest
+	(*ListVirtualMachinesResponse)(nil),     // 11: vmmanager.hypervisor.v1.ListVirtualMachinesResponse
+	(*VirtualMachineMetrics)(nil),           // 12: vmmanager.hypervisor.v1.VirtualMachineMetrics
+	(*ListNetworksResponse)(nil),            // 13: vmmanager.hypervisor.v1.ListNetworksResponse
 }
 var file_vmmanager_hypervisor_v1_telemetry_service_proto_depIdxs = []int32{
-	0, // 0: vmmanager.hypervisor.v1.TelemetryService.ListVirtualMachines:input_type -> vmmanager.hypervisor.v1.ListVirtualMachinesRequest
-	1, // 1: vmmanager.hypervisor.v1.TelemetryService.GetVirtualMachineMetrics:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
-	2, // 2: vmmanager.hypervisor.v1.TelemetryService.ListNetworks:input_type -> vmmanager.hypervisor.v1.ListNetworksRequest
-	3, // 3: vmmanager.hypervisor.v1.TelemetryService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
-	4, // 4: vmmanager.hypervisor.v1.TelemetryService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
-	5, // 5: vmmanager.hypervisor.v1.TelemetryService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
-	3, // [3:6] is the sub-list for method output_type
-	0, // [0:3] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	3,  // 0: vmmanager.hypervisor.v1.ListGuestSeriesResponse.vms:type_name -> vmmanager.hypervisor.v1.VirtualMachineGuestSeries
+	7,  // 1: vmmanager.hypervisor.v1.VirtualMachineGuestSeries.received_at:type_name -> google.protobuf.Timestamp
+	5,  // 2: vmmanager.hypervisor.v1.VirtualMachineGuestSeries.series_dropped_total:type_name -> vmmanager.hypervisor.v1.VirtualMachineGuestSeries.SeriesDroppedTotalEntry
+	4,  // 3: vmmanager.hypervisor.v1.VirtualMachineGuestSeries.series:type_name -> vmmanager.hypervisor.v1.GuestSeries
+	0,  // 4: vmmanager.hypervisor.v1.GuestSeries.type:type_name -> vmmanager.hypervisor.v1.GuestSeriesType
+	6,  // 5: vmmanager.hypervisor.v1.GuestSeries.labels:type_name -> vmmanager.hypervisor.v1.GuestSeries.LabelsEntry
+	8,  // 6: vmmanager.hypervisor.v1.TelemetryService.ListVirtualMachines:input_type -> vmmanager.hypervisor.v1.ListVirtualMachinesRequest
+	9,  // 7: vmmanager.hypervisor.v1.TelemetryService.GetVirtualMachineMetrics:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
+	10, // 8: vmmanager.hypervisor.v1.TelemetryService.ListNetworks:input_type -> vmmanager.hypervisor.v1.ListNetworksRequest
+	1,  // 9: vmmanager.hypervisor.v1.TelemetryService.ListGuestSeries:input_type -> vmmanager.hypervisor.v1.ListGuestSeriesRequest
+	11, // 10: vmmanager.hypervisor.v1.TelemetryService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
+	12, // 11: vmmanager.hypervisor.v1.TelemetryService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
+	13, // 12: vmmanager.hypervisor.v1.TelemetryService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
+	2,  // 13: vmmanager.hypervisor.v1.TelemetryService.ListGuestSeries:output_type -> vmmanager.hypervisor.v1.ListGuestSeriesResponse
+	10, // [10:14] is the sub-list for method output_type
+	6,  // [6:10] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_vmmanager_hypervisor_v1_telemetry_service_proto_init() }
@@ -63,13 +442,15 @@ func file_vmmanager_hypervisor_v1_telemetry_service_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDesc), len(file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   0,
+			NumEnums:      1,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_vmmanager_hypervisor_v1_telemetry_service_proto_goTypes,
 		DependencyIndexes: file_vmmanager_hypervisor_v1_telemetry_service_proto_depIdxs,
+		EnumInfos:         file_vmmanager_hypervisor_v1_telemetry_service_proto_enumTypes,
+		MessageInfos:      file_vmmanager_hypervisor_v1_telemetry_service_proto_msgTypes,
 	}.Build()
 	File_vmmanager_hypervisor_v1_telemetry_service_proto = out.File
 	file_vmmanager_hypervisor_v1_telemetry_service_proto_goTypes = nil

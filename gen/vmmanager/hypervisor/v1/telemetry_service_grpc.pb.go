@@ -22,6 +22,7 @@ const (
 	TelemetryService_ListVirtualMachines_FullMethodName      = "/vmmanager.hypervisor.v1.TelemetryService/ListVirtualMachines"
 	TelemetryService_GetVirtualMachineMetrics_FullMethodName = "/vmmanager.hypervisor.v1.TelemetryService/GetVirtualMachineMetrics"
 	TelemetryService_ListNetworks_FullMethodName             = "/vmmanager.hypervisor.v1.TelemetryService/ListNetworks"
+	TelemetryService_ListGuestSeries_FullMethodName          = "/vmmanager.hypervisor.v1.TelemetryService/ListGuestSeries"
 )
 
 // TelemetryServiceClient is the client API for TelemetryService service.
@@ -40,6 +41,9 @@ type TelemetryServiceClient interface {
 	GetVirtualMachineMetrics(ctx context.Context, in *GetVirtualMachineMetricsRequest, opts ...grpc.CallOption) (*VirtualMachineMetrics, error)
 	// Networks with their leases (as HypervisorService.ListNetworks).
 	ListNetworks(ctx context.Context, in *ListNetworksRequest, opts ...grpc.CallOption) (*ListNetworksResponse, error)
+	// Every VM's series from its guest's last systemd-report upload, for the
+	// guest collector (vm_guest_*, contract §10).
+	ListGuestSeries(ctx context.Context, in *ListGuestSeriesRequest, opts ...grpc.CallOption) (*ListGuestSeriesResponse, error)
 }
 
 type telemetryServiceClient struct {
@@ -80,6 +84,16 @@ func (c *telemetryServiceClient) ListNetworks(ctx context.Context, in *ListNetwo
 	return out, nil
 }
 
+func (c *telemetryServiceClient) ListGuestSeries(ctx context.Context, in *ListGuestSeriesRequest, opts ...grpc.CallOption) (*ListGuestSeriesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListGuestSeriesResponse)
+	err := c.cc.Invoke(ctx, TelemetryService_ListGuestSeries_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // TelemetryServiceServer is the server API for TelemetryService service.
 // All implementations must embed UnimplementedTelemetryServiceServer
 // for forward compatibility.
@@ -96,6 +110,9 @@ type TelemetryServiceServer interface {
 	GetVirtualMachineMetrics(context.Context, *GetVirtualMachineMetricsRequest) (*VirtualMachineMetrics, error)
 	// Networks with their leases (as HypervisorService.ListNetworks).
 	ListNetworks(context.Context, *ListNetworksRequest) (*ListNetworksResponse, error)
+	// Every VM's series from its guest's last systemd-report upload, for the
+	// guest collector (vm_guest_*, contract §10).
+	ListGuestSeries(context.Context, *ListGuestSeriesRequest) (*ListGuestSeriesResponse, error)
 	mustEmbedUnimplementedTelemetryServiceServer()
 }
 
@@ -114,6 +131,9 @@ func (UnimplementedTelemetryServiceServer) GetVirtualMachineMetrics(context.Cont
 }
 func (UnimplementedTelemetryServiceServer) ListNetworks(context.Context, *ListNetworksRequest) (*ListNetworksResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListNetworks not implemented")
+}
+func (UnimplementedTelemetryServiceServer) ListGuestSeries(context.Context, *ListGuestSeriesRequest) (*ListGuestSeriesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListGuestSeries not implemented")
 }
 func (UnimplementedTelemetryServiceServer) mustEmbedUnimplementedTelemetryServiceServer() {}
 func (UnimplementedTelemetryServiceServer) testEmbeddedByValue()                          {}
@@ -190,6 +210,24 @@ func _TelemetryService_ListNetworks_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TelemetryService_ListGuestSeries_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListGuestSeriesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TelemetryServiceServer).ListGuestSeries(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TelemetryService_ListGuestSeries_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TelemetryServiceServer).ListGuestSeries(ctx, req.(*ListGuestSeriesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // TelemetryService_ServiceDesc is the grpc.ServiceDesc for TelemetryService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -208,6 +246,10 @@ var TelemetryService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListNetworks",
 			Handler:    _TelemetryService_ListNetworks_Handler,
+		},
+		{
+			MethodName: "ListGuestSeries",
+			Handler:    _TelemetryService_ListGuestSeries_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -445,7 +445,7 @@ func TestListTools(t *testing.T) {
 			}
 		case "get_vm_console":
 			p := schema.Properties["lines"]
-			if p.Minimum == nil || *p.Minimum != 1 || p.Maximum == nil || *p.Maximum != 10000 || string(p.Default) != "100" {
+			if p.Minimum == nil || *p.Minimum != 0 || p.Maximum == nil || *p.Maximum != 10000 || string(p.Default) != "100" {
 				t.Errorf("get_vm_console.lines: %s", mustJSON(p))
 			}
 		case "forward_port":
@@ -578,6 +578,12 @@ func TestArgumentsReachTheBackend(t *testing.T) {
 	got = wantOK(t, h.call(t, "get_vm_console", map[string]any{"id": "0a1b2c3d"}))
 	if !strings.Contains(got, `"lines": 100`) {
 		t.Errorf("get_vm_console without lines: %s, want the default 100", got)
+	}
+	// 0 is accepted, as REST's ?lines=0 is (contract §1.2): it reaches the
+	// hypervisor, which reads it as the default (this fake echoes it).
+	got = wantOK(t, h.call(t, "get_vm_console", map[string]any{"id": "0a1b2c3d", "lines": 0}))
+	if !strings.Contains(got, `"lines": 0`) {
+		t.Errorf("get_vm_console lines 0: %s", got)
 	}
 	got = wantOK(t, h.call(t, "delete_vm", map[string]any{"id": "0a1b2c3d"}))
 	if want := "{\n  \"id\": \"0a1b2c3d\",\n  \"deleted\": true\n}\n"; got != want {

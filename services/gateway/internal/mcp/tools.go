@@ -65,7 +65,7 @@ type (
 
 	consoleArgs struct {
 		ID    string `json:"id" jsonschema:"the VM id (8 hex characters)"`
-		Lines int32  `json:"lines,omitempty" jsonschema:"how many of the last console lines to return (default 100, at most 10000)" schema:"min=1,max=10000,default=100"`
+		Lines int32  `json:"lines,omitempty" jsonschema:"how many of the last console lines to return (default 100, also for 0, as REST's ?lines=0; at most 10000)" schema:"min=0,max=10000,default=100"`
 	}
 
 	createNetworkArgs struct {

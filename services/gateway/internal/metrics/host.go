@@ -71,8 +71,6 @@ var (
 	descNetBytes      = desc("vm_manager_network_bytes_total", "Bytes through a network's switch: sent to VMs, received from VMs.", "network", "direction")
 	descNetLeases     = desc("vm_manager_network_leases", "Addresses held on a network.", "network")
 	descNetDropped    = desc("vm_manager_network_dropped_frames_total", "Frames a VM sent with another MAC or IP than its lease's, dropped before they reached the network.", "network", "vm")
-	descGuestAge      = desc("vm_guest_report_age_seconds", "Age of the guest's last systemd-report upload.", "vm")
-	descGuestSeries   = desc("vm_guest_report_series", "Entries in the guest's last systemd-report upload.", "vm")
 	descBackendUp     = desc("vm_manager_backend_up", "1 if the backend answered the last scrape, else 0.", "backend")
 )
 
@@ -123,7 +121,7 @@ func (c *hostCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		descVMState, descVMAttestation, descVMInfo, descVMCreated, descVMInstall, descVMBootToReady,
 		descVMCPU, descVMRSS, descVMDisk, descVMs, descNetBytes, descNetLeases, descNetDropped,
-		descGuestAge, descGuestSeries, descBackendUp,
+		descBackendUp,
 	} {
 		ch <- d
 	}
@@ -283,10 +281,6 @@ func (c *hostCollector) collectVMs(ch chan<- prometheus.Metric, s *snapshot) {
 		ch <- gauge(descVMDisk, float64(h.GetDiskBytes()), id, name)
 		if n := h.GetNetwork(); n.GetName() != "" {
 			ch <- counter(descNetDropped, float64(n.GetDroppedFrames()), n.GetName(), id)
-		}
-		if g := m.GetGuest(); g != nil {
-			ch <- gauge(descGuestAge, g.GetReportAgeSeconds(), id)
-			ch <- gauge(descGuestSeries, float64(g.GetSeries()), id)
 		}
 		c.observeDurations(vm, h)
 	}

@@ -1,5 +1,5 @@
 // Package metrics is the gateway's Prometheus exposition (contract §10): the
-// host collector, which asks the hypervisor at scrape time, the build info,
+// host and guest collectors, which ask the hypervisor at scrape time, the build info,
 // the Go and process collectors, and request metrics for the REST, gRPC and
 // MCP surfaces.
 package metrics
@@ -17,7 +17,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"google.golang.org/grpc"
 )
 
 // Surfaces of the request metrics.
@@ -35,18 +34,15 @@ type Metrics struct {
 	reg      *prometheus.Registry
 	log      *slog.Logger
 	host     *hostCollector
+	guest    *guestCollector
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 }
 
-// Source is what the host collector reads at scrape time: the hypervisor's
-// internal TelemetryService (no caller token exists during a scrape), or
-// any HypervisorServiceClient.
-type Source interface {
-	ListVirtualMachines(ctx context.Context, in *hypervisorv1.ListVirtualMachinesRequest, opts ...grpc.CallOption) (*hypervisorv1.ListVirtualMachinesResponse, error)
-	GetVirtualMachineMetrics(ctx context.Context, in *hypervisorv1.GetVirtualMachineMetricsRequest, opts ...grpc.CallOption) (*hypervisorv1.VirtualMachineMetrics, error)
-	ListNetworks(ctx context.Context, in *hypervisorv1.ListNetworksRequest, opts ...grpc.CallOption) (*hypervisorv1.ListNetworksResponse, error)
-}
+// Source is what the host and guest collectors read at scrape time: the
+// hypervisor's internal TelemetryService (no caller token exists during a
+// scrape).
+type Source = hypervisorv1.TelemetryServiceClient
 
 // New builds the registry: Go and process collectors, build info, the host
 // collector over hv and the request metrics. hv may be nil (no host metrics,
@@ -69,6 +65,7 @@ func New(hv Source, log *slog.Logger) *Metrics {
 		}, []string{"surface", "method"}),
 	}
 	m.host = newHostCollector(hv, log, DefaultScrapeTimeout)
+	m.guest = &guestCollector{hv: hv, log: log, timeout: DefaultScrapeTimeout, errors: m.host.scrapeErrors}
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "vm_manager_build_info",
 		Help: "Always 1; the labels say which build serves.",
@@ -79,6 +76,7 @@ func New(hv Source, log *slog.Logger) *Metrics {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		build,
 		m.host,
+		m.guest,
 		m.requests,
 		m.duration,
 	)

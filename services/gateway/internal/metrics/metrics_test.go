@@ -33,14 +33,16 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
-// fakeHV is a hypervisor with settable VMs, metrics and networks.
+// fakeHV is a hypervisor's TelemetryService with settable VMs, metrics,
+// networks and guest series.
 type fakeHV struct {
-	hypervisorv1.UnimplementedHypervisorServiceServer
+	hypervisorv1.UnimplementedTelemetryServiceServer
 
 	mu       sync.Mutex
 	vms      []*hypervisorv1.VirtualMachine
 	metrics  map[string]*hypervisorv1.VirtualMachineMetrics
 	networks []*hypervisorv1.Network
+	guests   []*hypervisorv1.VirtualMachineGuestSeries
 	// authSeen records whether any call carried an authorization header.
 	authSeen bool
 }
@@ -87,6 +89,17 @@ func (f *fakeHV) ListNetworks(ctx context.Context, _ *hypervisorv1.ListNetworksR
 	return out, nil
 }
 
+func (f *fakeHV) ListGuestSeries(ctx context.Context, _ *hypervisorv1.ListGuestSeriesRequest) (*hypervisorv1.ListGuestSeriesResponse, error) {
+	f.noteAuth(ctx)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := &hypervisorv1.ListGuestSeriesResponse{}
+	for _, g := range f.guests {
+		out.Vms = append(out.Vms, proto.Clone(g).(*hypervisorv1.VirtualMachineGuestSeries))
+	}
+	return out, nil
+}
+
 var t0 = time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
 
 func at(d time.Duration) *timestamppb.Timestamp { return timestamppb.New(t0.Add(d)) }
@@ -123,6 +136,18 @@ func newFake() *fakeHV {
 				DiskBytes: 1 << 30, InstallSeconds: proto.Float64(25), Network: net(0),
 			}},
 		},
+		guests: []*hypervisorv1.VirtualMachineGuestSeries{
+			{VmId: "aaaa0001", ReceivedAt: timestamppb.New(time.Now().Add(-4 * time.Second)), ReportsTotal: 9, Entries: 17,
+				SeriesDroppedTotal: map[string]uint64{"unsupported": 2, "duplicate": 1},
+				Series: []*hypervisorv1.GuestSeries{
+					{Name: "io_vmagent_uptime_seconds", Type: hypervisorv1.GuestSeriesType_GUEST_SERIES_TYPE_GAUGE, Value: 12.5},
+					{Name: "io_vmagent_load_average", Type: hypervisorv1.GuestSeriesType_GUEST_SERIES_TYPE_GAUGE, Labels: map[string]string{"period": "1m"}, Value: 0.5},
+					{Name: "io_vmagent_load_average", Type: hypervisorv1.GuestSeriesType_GUEST_SERIES_TYPE_GAUGE, Labels: map[string]string{"period": "5m"}, Value: 0.25},
+					{Name: "io_vmagent_context_switches_total", Type: hypervisorv1.GuestSeriesType_GUEST_SERIES_TYPE_COUNTER, Value: 98765},
+					{Name: "io_vmagent_attestation_info", Type: hypervisorv1.GuestSeriesType_GUEST_SERIES_TYPE_INFO, Object: "initrd", Value: 1, Info: "verified"},
+				}},
+			{VmId: "bbbb0002"}, // no upload yet
+		},
 		networks: []*hypervisorv1.Network{{
 			Spec: &hypervisorv1.NetworkSpec{Name: "default", Cidr: "192.168.127.0/24"},
 			Leases: []*hypervisorv1.Lease{
@@ -155,9 +180,9 @@ func newHost(t *testing.T) (*Metrics, *fakeHV, func()) {
 	t.Helper()
 	fake := newFake()
 	srv := grpc.NewServer()
-	hypervisorv1.RegisterHypervisorServiceServer(srv, fake)
+	hypervisorv1.RegisterTelemetryServiceServer(srv, fake)
 	conn, stop := serve(t, srv)
-	m := New(hypervisorv1.NewHypervisorServiceClient(conn), slog.New(slog.DiscardHandler))
+	m := New(hypervisorv1.NewTelemetryServiceClient(conn), slog.New(slog.DiscardHandler))
 	m.host.timeout = 2 * time.Second
 	return m, fake, stop
 }
@@ -337,9 +362,30 @@ func TestHostCollector(t *testing.T) {
 	f.want(t, 3, "vm_manager_network_dropped_frames_total", "network", "default", "vm", "aaaa0001")
 	f.want(t, 0, "vm_manager_network_dropped_frames_total", "network", "default", "vm", "bbbb0002")
 
-	// Guest summary.
-	f.want(t, 4.5, "vm_guest_report_age_seconds", "vm", "aaaa0001")
+	// Guest series: per-VM report counts, then the entries as typed families
+	// labelled vm, object and their fields.
+	if age := f.value(t, "vm_guest_report_age_seconds", "vm", "aaaa0001"); age < 4 || age > 60 {
+		t.Errorf("vm_guest_report_age_seconds = %v, want about 4", age)
+	}
 	f.want(t, 17, "vm_guest_report_series", "vm", "aaaa0001")
+	if n := len(f.find("vm_guest_report_age_seconds", "vm", "bbbb0002")); n != 0 {
+		t.Errorf("beta sent no report but has %d age series", n)
+	}
+	f.wantType(t, "vm_guest_reports_total", dto.MetricType_COUNTER)
+	f.want(t, 9, "vm_guest_reports_total", "vm", "aaaa0001")
+	f.want(t, 0, "vm_guest_reports_total", "vm", "bbbb0002")
+	f.wantType(t, "vm_guest_report_series_dropped_total", dto.MetricType_COUNTER)
+	for reason, want := range map[string]float64{"limit": 0, "unsupported": 2, "duplicate": 1} {
+		f.want(t, want, "vm_guest_report_series_dropped_total", "vm", "aaaa0001", "reason", reason)
+		f.want(t, 0, "vm_guest_report_series_dropped_total", "vm", "bbbb0002", "reason", reason)
+	}
+	f.wantType(t, "vm_guest_io_vmagent_uptime_seconds", dto.MetricType_GAUGE)
+	f.want(t, 12.5, "vm_guest_io_vmagent_uptime_seconds", "vm", "aaaa0001", "object", "")
+	f.want(t, 0.25, "vm_guest_io_vmagent_load_average", "vm", "aaaa0001", "period", "5m")
+	f.wantType(t, "vm_guest_io_vmagent_context_switches_total", dto.MetricType_COUNTER)
+	f.want(t, 98765, "vm_guest_io_vmagent_context_switches_total", "vm", "aaaa0001")
+	f.wantType(t, "vm_guest_io_vmagent_attestation_info", dto.MetricType_GAUGE)
+	f.want(t, 1, "vm_guest_io_vmagent_attestation_info", "vm", "aaaa0001", "object", "initrd", "value", "verified")
 
 	// Build info, Go and process collectors.
 	f.want(t, 1, "vm_manager_build_info", "version", buildinfo.Version, "commit", buildinfo.CommitOrVCS(), "go_version", runtime.Version())
@@ -380,6 +426,7 @@ func TestHostCollector(t *testing.T) {
 	fake.vms[0].BootedAt, fake.vms[0].ReadyAt = at(time.Hour), at(time.Hour+9*time.Second)
 	fake.metrics["aaaa0001"].Host.BootToReadySeconds = proto.Float64(9)
 	fake.vms = fake.vms[:1]
+	fake.guests = fake.guests[:1]
 	delete(fake.metrics, "bbbb0002")
 	fake.mu.Unlock()
 	f = scrape(t, m)
@@ -389,6 +436,9 @@ func TestHostCollector(t *testing.T) {
 	f.want(t, 0, "vm_manager_vms", "state", "stopped")
 	if n := len(f.find("vm_manager_vm_state", "vm", "bbbb0002")); n != 0 {
 		t.Errorf("deleted VM still has %d state series", n)
+	}
+	if n := len(f.find("vm_guest_reports_total", "vm", "bbbb0002")); n != 0 {
+		t.Errorf("deleted VM still has %d guest series", n)
 	}
 	m.host.mu.Lock()
 	if _, ok := m.host.observed["bbbb0002"]; ok || len(m.host.observed) != 1 {
@@ -654,4 +704,29 @@ func TestGRPCMethodLabel(t *testing.T) {
 			t.Errorf("GRPCMethodLabel(%q) = %q, want %q", in, got, want)
 		}
 	}
+}
+
+// Two guests exporting one family with different types would make the
+// exposition invalid: the second one's series is left out, the rest served.
+func TestGuestCollectorTypeConflict(t *testing.T) {
+	m, fake, _ := newHost(t)
+	fake.mu.Lock()
+	fake.guests = []*hypervisorv1.VirtualMachineGuestSeries{
+		{VmId: "aaaa0001", Series: []*hypervisorv1.GuestSeries{
+			{Name: "x", Type: hypervisorv1.GuestSeriesType_GUEST_SERIES_TYPE_COUNTER, Value: 5},
+			{Name: "y", Type: hypervisorv1.GuestSeriesType_GUEST_SERIES_TYPE_GAUGE, Value: 1},
+		}},
+		{VmId: "bbbb0002", Series: []*hypervisorv1.GuestSeries{
+			{Name: "x", Type: hypervisorv1.GuestSeriesType_GUEST_SERIES_TYPE_GAUGE, Value: 7},
+			{Name: "y", Type: hypervisorv1.GuestSeriesType_GUEST_SERIES_TYPE_GAUGE, Labels: map[string]string{"a": "b"}, Value: 2},
+		}},
+	}
+	fake.mu.Unlock()
+	f := scrape(t, m)
+	f.wantType(t, "vm_guest_x", dto.MetricType_COUNTER)
+	if n := len(f.find("vm_guest_x")); n != 1 {
+		t.Errorf("vm_guest_x: %d series, want aaaa0001's only", n)
+	}
+	f.want(t, 2, "vm_guest_y", "vm", "bbbb0002", "a", "b")
+	f.want(t, 1, "vm_guest_y", "vm", "aaaa0001")
 }

@@ -33,6 +33,7 @@ type VMs interface {
 	Console(id string, lines int32) (*hypervisorv1.GetVirtualMachineConsoleResponse, error)
 	Metrics(id string) (*hypervisorv1.VirtualMachineMetrics, error)
 	Report(id string) (*hypervisorv1.GetVirtualMachineReportResponse, error)
+	GuestSeries() []*hypervisorv1.VirtualMachineGuestSeries
 	Exec(ctx context.Context, id string, command []string) (*hypervisorv1.ExecVirtualMachineResponse, error)
 	Forward(ctx context.Context, id string, port int32) (*hypervisorv1.ForwardVirtualMachinePortResponse, error)
 
@@ -157,4 +158,8 @@ func (t *Telemetry) GetVirtualMachineMetrics(ctx context.Context, req *hyperviso
 
 func (t *Telemetry) ListNetworks(ctx context.Context, req *hypervisorv1.ListNetworksRequest) (*hypervisorv1.ListNetworksResponse, error) {
 	return t.s.ListNetworks(ctx, req)
+}
+
+func (t *Telemetry) ListGuestSeries(context.Context, *hypervisorv1.ListGuestSeriesRequest) (*hypervisorv1.ListGuestSeriesResponse, error) {
+	return &hypervisorv1.ListGuestSeriesResponse{Vms: t.s.vms.GuestSeries()}, nil
 }

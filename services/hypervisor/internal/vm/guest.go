@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
@@ -185,7 +186,73 @@ func (m *Manager) StoreReport(vmID string, body []byte) error {
 	if rec.GetPaths().GetReport() != path {
 		m.update(mc, func(r *hypervisorv1.VirtualMachine) { r.Paths.Report = path })
 	}
+	g, err := parseReport(body, time.Now(), m.cfg.GuestSeriesLimit)
+	mc.mu.Lock()
+	defer mc.mu.Unlock()
+	mc.guest.loaded = true
+	mc.guest.report, mc.guest.note = g, ""
+	if err != nil {
+		mc.guest.note = noteNotReport
+	}
+	mc.guest.reportsTotal++
+	if g != nil {
+		if mc.guest.dropped == nil {
+			mc.guest.dropped = map[string]uint64{}
+		}
+		for r, n := range g.dropped {
+			mc.guest.dropped[r] += n
+		}
+	}
 	return nil
+}
+
+// guestState is a VM's guest report as the metrics see it, guarded by the
+// machine's mu. The counters count uploads since this process started.
+type guestState struct {
+	loaded       bool         // report and note are set (after a restart, from report.json)
+	report       *guestReport // nil: no upload, or not a systemd-report (note says which)
+	note         string
+	reportsTotal uint64
+	dropped      map[string]uint64
+}
+
+// guestReportOf returns the VM's parsed last upload; the first call after a
+// restart reads the kept report.json.
+func (m *Manager) guestReportOf(mc *machine) (*guestReport, string) {
+	mc.mu.Lock()
+	defer mc.mu.Unlock()
+	if !mc.guest.loaded {
+		mc.guest.report, mc.guest.note = readReport(mc.rec.GetPaths().GetReport(), m.cfg.GuestSeriesLimit)
+		mc.guest.loaded = true
+	}
+	return mc.guest.report, mc.guest.note
+}
+
+// GuestSeries is every VM's exported guest series (TelemetryService), oldest
+// VM first.
+func (m *Manager) GuestSeries() []*hypervisorv1.VirtualMachineGuestSeries {
+	var out []*hypervisorv1.VirtualMachineGuestSeries
+	for _, rec := range m.List() {
+		mc, err := m.get(rec.GetId())
+		if err != nil {
+			continue // deleted since
+		}
+		g, _ := m.guestReportOf(mc)
+		vs := &hypervisorv1.VirtualMachineGuestSeries{VmId: rec.GetId(), SeriesDroppedTotal: map[string]uint64{}}
+		mc.mu.Lock()
+		vs.ReportsTotal = mc.guest.reportsTotal
+		for _, r := range dropReasons {
+			vs.SeriesDroppedTotal[r] = mc.guest.dropped[r]
+		}
+		mc.mu.Unlock()
+		if g != nil {
+			vs.ReceivedAt = timestamppb.New(g.receivedAt)
+			vs.Entries = int32(g.entries)
+			vs.Series = g.series
+		}
+		out = append(out, vs)
+	}
+	return out
 }
 
 // Report returns the guest's last upload as JSON (a non-JSON upload as a string).

@@ -63,6 +63,9 @@ type Config struct {
 	StopTimeout    time.Duration
 	// KillGrace is the SIGTERM→SIGKILL grace.
 	KillGrace time.Duration
+	// GuestSeriesLimit is how many series of a guest's report are exported
+	// (--metrics-guest-series-limit; DefaultGuestSeriesLimit when 0).
+	GuestSeriesLimit int
 	// StopVMsOnExit powers VMs down when the hypervisor stops (a pod, whose
 	// end kills its children anyway). By default they keep running for the
 	// next hypervisor to re-adopt.
@@ -81,6 +84,9 @@ func (c *Config) defaults() {
 	}
 	if c.KillGrace == 0 {
 		c.KillGrace = 5 * time.Second
+	}
+	if c.GuestSeriesLimit <= 0 {
+		c.GuestSeriesLimit = DefaultGuestSeriesLimit
 	}
 	if c.QEMUBinary == "" {
 		c.QEMUBinary = "qemu-system-x86_64"
@@ -132,6 +138,7 @@ type machine struct {
 	run     *runtime
 	fwd     map[int32]*forward.Forward // guest port -> listener
 	changed chan struct{}
+	guest   guestState
 }
 
 // New loads the records and re-adopts the VMs whose processes still run.

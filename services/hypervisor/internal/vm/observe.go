@@ -68,7 +68,11 @@ func (m *Manager) Metrics(id string) (*hypervisorv1.VirtualMachineMetrics, error
 		h.BootToReadySeconds = proto.Float64(ready.AsTime().Sub(booted.AsTime()).Seconds())
 	}
 	out := &hypervisorv1.VirtualMachineMetrics{Id: id, Host: h, RawReportUrl: "/api/v1/vms/" + id + "/report"}
-	out.Guest, out.Note = guestMetrics(rec.GetPaths().GetReport(), time.Now())
+	if g, note := m.guestReportOf(mc); g != nil {
+		out.Guest = g.summary(time.Now())
+	} else {
+		out.Note = note
+	}
 	return out, nil
 }
 
