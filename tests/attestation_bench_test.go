@@ -24,10 +24,10 @@ import (
 // agent and swtpm, made before the clock starts.
 // Run with a fixed count: go test -bench VerifyQuote -benchtime 100x.
 func BenchmarkVerifyQuote(b *testing.B) {
-	requireTool(b, "swtpm")
+	cluster.RequireTool(b, "swtpm")
 	c := cluster.Start(b, cluster.Processes, binDir, cluster.Options{Quiet: true})
 	api := "http://" + c.Addr + "/api/v1"
-	if code, _, body := do(b, "PUT", api+"/images/att-image_1.0.0/policy", attPolicy(zeros)); code != 200 {
+	if code, _, body := cluster.Do(b, "PUT", api+"/images/att-image_1.0.0/policy", attPolicy(zeros)); code != 200 {
 		b.Fatalf("import policy: %d %s", code, body)
 	}
 	conn, err := grpc.NewClient("unix://"+c.Socket("attestation"), grpc.WithTransportCredentials(insecure.NewCredentials()))

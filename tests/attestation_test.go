@@ -38,7 +38,7 @@ func swtpmServer(t *testing.T) string { return swtpmServerTB(t) }
 
 func swtpmServerTB(t testing.TB) string {
 	t.Helper()
-	requireTool(t, "swtpm")
+	cluster.RequireTool(t, "swtpm")
 	dir, err := os.MkdirTemp("", "vmm-tpm-")
 	if err != nil {
 		t.Fatal(err)
@@ -114,7 +114,7 @@ func TestAttestation(t *testing.T) {
 	c := cluster.Start(t, cluster.Processes, binDir, cluster.Options{ImageDir: images})
 	api := "http://" + c.Addr + "/api/v1"
 	cluster.Eventually(t, 20*time.Second, "policy import", func() error {
-		if code, _, b := do(t, "GET", api+"/images/att-image_1.0.0/policy", ""); code != 200 {
+		if code, _, b := cluster.Do(t, "GET", api+"/images/att-image_1.0.0/policy", ""); code != 200 {
 			return fmt.Errorf("%d %s", code, b)
 		}
 		return nil
@@ -200,7 +200,7 @@ func TestAttestation(t *testing.T) {
 	expect(q, false, "is not the key enrolled for this vm")
 
 	// A golden mismatch on PCR 0.
-	if code, _, b := do(t, "PUT", api+"/images/att-image_1.0.0/policy", attPolicy(strings.Repeat("f", 64))); code != 200 {
+	if code, _, b := cluster.Do(t, "PUT", api+"/images/att-image_1.0.0/policy", attPolicy(strings.Repeat("f", 64))); code != 200 {
 		t.Fatalf("import policy: %d %s", code, b)
 	}
 	q = guestQuote(t, tpm, attestationv1.Stage_STAGE_INITRD, nonce(vm))
@@ -208,7 +208,7 @@ func TestAttestation(t *testing.T) {
 	expect(q, false, "golden mismatch: pcr 0 expected "+strings.Repeat("f", 64)+", got "+zeros)
 
 	// RecordGolden takes the VM's verified ready PCRs.
-	code, _, b := do(t, "POST", api+"/images/att-image_1.0.0/policy/golden", `{"from_vm":"`+vm+`"}`)
+	code, _, b := cluster.Do(t, "POST", api+"/images/att-image_1.0.0/policy/golden", `{"from_vm":"`+vm+`"}`)
 	var recorded struct {
 		GoldenFromVm string
 		GoldenPcrs   []int
@@ -229,7 +229,7 @@ func TestAttestation(t *testing.T) {
 		Firmware: &attestationv1.FirmwareBuild{Sha256: strings.Repeat("cd", 32), Package: "ovmf", Version: "2025.02-1"}}); err != nil {
 		t.Fatal(err)
 	}
-	_, _, b = do(t, "GET", api+"/images/att-image_1.0.0/policy", "")
+	_, _, b = cluster.Do(t, "GET", api+"/images/att-image_1.0.0/policy", "")
 	var stored struct{ Document map[string]any }
 	if err := json.Unmarshal(b, &stored); err != nil {
 		t.Fatal(err)
@@ -237,7 +237,7 @@ func TestAttestation(t *testing.T) {
 	policyDoc := stored.Document
 	policyDoc["golden"].(map[string]any)["sha256"].(map[string]any)["0"] = strings.Repeat("e", 64)
 	raw, _ := json.Marshal(policyDoc)
-	if code, _, b := do(t, "PUT", api+"/images/att-image_1.0.0/policy", string(raw)); code != 200 {
+	if code, _, b := cluster.Do(t, "PUT", api+"/images/att-image_1.0.0/policy", string(raw)); code != 200 {
 		t.Fatalf("import: %d %s", code, b)
 	}
 	q = guestQuote(t, tpm, attestationv1.Stage_STAGE_INITRD, nonce(vm))
@@ -245,7 +245,7 @@ func TestAttestation(t *testing.T) {
 	expect(q, false, "the golden values were recorded on firmware ovmf 2022.11-6 (sha256 abababababababab), this vm boots ovmf 2025.02-1 (sha256 cdcdcdcdcdcdcdcd)")
 
 	// A policy without golden values rejects outside learn mode.
-	if code, _, b := do(t, "DELETE", api+"/images/att-image_1.0.0/policy/golden", ""); code != 200 {
+	if code, _, b := cluster.Do(t, "DELETE", api+"/images/att-image_1.0.0/policy/golden", ""); code != 200 {
 		t.Fatalf("clear golden: %d %s", code, b)
 	}
 	q = guestQuote(t, tpm, attestationv1.Stage_STAGE_INITRD, nonce(vm))

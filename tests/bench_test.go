@@ -22,14 +22,14 @@ import (
 // hypervisor ran, launched directly: the ratio is the service's overhead.
 // Run it with a fixed count: go test -bench CreateToReady -benchtime 5x.
 func BenchmarkCreateToReady(b *testing.B) {
-	images := guestImages(b)
+	images := cluster.GuestImages(b, "..")
 	c := cluster.Start(b, cluster.Processes, binDir, cluster.Options{ImageDir: images, Quiet: true})
 	base := "http://" + c.Addr + "/api/v1"
 	var service, direct []time.Duration
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		start := time.Now()
-		code, _, body := do(b, "POST", base+"/vms", fmt.Sprintf(`{"name":"bench%d","image":"test-guest","require_attestation":false,"memory_mib":512,"cpus":1}`, i))
+		code, _, body := cluster.Do(b, "POST", base+"/vms", fmt.Sprintf(`{"name":"bench%d","image":"test-guest","require_attestation":false,"memory_mib":512,"cpus":1}`, i))
 		if code != 201 {
 			b.Fatalf("create: %d %s", code, body)
 		}
@@ -41,7 +41,7 @@ func BenchmarkCreateToReady(b *testing.B) {
 		if err := json.Unmarshal(body, &v); err != nil {
 			b.Fatal(err)
 		}
-		if code, _, body := do(b, "POST", base+"/vms/"+v.ID+"/stop", ""); code != 200 {
+		if code, _, body := cluster.Do(b, "POST", base+"/vms/"+v.ID+"/stop", ""); code != 200 {
 			b.Fatalf("stop: %d %s", code, body)
 		}
 		d, err := runDirect(v.Paths.QemuLog, v.Paths.TpmState, v.Paths.NotifySocket)
@@ -49,7 +49,7 @@ func BenchmarkCreateToReady(b *testing.B) {
 			b.Fatal(err)
 		}
 		direct = append(direct, d)
-		if code, _, body := do(b, "DELETE", base+"/vms/"+v.ID, ""); code != 204 {
+		if code, _, body := cluster.Do(b, "DELETE", base+"/vms/"+v.ID, ""); code != 204 {
 			b.Fatalf("delete: %d %s", code, body)
 		}
 	}

@@ -101,7 +101,7 @@ func testFullDisk(t *testing.T) {
 	for i := 0; i < 40 && failed == ""; i++ {
 		name := fmt.Sprintf("full-%02d", i)
 		req, _ := json.Marshal(map[string]any{"name": name, "cidr": fmt.Sprintf("10.100.%d.0/24", i), "egress": bigEgress(i)})
-		code, _, b := do(t, "POST", api+"/networks", string(req))
+		code, _, b := cluster.Do(t, "POST", api+"/networks", string(req))
 		switch code {
 		case http.StatusCreated:
 			acked = append(acked, created{name, b})
@@ -125,7 +125,7 @@ func testFullDisk(t *testing.T) {
 	// The hypervisor lives on, refusing writes; reads work.
 	c.WaitReady(10 * time.Second)
 	expectError(t, "GET", api+"/networks/"+failed, "", 404, "not_found")
-	code, _, b := do(t, "POST", api+"/networks", `{"name":"after-full","cidr":"10.101.0.0/24","egress":`+mustJSON(bigEgress(41))+`}`)
+	code, _, b := cluster.Do(t, "POST", api+"/networks", `{"name":"after-full","cidr":"10.101.0.0/24","egress":`+mustJSON(bigEgress(41))+`}`)
 	if code != http.StatusInternalServerError && code != http.StatusServiceUnavailable {
 		t.Errorf("another create on the full disk: %d %s", code, b)
 	}
@@ -139,7 +139,7 @@ func testFullDisk(t *testing.T) {
 	c.StartService("hypervisor")
 	c.WaitReady(30 * time.Second)
 	for _, n := range acked {
-		code, _, b := do(t, "GET", api+"/networks/"+n.name, "")
+		code, _, b := cluster.Do(t, "GET", api+"/networks/"+n.name, "")
 		if code != 200 {
 			t.Errorf("acknowledged network %s after the restart: %d %s", n.name, code, b)
 			continue
@@ -156,7 +156,7 @@ func testFullDisk(t *testing.T) {
 	}
 	// The disk has room again: the refused network can be created now.
 	req, _ := json.Marshal(map[string]any{"name": failed, "cidr": "10.102.0.0/24", "egress": bigEgress(42)})
-	if code, _, b := do(t, "POST", api+"/networks", string(req)); code != http.StatusCreated {
+	if code, _, b := cluster.Do(t, "POST", api+"/networks", string(req)); code != http.StatusCreated {
 		t.Errorf("create %s once the disk has room: %d %s", failed, code, b)
 	}
 	t.Logf("%d acknowledged networks intact after the restart", len(acked))
@@ -248,12 +248,12 @@ func testDamagedDBs(t *testing.T) {
 	api := "http://" + c.Addr + "/api/v1"
 	for i := range 3 {
 		body := fmt.Sprintf(`{"name":"keep-%d","cidr":"10.60.%d.0/24","egress":%s}`, i, i, mustJSON(bigEgress(i)))
-		if code, _, b := do(t, "POST", api+"/networks", body); code != http.StatusCreated {
+		if code, _, b := cluster.Do(t, "POST", api+"/networks", body); code != http.StatusCreated {
 			t.Fatalf("create network: %d %s", code, b)
 		}
 	}
 	policy := `{"golden":{"sha256":{"0":"` + strings.Repeat("ab", 32) + `"}}}`
-	if code, _, b := do(t, "PUT", api+"/images/test-guest_1.0.0/policy", policy); code != 200 {
+	if code, _, b := cluster.Do(t, "PUT", api+"/images/test-guest_1.0.0/policy", policy); code != 200 {
 		t.Fatalf("import policy: %d %s", code, b)
 	}
 	c.StopAll()

@@ -496,7 +496,7 @@ func TestFaults(t *testing.T) {
 	if ok, why := faultsEnabled(); !ok {
 		t.Skip(why)
 	}
-	images := faultImages(t, guestImages(t))
+	images := faultImages(t, cluster.GuestImages(t, ".."))
 	seed := time.Now().UnixNano() % 1_000_000_000
 	if s := os.Getenv("FAULTS_SEED"); s != "" {
 		n, err := strconv.ParseInt(s, 10, 64)
@@ -669,7 +669,7 @@ func (f *faultRun) importGolden() {
 		f.golden[i] = att.Initrd.Pcrs[i]
 	}
 	policy, _ := json.Marshal(map[string]any{"image_id": "test-guest", "image_version": "0.1.0", "golden": map[string]any{"sha256": f.golden}})
-	if code, _, b := do(t, "PUT", f.base+"/images/"+faultsImage+"/policy", string(policy)); code != 200 {
+	if code, _, b := cluster.Do(t, "PUT", f.base+"/images/"+faultsImage+"/policy", string(policy)); code != 200 {
 		t.Fatalf("import policy: %d %s", code, b)
 	}
 	a.vm("POST", "/vms/"+v.ID+"/reboot", "", 200)

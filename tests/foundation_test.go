@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -104,27 +103,9 @@ type envelope struct {
 	} `json:"error"`
 }
 
-func do(t testing.TB, method, url, body string) (int, http.Header, []byte) {
-	t.Helper()
-	req, err := http.NewRequest(method, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, resp.Header, b
-}
-
 func expectError(t *testing.T, method, url, body string, wantStatus int, wantCode apierr.Code) string {
 	t.Helper()
-	code, hdr, b := do(t, method, url, body)
+	code, hdr, b := cluster.Do(t, method, url, body)
 	if code != wantStatus {
 		t.Fatalf("%s %s: status %d, want %d: %s", method, url, code, wantStatus, b)
 	}
@@ -145,7 +126,7 @@ func expectError(t *testing.T, method, url, body string, wantStatus int, wantCod
 
 func getJSON(t *testing.T, url string, into any) {
 	t.Helper()
-	code, hdr, b := do(t, "GET", url, "")
+	code, hdr, b := cluster.Do(t, "GET", url, "")
 	if code != http.StatusOK {
 		t.Fatalf("GET %s: %d %s", url, code, b)
 	}
@@ -175,19 +156,6 @@ func hostAccelerator(t *testing.T, api string) string {
 	var host struct{ Accelerator string }
 	getJSON(t, api+"/host", &host)
 	return host.Accelerator
-}
-
-func requireTool(t testing.TB, name string) string {
-	t.Helper()
-	p, err := exec.LookPath(name)
-	if err == nil {
-		return p
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("%s is required on CI (make test installs it): %v", name, err)
-	}
-	t.Skipf("%s not installed (run make deps): %v", name, err)
-	return ""
 }
 
 func foundation(t *testing.T, c *cluster.Cluster, mode cluster.Mode) {
@@ -230,8 +198,8 @@ func foundation(t *testing.T, c *cluster.Cluster, mode cluster.Mode) {
 		case host.Accelerator != "kvm" && host.Accelerator != "tcg":
 			t.Errorf("accelerator %q", host.Accelerator)
 		}
-		requireTool(t, "qemu-system-x86_64")
-		requireTool(t, "swtpm")
+		cluster.RequireTool(t, "qemu-system-x86_64")
+		cluster.RequireTool(t, "swtpm")
 		if !host.QEMU.Found || !strings.Contains(host.QEMU.Version, "QEMU") || !host.Swtpm.Found || host.OVMFCode == "" || len(host.Firmware.SHA256) != 64 {
 			t.Errorf("QEMU, swtpm and OVMF are installed but the report says %+v", host)
 		}
@@ -241,7 +209,7 @@ func foundation(t *testing.T, c *cluster.Cluster, mode cluster.Mode) {
 	})
 
 	t.Run("errors", func(t *testing.T) {
-		code, _, _ := do(t, "GET", api+"/vms/nope", "")
+		code, _, _ := cluster.Do(t, "GET", api+"/vms/nope", "")
 		if code != http.StatusNotFound {
 			t.Fatalf("GET /vms/nope: %d", code)
 		}
@@ -262,7 +230,7 @@ func foundation(t *testing.T, c *cluster.Cluster, mode cluster.Mode) {
 	})
 
 	t.Run("lists", func(t *testing.T) {
-		code, _, b := do(t, "GET", api+"/vms", "")
+		code, _, b := cluster.Do(t, "GET", api+"/vms", "")
 		if code != 200 || strings.TrimSpace(string(b)) != "[]" {
 			t.Errorf("GET /vms: %d %s, want an empty JSON array", code, b)
 		}
@@ -315,7 +283,7 @@ func foundation(t *testing.T, c *cluster.Cluster, mode cluster.Mode) {
 			GoldenPcrs   []int
 		}
 		cluster.Eventually(t, 20*time.Second, "policy import", func() error {
-			code, _, b := do(t, "GET", api+"/images/giantswarm-vm-base_0.2.0/policy", "")
+			code, _, b := cluster.Do(t, "GET", api+"/images/giantswarm-vm-base_0.2.0/policy", "")
 			if code != 200 {
 				return fmt.Errorf("%d %s", code, b)
 			}
@@ -342,7 +310,7 @@ func foundation(t *testing.T, c *cluster.Cluster, mode cluster.Mode) {
 		if doc.OpenAPI != "3.1.0" || doc.Paths["/api/v1/vms/{id}/start"] == nil {
 			t.Errorf("openapi %s with %d paths", doc.OpenAPI, len(doc.Paths))
 		}
-		code, hdr, b := do(t, "GET", api+"/openapi.yaml", "")
+		code, hdr, b := cluster.Do(t, "GET", api+"/openapi.yaml", "")
 		if code != 200 || hdr.Get("Content-Type") != "application/yaml" || !bytes.Contains(b, []byte("openapi: 3.1.0")) {
 			t.Errorf("openapi.yaml: %d %s", code, hdr.Get("Content-Type"))
 		}
@@ -434,7 +402,7 @@ func foundation(t *testing.T, c *cluster.Cluster, mode cluster.Mode) {
 	t.Run("backend restarts", func(t *testing.T) {
 		for _, backend := range []struct{ name, path string }{{"hypervisor", "/host"}, {"attestation", "/policies"}} {
 			c.StopService(backend.name)
-			code, _, b := do(t, "GET", "http://"+c.Addr+"/readyz", "")
+			code, _, b := cluster.Do(t, "GET", "http://"+c.Addr+"/readyz", "")
 			if code != http.StatusServiceUnavailable || !strings.Contains(string(b), backend.name) {
 				t.Errorf("/readyz with %s down: %d %s", backend.name, code, b)
 			}
@@ -445,14 +413,14 @@ func foundation(t *testing.T, c *cluster.Cluster, mode cluster.Mode) {
 			c.StartService(backend.name)
 			c.WaitReady(20 * time.Second)
 			cluster.Eventually(t, 10*time.Second, backend.name+" through the gateway", func() error {
-				if code, _, b := do(t, "GET", api+backend.path, ""); code != 200 {
+				if code, _, b := cluster.Do(t, "GET", api+backend.path, ""); code != 200 {
 					return fmt.Errorf("%d %s", code, b)
 				}
 				return nil
 			})
 		}
 		// The policy survived the attestation restart: it is in bbolt.
-		code, _, b := do(t, "GET", api+"/images/giantswarm-vm-base_0.2.0/policy", "")
+		code, _, b := cluster.Do(t, "GET", api+"/images/giantswarm-vm-base_0.2.0/policy", "")
 		if code != 200 {
 			t.Errorf("policy lost across an attestation restart: %d %s", code, b)
 		}
@@ -480,5 +448,5 @@ func requireGrpcurl(t *testing.T) string {
 			return p
 		}
 	}
-	return requireTool(t, "grpcurl")
+	return cluster.RequireTool(t, "grpcurl")
 }

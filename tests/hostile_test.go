@@ -115,17 +115,12 @@ func TestHostile(t *testing.T) {
 
 	var policiesBefore []byte
 	{
-		_, _, policiesBefore = do(t, "GET", api+"/policies", "")
+		_, _, policiesBefore = cluster.Do(t, "GET", api+"/policies", "")
 	}
 	ready := func(t *testing.T) {
 		t.Helper()
-		resp, err := http.Get("http://" + c.Addr + "/readyz")
-		if err != nil {
+		if err := cluster.Readyz(c.Addr); err != nil {
 			t.Fatalf("/readyz after the case: %v", err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("/readyz after the case: %d", resp.StatusCode)
 		}
 	}
 	post := func(t *testing.T, path string, body []byte, allowed ...any) apierr.Code {
@@ -263,7 +258,7 @@ func TestHostile(t *testing.T) {
 	})
 
 	t.Run("nothing was created", func(t *testing.T) {
-		code, _, b := do(t, "GET", api+"/vms", "")
+		code, _, b := cluster.Do(t, "GET", api+"/vms", "")
 		if code != 200 || strings.TrimSpace(string(b)) != "[]" {
 			t.Errorf("vms after the hostile requests: %d %s", code, b)
 		}
@@ -272,7 +267,7 @@ func TestHostile(t *testing.T) {
 		if len(nets) != 1 || nets[0].Spec.Name != "default" {
 			t.Errorf("networks after the hostile requests: %+v", nets)
 		}
-		if _, _, after := do(t, "GET", api+"/policies", ""); !bytes.Equal(after, policiesBefore) {
+		if _, _, after := cluster.Do(t, "GET", api+"/policies", ""); !bytes.Equal(after, policiesBefore) {
 			t.Errorf("policies changed:\n%s\n%s", policiesBefore, after)
 		}
 		if ents, err := os.ReadDir(filepath.Join(c.StateDir, "vms")); err == nil && len(ents) > 0 {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -50,23 +49,11 @@ func TestIdentity(t *testing.T) {
 // authDo sends a request with an optional Authorization header.
 func authDo(t *testing.T, method, url, auth, body string) (int, http.Header, []byte) {
 	t.Helper()
-	req, err := http.NewRequest(method, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
+	var header http.Header
 	if auth != "" {
-		req.Header.Set("Authorization", auth)
+		header = http.Header{"Authorization": {auth}}
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, resp.Header, b
+	return cluster.DoContext(context.Background(), t, method, url, body, header)
 }
 
 func identityChecks(t *testing.T, c *cluster.Cluster, op *oidctest.Provider) {

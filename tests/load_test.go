@@ -73,7 +73,7 @@ func TestLoad(t *testing.T) {
 		}
 		duration = d
 	}
-	images := guestImages(t)
+	images := cluster.GuestImages(t, "..")
 	// Info level, as deployed: the services log no line per request there.
 	// The logs go to files, counted below.
 	c := cluster.Start(t, cluster.Processes, binDir, cluster.Options{ImageDir: images, LogLevel: "info", Quiet: true})

@@ -109,7 +109,7 @@ func callTool(t *testing.T, cs *mcp.ClientSession, name string, args map[string]
 // reaches the hypervisor, which records the caller on the VM; create_vm
 // reports progress while the guest boots; /metrics counts every surface.
 func TestMCPEndToEnd(t *testing.T) {
-	images := guestImages(t)
+	images := cluster.GuestImages(t, "..")
 	op := oidctest.Start(t)
 	c := cluster.Start(t, cluster.Processes, binDir, cluster.Options{ImageDir: images, OIDCIssuer: op.Issuer(), OIDCAudiences: []string{op.Audience}})
 	token := op.Token(oidctest.Claims{Subject: "agent-7", Email: "agent@example.com"})

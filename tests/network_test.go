@@ -25,7 +25,7 @@ type execJSON struct {
 func (a api) exec(id string, argv ...string) execJSON {
 	a.t.Helper()
 	body, _ := json.Marshal(map[string]any{"command": argv})
-	code, _, b := do(a.t, "POST", a.base+"/vms/"+id+"/exec", string(body))
+	code, _, b := cluster.Do(a.t, "POST", a.base+"/vms/"+id+"/exec", string(body))
 	if code != 200 {
 		a.t.Fatalf("exec %q in %s: %d %s", argv, id, code, b)
 	}
@@ -44,7 +44,7 @@ func (a api) sh(id, script string) execJSON {
 
 func (a api) forward(id string, port int) string {
 	a.t.Helper()
-	code, _, b := do(a.t, "POST", a.base+"/vms/"+id+"/forward", fmt.Sprintf(`{"port":%d}`, port))
+	code, _, b := cluster.Do(a.t, "POST", a.base+"/vms/"+id+"/forward", fmt.Sprintf(`{"port":%d}`, port))
 	if code != 200 {
 		a.t.Fatalf("forward %d of %s: %d %s", port, id, code, b)
 	}
@@ -94,7 +94,7 @@ func ignitionFile(path, content string) string {
 // is rejected naming PCR 9, and a hypervisor SIGKILL after which exec and
 // forwards still work.
 func TestNetworkEndToEnd(t *testing.T) {
-	images := withPoweroffImage(t, guestImages(t))
+	images := withPoweroffImage(t, cluster.GuestImages(t, ".."))
 	c := cluster.Start(t, cluster.Processes, binDir, cluster.Options{ImageDir: images, LearnGolden: true})
 	a := api{t: t, base: "http://" + c.Addr + "/api/v1"}
 	t.Cleanup(func() { killVMs(t, c, a) })
@@ -102,7 +102,7 @@ func TestNetworkEndToEnd(t *testing.T) {
 	var first, app vmJSON
 	t.Run("golden values from a first VM", func(t *testing.T) {
 		a.t = t
-		if code, _, b := do(t, "PUT", a.base+"/images/test-guest_0.1.0/policy", `{"image_id":"test-guest","image_version":"0.1.0"}`); code != 200 {
+		if code, _, b := cluster.Do(t, "PUT", a.base+"/images/test-guest_0.1.0/policy", `{"image_id":"test-guest","image_version":"0.1.0"}`); code != 200 {
 			t.Fatalf("import policy: %d %s", code, b)
 		}
 		first = a.vm("POST", "/vms", `{"name":"first","image":"test-guest","memory_mib":384,"cpus":1}`, 201)
@@ -111,7 +111,7 @@ func TestNetworkEndToEnd(t *testing.T) {
 		if att.Ready == nil || !att.Ready.Verified || len(att.Ready.Learned) == 0 {
 			t.Fatalf("learn-mode boot: %+v", att)
 		}
-		if code, _, b := do(t, "POST", a.base+"/images/test-guest_0.1.0/policy/golden", `{"from_vm":"`+first.ID+`"}`); code != 200 || !strings.Contains(string(b), `"9"`) {
+		if code, _, b := cluster.Do(t, "POST", a.base+"/images/test-guest_0.1.0/policy/golden", `{"from_vm":"`+first.ID+`"}`); code != 200 || !strings.Contains(string(b), `"9"`) {
 			t.Fatalf("record golden: %d %s", code, b)
 		}
 		// From here on PCRs without a golden value are rejected.
@@ -219,7 +219,7 @@ exit $rc`
 		if hostIP != "" {
 			egress = fmt.Sprintf(`,"egress":[{"cidr":"%s/32","ports":[%d]}]`, hostIP, open)
 		}
-		if code, _, b := do(t, "POST", a.base+"/networks", `{"name":"twin","cidr":"192.168.127.0/24"`+egress+`}`); code != 201 {
+		if code, _, b := cluster.Do(t, "POST", a.base+"/networks", `{"name":"twin","cidr":"192.168.127.0/24"`+egress+`}`); code != 201 {
 			t.Fatalf("create twin: %d %s", code, b)
 		}
 		twin := a.vm("POST", "/vms", `{"name":"twin-vm","image":"test-guest","network":"twin","require_attestation":false,"memory_mib":384,"cpus":1}`, 201)
@@ -259,7 +259,7 @@ exit $rc`
 		expectError(t, "POST", a.base+"/networks", `{"name":"bad","cidr":"10.9.0.0/24","egress":[{"cidr":"127.0.0.1/32"}]}`, 400, apierr.InvalidRequest)
 		expectError(t, "DELETE", a.base+"/networks/twin", "", 409, apierr.Conflict)
 		a.vm("DELETE", "/vms/"+twin.ID, "", 204)
-		if code, _, b := do(t, "DELETE", a.base+"/networks/twin", ""); code != 204 {
+		if code, _, b := cluster.Do(t, "DELETE", a.base+"/networks/twin", ""); code != 204 {
 			t.Errorf("delete twin: %d %s", code, b)
 		}
 	})

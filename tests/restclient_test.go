@@ -43,7 +43,7 @@ func TestGeneratedRESTClient(t *testing.T) {
 	base := "http://" + c.Addr
 
 	// The document exactly as served, which is the one gen/ embeds.
-	code, hdr, doc := do(t, "GET", base+"/api/v1/openapi.json", "")
+	code, hdr, doc := cluster.Do(t, "GET", base+"/api/v1/openapi.json", "")
 	if code != 200 || hdr.Get("Content-Type") != "application/json" {
 		t.Fatalf("GET /api/v1/openapi.json: %d %q: %.200s", code, hdr.Get("Content-Type"), doc)
 	}

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -36,7 +35,7 @@ const drainGrace = 35 * time.Second
 // with --detach-vms-on-exit=false (the pod) it powers them down: QEMU and
 // swtpm gone, records stopped with the reason, and so after its next start.
 func TestGracefulShutdown(t *testing.T) {
-	images := guestImages(t)
+	images := cluster.GuestImages(t, "..")
 	c := cluster.Start(t, cluster.Processes, binDir, cluster.Options{ImageDir: images})
 	a := api{t: t, base: "http://" + c.Addr + "/api/v1"}
 	t.Cleanup(func() { killVMs(t, c, a) })
@@ -117,7 +116,7 @@ func TestGracefulShutdown(t *testing.T) {
 		calls.wait(t)
 		t.Logf("hypervisor drained in-flight calls and exited in %s", drained.Round(time.Millisecond))
 		for _, v := range []vmJSON{g1, g2} {
-			if !running(v.Processes.Qemu.Pid) || !running(v.Processes.Tpm.Pid) {
+			if !cluster.Running(v.Processes.Qemu.Pid) || !cluster.Running(v.Processes.Tpm.Pid) {
 				t.Errorf("%s: qemu or swtpm ended with the hypervisor (detach is the default)", v.Name)
 			}
 		}
@@ -239,7 +238,7 @@ func TestGracefulShutdown(t *testing.T) {
 		}
 		t.Logf("hypervisor powered %d VMs down and exited in %s", len(vms), time.Since(start).Round(time.Millisecond))
 		for _, v := range vms {
-			if running(v.Processes.Qemu.Pid) || running(v.Processes.Tpm.Pid) {
+			if cluster.Running(v.Processes.Qemu.Pid) || cluster.Running(v.Processes.Tpm.Pid) {
 				t.Errorf("%s: qemu (%d) or swtpm (%d) still running after the hypervisor's exit", v.Name, v.Processes.Qemu.Pid, v.Processes.Tpm.Pid)
 			}
 		}
@@ -268,13 +267,6 @@ func sigterm(t *testing.T, c *cluster.Cluster, name string, during func()) time.
 		t.Errorf("%s exited with %d after SIGTERM, want 0", name, got)
 	}
 	return time.Since(start)
-}
-
-// running is alive without zombies: QEMU and swtpm outlive the hypervisor
-// that started them, and whoever inherits them may not reap them at once.
-func running(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	return err == nil && !strings.Contains(string(b), ") Z ")
 }
 
 // refused is nil when a new connection to addr is refused (or the socket is gone).

@@ -36,7 +36,7 @@ const (
 // Run with a fixed count: go test -bench Surfaces -benchtime 1x (2000 calls
 // per surface; Nx multiplies that).
 func BenchmarkSurfaces(b *testing.B) {
-	images := guestImages(b)
+	images := cluster.GuestImages(b, "..")
 	// Stop waits up to the stop timeout for the guest to power off: keep it
 	// short, the guest is of no interest here.
 	b.Setenv("VM_MANAGER_STOP_TIMEOUT", "2s")
@@ -45,7 +45,7 @@ func BenchmarkSurfaces(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 
-	code, _, body := do(b, "POST", base+"/vms", `{"name":"surfaces","image":"test-guest","require_attestation":false,"memory_mib":384,"cpus":1,"wait_for":"none"}`)
+	code, _, body := cluster.Do(b, "POST", base+"/vms", `{"name":"surfaces","image":"test-guest","require_attestation":false,"memory_mib":384,"cpus":1,"wait_for":"none"}`)
 	if code != http.StatusCreated {
 		b.Fatalf("create: %d %s", code, body)
 	}
@@ -54,11 +54,11 @@ func BenchmarkSurfaces(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() {
-		if code, _, body := do(b, "DELETE", base+"/vms/"+vm.ID, ""); code != http.StatusNoContent {
+		if code, _, body := cluster.Do(b, "DELETE", base+"/vms/"+vm.ID, ""); code != http.StatusNoContent {
 			b.Errorf("delete: %d %s", code, body)
 		}
 	})
-	if code, _, body = do(b, "POST", base+"/vms/"+vm.ID+"/stop", ""); code != http.StatusOK {
+	if code, _, body = cluster.Do(b, "POST", base+"/vms/"+vm.ID+"/stop", ""); code != http.StatusOK {
 		b.Fatalf("stop: %d %s", code, body)
 	}
 	if err := json.Unmarshal(body, &vm); err != nil {

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/giantswarm/vm-manager/tests/cluster"
 )
 
 // systemdDir holds the host install's units (docs/deploy.md).
@@ -101,7 +103,7 @@ func parseUnit(t *testing.T, path string) unitFile {
 // example's variables against the binaries' own flags, the exposure score of
 // systemd-analyze security, and the sysusers file. Nothing is started.
 func TestSystemdUnitsVerify(t *testing.T) {
-	analyze := requireTool(t, "systemd-analyze")
+	analyze := cluster.RequireTool(t, "systemd-analyze")
 
 	unitNames := []string{"vm-manager.target"}
 	for _, s := range systemdServices {

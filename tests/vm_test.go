@@ -41,26 +41,6 @@ type vmJSON struct {
 	} `json:"processes"`
 }
 
-// guestImages returns the directory holding the test guest built by
-// `make guest-image`, failing on CI when it is missing.
-func guestImages(t testing.TB) string {
-	t.Helper()
-	dir := os.Getenv("VMM_TEST_IMAGE_DIR")
-	if dir == "" {
-		dir, _ = filepath.Abs("../.run/state/images")
-	}
-	matches, _ := filepath.Glob(filepath.Join(dir, "test-guest_*.vmlinuz"))
-	if len(matches) == 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("no test guest in %s: make test builds it with make guest-image", dir)
-		}
-		t.Skipf("no test guest in %s: run make guest-image", dir)
-	}
-	requireTool(t, "qemu-system-x86_64")
-	requireTool(t, "swtpm")
-	return dir
-}
-
 // withPoweroffImage adds a variant of the test guest that powers itself off
 // after READY=1: same kernel and initrd, another command line.
 func withPoweroffImage(t testing.TB, src string) string {
@@ -94,7 +74,7 @@ type api struct {
 
 func (a api) vm(method, path, body string, wantStatus int) vmJSON {
 	a.t.Helper()
-	code, _, b := do(a.t, method, a.base+path, body)
+	code, _, b := cluster.Do(a.t, method, a.base+path, body)
 	if code != wantStatus {
 		a.t.Fatalf("%s %s: %d, want %d: %s", method, path, code, wantStatus, b)
 	}
@@ -123,6 +103,8 @@ func (a api) waitState(id, state string, d time.Duration) vmJSON {
 	return v
 }
 
+// alive is signal 0 succeeding: unlike cluster.Running, a zombie (a QEMU
+// that died but is not reaped yet) counts as alive.
 func alive(pid int) bool {
 	if pid <= 0 {
 		return false
@@ -135,8 +117,7 @@ func alive(pid int) bool {
 func waitGone(t *testing.T, pid int, what string) {
 	t.Helper()
 	cluster.Eventually(t, 10*time.Second, what+" exit", func() error {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil || strings.Contains(string(b), ") Z ") {
+		if !cluster.Running(pid) {
 			return nil
 		}
 		return fmt.Errorf("pid %d still running", pid)
@@ -150,7 +131,7 @@ const bootTimeout = 3 * time.Minute
 // concurrent creates, validation, a guest powering itself off, a QEMU that
 // dies, and re-adoption across a hypervisor SIGKILL.
 func TestVMLifecycle(t *testing.T) {
-	images := withPoweroffImage(t, guestImages(t))
+	images := withPoweroffImage(t, cluster.GuestImages(t, ".."))
 	for _, mode := range []cluster.Mode{cluster.Processes, cluster.InProcess} {
 		t.Run(string(mode), func(t *testing.T) {
 			c := cluster.Start(t, mode, binDir, cluster.Options{ImageDir: images})
@@ -232,7 +213,7 @@ func lifecycle(t *testing.T, c *cluster.Cluster) {
 			t.Errorf("default network leases %+v", def.Leases)
 		}
 		expectError(t, "DELETE", a.base+"/networks/default", "", 409, apierr.Conflict)
-		code, _, b := do(t, "POST", a.base+"/networks", `{"name":"n1","cidr":"10.10.0.0/29","dns_search_domain":"lab.local"}`)
+		code, _, b := cluster.Do(t, "POST", a.base+"/networks", `{"name":"n1","cidr":"10.10.0.0/29","dns_search_domain":"lab.local"}`)
 		if code != 201 || !strings.Contains(string(b), `"gateway": "10.10.0.1"`) {
 			t.Fatalf("create network: %d %s", code, b)
 		}
@@ -241,7 +222,7 @@ func lifecycle(t *testing.T, c *cluster.Cluster) {
 		expectError(t, "POST", a.base+"/networks", `{"name":"n2","cidr":"169.254.0.0/24"}`, 400, apierr.InvalidRequest)
 		expectError(t, "POST", a.base+"/networks", `{"name":"N2","cidr":"10.20.0.0/24"}`, 400, apierr.InvalidRequest)
 		expectError(t, "POST", a.base+"/vms", `{"name":"x","network":"nope","require_attestation":false}`, 400, apierr.InvalidRequest)
-		if code, _, b := do(t, "DELETE", a.base+"/networks/n1", ""); code != 204 {
+		if code, _, b := cluster.Do(t, "DELETE", a.base+"/networks/n1", ""); code != 204 {
 			t.Errorf("delete network: %d %s", code, b)
 		}
 		expectError(t, "GET", a.base+"/networks/n1", "", 404, apierr.NotFound)
@@ -386,7 +367,7 @@ func lifecycle(t *testing.T, c *cluster.Cluster) {
 			golden[i] = att.Initrd.Pcrs[i]
 		}
 		policy, _ := json.Marshal(map[string]any{"image_id": "test-guest", "image_version": "0.1.0", "golden": map[string]any{"sha256": golden}})
-		if code, _, b := do(t, "PUT", a.base+"/images/test-guest_0.1.0/policy", string(policy)); code != 200 {
+		if code, _, b := cluster.Do(t, "PUT", a.base+"/images/test-guest_0.1.0/policy", string(policy)); code != 200 {
 			t.Fatalf("import policy: %d %s", code, b)
 		}
 		a.vm("POST", "/vms/"+v.ID+"/reboot", "", 200)
@@ -400,7 +381,7 @@ func lifecycle(t *testing.T, c *cluster.Cluster) {
 			t.Errorf("console of the verified boot:\n%s", con.Console)
 		}
 		a.vm("DELETE", "/vms/"+v.ID, "", 204)
-		if code, _, b := do(t, "DELETE", a.base+"/images/test-guest_0.1.0/policy/golden", ""); code != 200 {
+		if code, _, b := cluster.Do(t, "DELETE", a.base+"/images/test-guest_0.1.0/policy/golden", ""); code != 200 {
 			t.Errorf("clear golden: %d %s", code, b)
 		}
 	})
@@ -434,13 +415,12 @@ func lifecycle(t *testing.T, c *cluster.Cluster) {
 
 // killVMs deletes whatever a failed test left behind, so no QEMU outlives it.
 func killVMs(t *testing.T, c *cluster.Cluster, a api) {
-	code, _, b := do(t, "GET", a.base+"/vms", "")
+	code, _, b := cluster.Do(t, "GET", a.base+"/vms", "")
 	var list []vmJSON
 	if code == http.StatusOK && json.Unmarshal(b, &list) == nil {
 		for _, v := range list {
 			if v.Processes != nil {
-				_ = syscall.Kill(v.Processes.Qemu.Pid, syscall.SIGKILL)
-				_ = syscall.Kill(v.Processes.Tpm.Pid, syscall.SIGKILL)
+				cluster.KillLeftovers(t, v.Processes.Qemu.Pid, v.Processes.Tpm.Pid)
 			}
 		}
 	}

@@ -5,9 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,32 +27,6 @@ guestImage: {enabled: false}
 metrics: {enabled: true}
 gateway: {allowAnonymousNonLoopback: true}
 `
-
-// guestImages returns the directory holding the test guest built by `make
-// guest-image`: a failure on CI when it is missing, a skip elsewhere.
-func guestImages(t *testing.T) string {
-	t.Helper()
-	dir := os.Getenv("VMM_TEST_IMAGE_DIR")
-	if dir == "" {
-		dir, _ = filepath.Abs("../../.run/state/images")
-	}
-	matches, _ := filepath.Glob(filepath.Join(dir, "test-guest_*.vmlinuz"))
-	if len(matches) == 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("no test guest in %s: make test builds it with make guest-image", dir)
-		}
-		t.Skipf("no test guest in %s (VMM_TEST_IMAGE_DIR, or run make guest-image)", dir)
-	}
-	for _, tool := range []string{"qemu-system-x86_64", "swtpm"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatalf("%s is required on CI (make deps installs it): %v", tool, err)
-			}
-			t.Skipf("%s not installed (run make deps): %v", tool, err)
-		}
-	}
-	return dir
-}
 
 // rewriter maps the pod's paths and port to this machine's: the only changes
 // made to the rendered commands and environments.
@@ -185,35 +157,16 @@ type vmRecord struct {
 	} `json:"processes"`
 }
 
+// call sends a request and fails the test unless the status is want.
 func call(t *testing.T, method, url, body string, want int) []byte {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != want {
-		t.Fatalf("%s %s: %d, want %d: %s", method, url, resp.StatusCode, want, b)
+	code, _, b := cluster.DoContext(ctx, t, method, url, body, nil)
+	if code != want {
+		t.Fatalf("%s %s: %d, want %d: %s", method, url, code, want, b)
 	}
 	return b
-}
-
-func alive(pid int) bool {
-	if pid <= 0 {
-		return false
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	return err == nil && !strings.Contains(string(b), ") Z ")
 }
 
 // TestRenderedPodRuns checks the chart's wiring, not only its syntax: the
@@ -222,7 +175,7 @@ func alive(pid int) bool {
 // port mapped to temporary ones), serve a VM through REST and MCP, and keep
 // it across a SIGKILL of the gateway and of attestation.
 func TestRenderedPodRuns(t *testing.T) {
-	images := guestImages(t)
+	images := cluster.GuestImages(t, "../..")
 	start := time.Now()
 
 	m, manifest := render(t, values(t, podValues))
@@ -238,18 +191,8 @@ func TestRenderedPodRuns(t *testing.T) {
 	}
 	t.Logf("binaries built in %s", time.Since(start).Round(time.Millisecond))
 
-	// Unix socket paths must stay under 108 bytes: t.TempDir() can be long.
-	dir, err := os.MkdirTemp("", "vmm-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	dir := cluster.TempDir(t)
+	addr := cluster.FreeAddr(t)
 	r := rewriter{binDir: binDir, state: filepath.Join(dir, "state"), run: filepath.Join(dir, "run"), listen: addr,
 		port: Container(pod, "gateway").Ports[0].ContainerPort}
 
@@ -282,12 +225,7 @@ func TestRenderedPodRuns(t *testing.T) {
 			procs[order[i]].stop(syscall.SIGTERM, 45*time.Second)
 		}
 		if vm.Processes != nil {
-			for _, pid := range []int{vm.Processes.Qemu.Pid, vm.Processes.Tpm.Pid} {
-				if alive(pid) {
-					t.Logf("killing leftover pid %d", pid)
-					_ = syscall.Kill(pid, syscall.SIGKILL)
-				}
-			}
+			cluster.KillLeftovers(t, vm.Processes.Qemu.Pid, vm.Processes.Tpm.Pid)
 		}
 		if t.Failed() {
 			for _, name := range order {
@@ -313,16 +251,7 @@ func TestRenderedPodRuns(t *testing.T) {
 					t.Fatalf("%s exited", name)
 				}
 			}
-			resp, err := http.Get(base + "/readyz")
-			if err != nil {
-				return err
-			}
-			defer resp.Body.Close()
-			b, _ := io.ReadAll(resp.Body)
-			if resp.StatusCode != http.StatusOK {
-				return fmt.Errorf("%d %s", resp.StatusCode, b)
-			}
-			return nil
+			return cluster.Readyz(addr)
 		})
 	}
 	waitReady("after start")
@@ -342,7 +271,7 @@ func TestRenderedPodRuns(t *testing.T) {
 	if err := json.Unmarshal(call(t, "POST", base+"/api/v1/vms", body, 201), &vm); err != nil {
 		t.Fatal(err)
 	}
-	if vm.State != "ready" || vm.Processes == nil || !alive(vm.Processes.Qemu.Pid) {
+	if vm.State != "ready" || vm.Processes == nil || !cluster.Running(vm.Processes.Qemu.Pid) {
 		t.Fatalf("created vm: %+v", vm)
 	}
 	t.Logf("vm %s ready after %s", vm.ID, time.Since(start).Round(time.Millisecond))
@@ -408,7 +337,7 @@ func TestRenderedPodRuns(t *testing.T) {
 
 	call(t, "DELETE", base+"/api/v1/vms/"+vm.ID, "", 204)
 	cluster.Eventually(t, 15*time.Second, "qemu exit", func() error {
-		if alive(vm.Processes.Qemu.Pid) {
+		if cluster.Running(vm.Processes.Qemu.Pid) {
 			return errors.New("qemu still running")
 		}
 		return nil

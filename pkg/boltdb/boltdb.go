@@ -43,6 +43,19 @@ type Schema struct {
 	Migrations []Migration
 }
 
+// CreateBuckets is a migration's Apply that creates the named buckets; one
+// that exists already is left as it is.
+func CreateBuckets(names ...[]byte) func(*bolt.Tx) error {
+	return func(tx *bolt.Tx) error {
+		for _, n := range names {
+			if _, err := tx.CreateBucketIfNotExists(n); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
 // Latest is the version the binary writes.
 func (s Schema) Latest() int {
 	if n := len(s.Migrations); n > 0 {

@@ -378,3 +378,34 @@ func TestNegativeVersionIsAnErrorNotAPanic(t *testing.T) {
 		t.Fatalf("err = %v, want a meta/version error", err)
 	}
 }
+
+func TestCreateBuckets(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "db")
+	s := boltdb.Schema{Name: "test", Migrations: []boltdb.Migration{
+		{Version: 1, Description: "a and b", Apply: boltdb.CreateBuckets([]byte("a"), []byte("b"))},
+	}}
+	db := open(t, path, s)
+	if err := db.Update(func(tx *bolt.Tx) error { return tx.Bucket([]byte("b")).Put([]byte("k"), []byte("v")) }); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	// A later migration naming an existing bucket leaves it and its keys alone.
+	s.Migrations = append(s.Migrations, boltdb.Migration{Version: 2, Description: "b and c", Apply: boltdb.CreateBuckets([]byte("b"), []byte("c"))})
+	db = open(t, path, s)
+	defer db.Close()
+	checkVersion(t, db, "test", 2)
+	if err := db.View(func(tx *bolt.Tx) error {
+		for _, name := range []string{"a", "b", "c"} {
+			if tx.Bucket([]byte(name)) == nil {
+				t.Errorf("bucket %s missing", name)
+			}
+		}
+		if b := tx.Bucket([]byte("b")); b != nil && string(b.Get([]byte("k"))) != "v" {
+			t.Errorf("b/k = %q after the second migration, want v", b.Get([]byte("k")))
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -129,6 +129,32 @@ func (s *Server) SetServing() {
 	s.Health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 }
 
+// ServeUntil serves on ln until ctx is done, then drains: health turns
+// NOT_SERVING, in-flight calls get DrainTimeout to finish before they are cut
+// off, and the socket file (ln from Listen) is removed. It returns nil after
+// the drain, or Serve's error when serving ends before ctx is done.
+func (s *Server) ServeUntil(ctx context.Context, ln net.Listener) error {
+	errc := make(chan error, 1)
+	go func() { errc <- s.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	s.Health.Shutdown()
+	stopped := make(chan struct{})
+	go func() { s.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(DrainTimeout):
+		s.Stop()
+	}
+	if a, ok := ln.Addr().(*net.UnixAddr); ok {
+		_ = os.Remove(a.Name)
+	}
+	return nil
+}
+
 func unaryErrors(log *slog.Logger) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
 		defer func() {

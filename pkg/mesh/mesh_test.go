@@ -450,3 +450,47 @@ func TestDefaultRunDir(t *testing.T) {
 		t.Errorf("DefaultRunDir = %q, want %q", got, want)
 	}
 }
+
+func TestServeUntilDrainsAndRemovesTheSocket(t *testing.T) {
+	path := filepath.Join(shortDir(t), mesh.AttestationSocket)
+	l, err := mesh.Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := mesh.NewServer(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	srv.SetServing()
+	runCtx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	served := make(chan error, 1)
+	go func() { served <- srv.ServeUntil(runCtx, l) }()
+	conn, err := mesh.Dial(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if resp, err := healthpb.NewHealthClient(conn).Check(ctx(t), &healthpb.HealthCheckRequest{}); err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("Check while serving: %v, %v", resp.GetStatus(), err)
+	}
+	cancel()
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Errorf("ServeUntil after cancel: %v, want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("ServeUntil did not return after cancel")
+	}
+	if _, err := os.Lstat(path); !os.IsNotExist(err) {
+		t.Errorf("socket %s left behind: %v", path, err)
+	}
+
+	// Serving that ends by itself is an error, returned as is.
+	l, err = mesh.Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	if err := mesh.NewServer(slog.New(slog.NewTextHandler(io.Discard, nil))).ServeUntil(context.Background(), l); err == nil {
+		t.Error("ServeUntil on a closed listener: nil error")
+	}
+}

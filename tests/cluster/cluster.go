@@ -10,7 +10,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -84,12 +83,7 @@ const (
 // and vmm-gateway for Processes mode.
 func Start(t testing.TB, mode Mode, binDir string, opts Options) *Cluster {
 	t.Helper()
-	// Unix socket paths must stay under 108 bytes: t.TempDir() can be long.
-	dir, err := os.MkdirTemp("", "vmm-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := TempDir(t)
 	c := &Cluster{
 		Dir:      dir,
 		StateDir: filepath.Join(dir, "state"),
@@ -106,7 +100,7 @@ func Start(t testing.TB, mode Mode, binDir string, opts Options) *Cluster {
 	if mode == Processes {
 		c.binDir = binDir
 	}
-	c.Addr = freeAddr(t)
+	c.Addr = FreeAddr(t)
 	t.Cleanup(c.StopAll)
 	for _, s := range Services {
 		c.StartService(s)
@@ -269,18 +263,7 @@ func (c *Cluster) StopAll() {
 // WaitReady waits until /readyz answers 200.
 func (c *Cluster) WaitReady(d time.Duration) {
 	c.t.Helper()
-	waitFor(c.t, d, "gateway /readyz", func() error {
-		resp, err := http.Get("http://" + c.Addr + "/readyz")
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("%d %s", resp.StatusCode, b)
-		}
-		return nil
-	})
+	waitFor(c.t, d, "gateway /readyz", func() error { return Readyz(c.Addr) })
 }
 
 type osProc struct {
@@ -354,16 +337,6 @@ func (c *Cluster) startInProcess(name string) proc {
 		p.done <- err
 	}()
 	return p
-}
-
-// freeAddr picks a loopback port.
-func freeAddr(t testing.TB) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 func waitFor(t testing.TB, d time.Duration, what string, f func() error) {

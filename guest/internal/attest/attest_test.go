@@ -23,6 +23,8 @@ import (
 
 	"github.com/google/go-tpm/tpm2"
 	"github.com/google/go-tpm/tpm2/transport"
+
+	"github.com/giantswarm/vm-manager/guest/internal/swtpmtest"
 )
 
 func runAttest(t *testing.T, cfg Config) (code int, stdout, stderr string) {
@@ -62,12 +64,12 @@ func readPublic(t *testing.T, tpm transport.TPM, h tpm2.TPMHandle) ([]byte, erro
 }
 
 func TestAttestInitrdAndReady(t *testing.T) {
-	sw := startSwtpm(t, "", swtpmFlags)
+	sw := swtpmtest.Start(t, "")
 	imds := newFakeIMDS(t)
-	withTPM(t, sw.sock, func(tpm transport.TPM) { extend(t, tpm, 0, 1, 2, 3, 4, 5, 6, 7, 9, 11, 13) })
+	withTPM(t, sw.Socket(), func(tpm transport.TPM) { extend(t, tpm, 0, 1, 2, 3, 4, 5, 6, 7, 9, 11, 13) })
 
 	for _, stage := range []string{StageInitrd, StageReady} {
-		code, out, _ := runAttest(t, Config{Stage: stage, IMDSURL: imds.URL, TPMPath: sw.sock})
+		code, out, _ := runAttest(t, Config{Stage: stage, IMDSURL: imds.URL, TPMPath: sw.Socket()})
 		if code != ExitVerified || !strings.HasPrefix(out, "attestation verified: verified: ak ") {
 			t.Fatalf("stage %s: exit %d, stdout %q", stage, code, out)
 		}
@@ -105,9 +107,9 @@ func TestAttestInitrdAndReady(t *testing.T) {
 }
 
 func TestPersistedEKIsSent(t *testing.T) {
-	sw := startSwtpm(t, "", swtpmFlags)
+	sw := swtpmtest.Start(t, "")
 	var ekPub []byte
-	withTPM(t, sw.sock, func(tpm transport.TPM) {
+	withTPM(t, sw.Socket(), func(tpm transport.TPM) {
 		// An ECC EK, so it differs from the RSA one vm-agent would derive.
 		ek, err := tpm2.CreatePrimary{PrimaryHandle: tpm2.TPMRHEndorsement, InPublic: tpm2.New2B(tpm2.ECCEKTemplate)}.Execute(tpm)
 		if err != nil {
@@ -119,7 +121,7 @@ func TestPersistedEKIsSent(t *testing.T) {
 		}
 		ekPub = ek.OutPublic.Bytes()
 	})
-	code, out, _ := runAttest(t, Config{Stage: StageInitrd, Print: true, Nonce: []byte{1, 2, 3}, TPMPath: sw.sock})
+	code, out, _ := runAttest(t, Config{Stage: StageInitrd, Print: true, Nonce: []byte{1, 2, 3}, TPMPath: sw.Socket()})
 	var req Request
 	if code != 0 || json.Unmarshal([]byte(out), &req) != nil {
 		t.Fatalf("exit %d", code)
@@ -130,18 +132,18 @@ func TestPersistedEKIsSent(t *testing.T) {
 }
 
 func TestAKPersistsAndIsReused(t *testing.T) {
-	sw := startSwtpm(t, "", swtpmFlags)
+	sw := swtpmtest.Start(t, "")
 	imds := newFakeIMDS(t)
-	withTPM(t, sw.sock, func(tpm transport.TPM) {
+	withTPM(t, sw.Socket(), func(tpm transport.TPM) {
 		if _, err := readPublic(t, tpm, AKHandle); !errors.Is(err, tpm2.TPMRCHandle) {
 			t.Fatalf("fresh TPM: handle %#x: %v, want TPM_RC_HANDLE", uint32(AKHandle), err)
 		}
 	})
-	if code, _, _ := runAttest(t, Config{Stage: StageInitrd, IMDSURL: imds.URL, TPMPath: sw.sock}); code != 0 {
+	if code, _, _ := runAttest(t, Config{Stage: StageInitrd, IMDSURL: imds.URL, TPMPath: sw.Socket()}); code != 0 {
 		t.Fatalf("first run: exit %d", code)
 	}
 	checkTPM := func() {
-		withTPM(t, sw.sock, func(tpm transport.TPM) {
+		withTPM(t, sw.Socket(), func(tpm transport.TPM) {
 			pub, err := readPublic(t, tpm, AKHandle)
 			if err != nil {
 				t.Fatalf("AK not persisted: %v", err)
@@ -157,9 +159,9 @@ func TestAKPersistsAndIsReused(t *testing.T) {
 	checkTPM()
 
 	// A new boot: swtpm restarts on the same state.
-	sw.stop()
-	sw = startSwtpm(t, sw.dir, swtpmFlags)
-	if code, _, _ := runAttest(t, Config{Stage: StageReady, IMDSURL: imds.URL, TPMPath: sw.sock}); code != 0 {
+	sw.Stop()
+	sw = swtpmtest.Start(t, sw.Dir())
+	if code, _, _ := runAttest(t, Config{Stage: StageReady, IMDSURL: imds.URL, TPMPath: sw.Socket()}); code != 0 {
 		t.Fatalf("second run: exit %d", code)
 	}
 	checkTPM()
@@ -177,10 +179,10 @@ func TestForeignKeyAtAKHandleIsRefused(t *testing.T) {
 		"unrestricted ECDSA key": unrestricted,
 	} {
 		t.Run(name, func(t *testing.T) {
-			sw := startSwtpm(t, "", swtpmFlags)
+			sw := swtpmtest.Start(t, "")
 			imds := newFakeIMDS(t)
 			var foreign []byte
-			withTPM(t, sw.sock, func(tpm transport.TPM) {
+			withTPM(t, sw.Socket(), func(tpm transport.TPM) {
 				k, err := tpm2.CreatePrimary{PrimaryHandle: tpm2.TPMRHOwner, InPublic: tpm2.New2B(tmpl)}.Execute(tpm)
 				if err != nil {
 					t.Fatal(err)
@@ -192,14 +194,14 @@ func TestForeignKeyAtAKHandleIsRefused(t *testing.T) {
 				foreign = k.OutPublic.Bytes()
 			})
 
-			code, _, stderr := runAttest(t, Config{Stage: StageInitrd, IMDSURL: imds.URL, TPMPath: sw.sock})
+			code, _, stderr := runAttest(t, Config{Stage: StageInitrd, IMDSURL: imds.URL, TPMPath: sw.Socket()})
 			if code != ExitError || !strings.Contains(stderr, "foreign key") || !strings.Contains(stderr, "0x81010002") || !strings.Contains(stderr, "refusing") {
 				t.Errorf("exit %d, stderr %q: want exit 1 and a foreign-key error", code, stderr)
 			}
 			if strings.Contains(stderr, "retrying") || imds.gets != 0 || imds.posts != 0 {
 				t.Errorf("a foreign key must fail at once (gets %d, posts %d)", imds.gets, imds.posts)
 			}
-			withTPM(t, sw.sock, func(tpm transport.TPM) {
+			withTPM(t, sw.Socket(), func(tpm transport.TPM) {
 				if pub, err := readPublic(t, tpm, AKHandle); err != nil || !bytes.Equal(pub, foreign) {
 					t.Errorf("the foreign key was touched: %v", err)
 				}
@@ -209,9 +211,9 @@ func TestForeignKeyAtAKHandleIsRefused(t *testing.T) {
 }
 
 func TestRejectedExitsTwo(t *testing.T) {
-	sw := startSwtpm(t, "", swtpmFlags)
+	sw := swtpmtest.Start(t, "")
 	imds := newFakeIMDS(t)
-	withTPM(t, sw.sock, func(tpm transport.TPM) { extend(t, tpm, 11) })
+	withTPM(t, sw.Socket(), func(tpm transport.TPM) { extend(t, tpm, 11) })
 	golden := bytes.Repeat([]byte{0xaa}, 32)
 	imds.policy = func(stage string, pcrs map[uint][]byte) error {
 		if !bytes.Equal(pcrs[11], golden) {
@@ -221,7 +223,7 @@ func TestRejectedExitsTwo(t *testing.T) {
 	}
 	wantLine := fmt.Sprintf("Attestation rejected: pcr 11 mismatch for phase enter-initrd: expected %x, got %s", golden, expectedPCR(11))
 
-	code, out, stderr := runCommand(t, "--stage=initrd", "--imds-url", imds.URL, "--tpm", sw.sock, "--timeout", "20s")
+	code, out, stderr := runCommand(t, "--stage=initrd", "--imds-url", imds.URL, "--tpm", sw.Socket(), "--timeout", "20s")
 	if code != ExitRejected || !slices.Contains(strings.Split(stderr, "\n"), wantLine) || out != "" {
 		t.Errorf("exit %d, stderr %q: want exit 2 and the line %q", code, stderr, wantLine)
 	}
@@ -230,18 +232,18 @@ func TestRejectedExitsTwo(t *testing.T) {
 	}
 
 	// A nonce the IMDS never issued is rejected as well.
-	code, _, stderr = runCommand(t, "--stage", "ready", "--imds-url", imds.URL, "--tpm", sw.sock, "--nonce", strings.Repeat("ab", 32))
+	code, _, stderr = runCommand(t, "--stage", "ready", "--imds-url", imds.URL, "--tpm", sw.Socket(), "--nonce", strings.Repeat("ab", 32))
 	if code != ExitRejected || !strings.Contains(stderr, "Attestation rejected: unknown or expired nonce\n") {
 		t.Errorf("exit %d, stderr %q", code, stderr)
 	}
 }
 
 func TestRetriesUntilTheServerRecovers(t *testing.T) {
-	sw := startSwtpm(t, "", swtpmFlags)
+	sw := swtpmtest.Start(t, "")
 	imds := newFakeIMDS(t)
 	imds.failPosts = 2
 	start := time.Now()
-	code, out, stderr := runAttest(t, Config{Stage: StageInitrd, IMDSURL: imds.URL, TPMPath: sw.sock})
+	code, out, stderr := runAttest(t, Config{Stage: StageInitrd, IMDSURL: imds.URL, TPMPath: sw.Socket()})
 	if code != ExitVerified || !strings.HasPrefix(out, "attestation verified: ") {
 		t.Fatalf("exit %d", code)
 	}
@@ -258,11 +260,11 @@ func TestRetriesUntilTheServerRecovers(t *testing.T) {
 }
 
 func TestGivesUpAtTheTimeout(t *testing.T) {
-	sw := startSwtpm(t, "", swtpmFlags)
+	sw := swtpmtest.Start(t, "")
 	imds := newFakeIMDS(t)
 	imds.failPosts = 1 << 30
 	start := time.Now()
-	code, _, stderr := runAttest(t, Config{Stage: StageInitrd, IMDSURL: imds.URL, TPMPath: sw.sock, Timeout: 1200 * time.Millisecond})
+	code, _, stderr := runAttest(t, Config{Stage: StageInitrd, IMDSURL: imds.URL, TPMPath: sw.Socket(), Timeout: 1200 * time.Millisecond})
 	d := time.Since(start)
 	if code != ExitError || !strings.Contains(stderr, "giving up (timeout 1.2s): POST ") {
 		t.Errorf("exit %d, stderr %q", code, stderr)
@@ -276,7 +278,7 @@ func TestGivesUpAtTheTimeout(t *testing.T) {
 }
 
 func TestPrint(t *testing.T) {
-	sw := startSwtpm(t, "", swtpmFlags)
+	sw := swtpmtest.Start(t, "")
 	dir := t.TempDir()
 	eventLog, userLog := filepath.Join(dir, "binary_bios_measurements"), filepath.Join(dir, "tpm2-measure.log")
 	os.WriteFile(eventLog, []byte("firmware events"), 0o644)
@@ -284,7 +286,7 @@ func TestPrint(t *testing.T) {
 	nonce := bytes.Repeat([]byte{0x5a}, 32)
 
 	code, out, _ := runAttest(t, Config{
-		Stage: StageReady, Print: true, Nonce: nonce, TPMPath: sw.sock,
+		Stage: StageReady, Print: true, Nonce: nonce, TPMPath: sw.Socket(),
 		IMDSURL:      "http://127.0.0.1:1", // must not be contacted
 		EventLogPath: eventLog, UserspaceLogPath: userLog,
 	})
@@ -313,7 +315,7 @@ func TestPrint(t *testing.T) {
 	}
 
 	// Through the CLI flags; the default log paths may not exist here.
-	code, out, _ = runCommand(t, "--stage=initrd", "--print", "--nonce", hex.EncodeToString(nonce), "--tpm", sw.sock, "--imds-url", "http://127.0.0.1:1")
+	code, out, _ = runCommand(t, "--stage=initrd", "--print", "--nonce", hex.EncodeToString(nonce), "--tpm", sw.Socket(), "--imds-url", "http://127.0.0.1:1")
 	if err := json.Unmarshal([]byte(out), &req); code != 0 || err != nil || req.Stage != StageInitrd {
 		t.Fatalf("exit %d, %v", code, err)
 	}
@@ -324,11 +326,11 @@ func TestPrint(t *testing.T) {
 
 // The test verifier must catch tampering, or the tests above prove little.
 func TestVerifierCatchesTampering(t *testing.T) {
-	sw := startSwtpm(t, "", swtpmFlags)
-	withTPM(t, sw.sock, func(tpm transport.TPM) { extend(t, tpm, 13) })
+	sw := swtpmtest.Start(t, "")
+	withTPM(t, sw.Socket(), func(tpm transport.TPM) { extend(t, tpm, 13) })
 	nonce := []byte("0123456789abcdef0123456789abcdef")
 	printReq := func(stage string) Request {
-		_, out, _ := runAttest(t, Config{Stage: stage, Print: true, Nonce: nonce, TPMPath: sw.sock})
+		_, out, _ := runAttest(t, Config{Stage: stage, Print: true, Nonce: nonce, TPMPath: sw.Socket()})
 		var req Request
 		if err := json.Unmarshal([]byte(out), &req); err != nil {
 			t.Fatal(err)
@@ -368,8 +370,8 @@ func TestVerifierCatchesTampering(t *testing.T) {
 }
 
 func TestStartupWhenTheTPMWasNotStarted(t *testing.T) {
-	sw := startSwtpm(t, "", "not-need-init") // no startup-clear
-	c, err := net.Dial("unix", sw.sock)
+	sw := swtpmtest.Start(t, "", swtpmtest.Flags("not-need-init")) // no startup-clear
+	c, err := net.Dial("unix", sw.Socket())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,18 +382,18 @@ func TestStartupWhenTheTPMWasNotStarted(t *testing.T) {
 		t.Fatalf("unstarted swtpm answered %v, want TPM_RC_INITIALIZE", err)
 	}
 	var out, errb bytes.Buffer
-	if code := PCRsCommand([]string{"--tpm", sw.sock}, &out, &errb); code != 0 {
+	if code := PCRsCommand([]string{"--tpm", sw.Socket()}, &out, &errb); code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
 	// And a second open finds it started.
-	withTPM(t, sw.sock, func(transport.TPM) {})
+	withTPM(t, sw.Socket(), func(transport.TPM) {})
 }
 
 func TestPCRsCommand(t *testing.T) {
-	sw := startSwtpm(t, "", swtpmFlags)
-	withTPM(t, sw.sock, func(tpm transport.TPM) { extend(t, tpm, 11) })
+	sw := swtpmtest.Start(t, "")
+	withTPM(t, sw.Socket(), func(tpm transport.TPM) { extend(t, tpm, 11) })
 	var out, errb bytes.Buffer
-	if code := PCRsCommand([]string{"--bank=sha256", "--tpm=" + sw.sock}, &out, &errb); code != 0 {
+	if code := PCRsCommand([]string{"--bank=sha256", "--tpm=" + sw.Socket()}, &out, &errb); code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
 	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
@@ -410,10 +412,10 @@ func TestPCRsCommand(t *testing.T) {
 	}
 
 	out.Reset()
-	if code := PCRsCommand([]string{"--bank", "sha1", "--tpm", sw.sock}, &out, &errb); code != 0 || !regexp.MustCompile(`(?m)^23 [0-9a-f]{40}$`).MatchString(out.String()) {
+	if code := PCRsCommand([]string{"--bank", "sha1", "--tpm", sw.Socket()}, &out, &errb); code != 0 || !regexp.MustCompile(`(?m)^23 [0-9a-f]{40}$`).MatchString(out.String()) {
 		t.Errorf("sha1: exit %d, %q", code, out.String())
 	}
-	if code := PCRsCommand([]string{"--bank=md5", "--tpm", sw.sock}, &out, &errb); code != 2 {
+	if code := PCRsCommand([]string{"--bank=md5", "--tpm", sw.Socket()}, &out, &errb); code != 2 {
 		t.Errorf("unknown bank: exit %d, want 2", code)
 	}
 }
@@ -442,7 +444,7 @@ func TestTPMMissing(t *testing.T) {
 }
 
 func TestResponseHandling(t *testing.T) {
-	sw := startSwtpm(t, "", swtpmFlags)
+	sw := swtpmtest.Start(t, "")
 	for _, c := range []struct {
 		status     int
 		body, want string
@@ -461,7 +463,7 @@ func TestResponseHandling(t *testing.T) {
 			w.WriteHeader(c.status)
 			fmt.Fprint(w, c.body)
 		}))
-		code, _, stderr := runAttest(t, Config{Stage: StageInitrd, IMDSURL: srv.URL, TPMPath: sw.sock, Timeout: 600 * time.Millisecond})
+		code, _, stderr := runAttest(t, Config{Stage: StageInitrd, IMDSURL: srv.URL, TPMPath: sw.Socket(), Timeout: 600 * time.Millisecond})
 		srv.Close()
 		if code != c.code || !strings.Contains(stderr, c.want) {
 			t.Errorf("%d %q: exit %d, stderr %q; want exit %d and %q", c.status, c.body, code, stderr, c.code, c.want)

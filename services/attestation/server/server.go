@@ -7,9 +7,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
-	"time"
 
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	"github.com/giantswarm/vm-manager/pkg/identity"
@@ -84,22 +82,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	srv.SetServing()
 	log.Info("attestation serving", "socket", cfg.Socket, "state", cfg.StateDir, "mode", cfg.Mode, "learn_golden", cfg.LearnGolden, "oidc_issuer", verifier.Issuer())
 
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
+	if err := srv.ServeUntil(ctx, ln); err != nil {
 		return err
-	case <-ctx.Done():
 	}
-	srv.Health.Shutdown()
-	stopped := make(chan struct{})
-	go func() { srv.GracefulStop(); close(stopped) }()
-	select {
-	case <-stopped:
-	case <-time.After(mesh.DrainTimeout):
-		srv.Stop()
-	}
-	_ = os.Remove(cfg.Socket)
 	log.Info("attestation stopped")
 	return nil
 }

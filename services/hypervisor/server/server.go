@@ -186,22 +186,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 	go syncPolicies(ctx, log, cat, st, attestationv1.NewVerifierServiceClient(aconn))
 
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
+	if err := srv.ServeUntil(ctx, ln); err != nil {
 		return err
-	case <-ctx.Done():
 	}
-	srv.Health.Shutdown()
-	stopped := make(chan struct{})
-	go func() { srv.GracefulStop(); close(stopped) }()
-	select {
-	case <-stopped:
-	case <-time.After(mesh.DrainTimeout):
-		srv.Stop()
-	}
-	_ = os.Remove(cfg.Socket)
 	log.Info("hypervisor stopped")
 	return nil
 }

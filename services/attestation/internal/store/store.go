@@ -47,22 +47,8 @@ var (
 var Schema = boltdb.Schema{
 	Name: "attestation",
 	Migrations: []boltdb.Migration{
-		{Version: 1, Description: "policies and vms buckets", Apply: func(tx *bolt.Tx) error {
-			for _, b := range [][]byte{bucketPolicies, bucketVMs} {
-				if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-					return err
-				}
-			}
-			return nil
-		}},
-		{Version: 2, Description: "nonces and golden-events buckets", Apply: func(tx *bolt.Tx) error {
-			for _, b := range [][]byte{bucketNonces, bucketGoldenEv} {
-				if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-					return err
-				}
-			}
-			return nil
-		}},
+		{Version: 1, Description: "policies and vms buckets", Apply: boltdb.CreateBuckets(bucketPolicies, bucketVMs)},
+		{Version: 2, Description: "nonces and golden-events buckets", Apply: boltdb.CreateBuckets(bucketNonces, bucketGoldenEv)},
 	},
 }
 

@@ -40,21 +40,10 @@ var (
 var Schema = boltdb.Schema{
 	Name: "hypervisor",
 	Migrations: []boltdb.Migration{
-		{Version: 1, Description: "vms and networks buckets", Apply: createBuckets(bucketVMs, bucketNetworks)},
-		{Version: 2, Description: "policy-sync bucket", Apply: createBuckets(bucketPolicySync)},
-		{Version: 3, Description: "attestation-forget bucket", Apply: createBuckets(bucketForget)},
+		{Version: 1, Description: "vms and networks buckets", Apply: boltdb.CreateBuckets(bucketVMs, bucketNetworks)},
+		{Version: 2, Description: "policy-sync bucket", Apply: boltdb.CreateBuckets(bucketPolicySync)},
+		{Version: 3, Description: "attestation-forget bucket", Apply: boltdb.CreateBuckets(bucketForget)},
 	},
-}
-
-func createBuckets(names ...[]byte) func(*bolt.Tx) error {
-	return func(tx *bolt.Tx) error {
-		for _, n := range names {
-			if _, err := tx.CreateBucketIfNotExists(n); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
 }
 
 // Store is the hypervisor's persistent state.
