@@ -89,6 +89,13 @@ type faultRun struct {
 	kills     map[string]int
 	inflight  map[string]int // op interrupted by a kill -> count
 	golden    map[string]string
+	execFor   time.Duration // how long execWorks retries
+}
+
+func newFaultRun(t *testing.T, c *cluster.Cluster, seed int64) *faultRun {
+	return &faultRun{t: t, c: c, base: "http://" + c.Addr + "/api/v1", rng: rand.New(rand.NewPCG(uint64(seed), 0x5eed)),
+		ledger: map[string]*vmEntry{}, ops: map[string]int{}, opsOK: map[string]int{}, opTime: map[string]time.Duration{}, downTime: map[string]time.Duration{}, tolerated: map[string]int{},
+		kills: map[string]int{}, inflight: map[string]int{}, execFor: 45 * time.Second}
 }
 
 type apiResult struct {
@@ -526,9 +533,7 @@ func TestFaults(t *testing.T) {
 		}
 	})
 	t.Cleanup(func() { killStateProcesses(c.StateDir) })
-	f := &faultRun{t: t, c: c, base: "http://" + c.Addr + "/api/v1", rng: rand.New(rand.NewPCG(uint64(seed), 0x5eed)),
-		ledger: map[string]*vmEntry{}, ops: map[string]int{}, opsOK: map[string]int{}, opTime: map[string]time.Duration{}, downTime: map[string]time.Duration{}, tolerated: map[string]int{},
-		kills: map[string]int{}, inflight: map[string]int{}}
+	f := newFaultRun(t, c, seed)
 
 	f.importGolden()
 
@@ -599,6 +604,7 @@ func TestFaults(t *testing.T) {
 	}
 
 	inv := f.check(final)
+	f.stopAll()
 	f.checkDatabases(final, inv)
 
 	// Report.
@@ -954,7 +960,7 @@ func firstLineOf(s string) string {
 // execWorks retries exec hostname for a little while: a VM that just became
 // ready may still be bringing up SSH.
 func (f *faultRun) execWorks(v vmJSONF) bool {
-	deadline := time.Now().Add(45 * time.Second)
+	deadline := time.Now().Add(f.execFor)
 	for {
 		r := f.call("POST", "/vms/"+v.ID+"/exec", `{"command":["hostname"]}`, 30*time.Second)
 		var res execJSON
@@ -969,13 +975,17 @@ func (f *faultRun) execWorks(v vmJSONF) bool {
 	}
 }
 
-// checkDatabases stops the three processes (SIGTERM; the hypervisor leaves
-// its VMs running) and checks both bbolt files:
-// tx.Check, and the records against what the API said.
-func (f *faultRun) checkDatabases(final []vmJSONF, inv *invariants) {
+// stopAll stops the three processes (SIGTERM; the hypervisor leaves its VMs
+// running), so their bbolt files can be opened.
+func (f *faultRun) stopAll() {
 	for i := len(cluster.Services) - 1; i >= 0; i-- {
 		f.c.StopServiceGracefully(cluster.Services[i], 30*time.Second) // SIGTERM
 	}
+}
+
+// checkDatabases checks both bbolt files of the stopped services: tx.Check,
+// and the records against what the API said.
+func (f *faultRun) checkDatabases(final []vmJSONF, inv *invariants) {
 	ids := map[string]vmJSONF{}
 	for _, v := range final {
 		ids[v.ID] = v

@@ -59,7 +59,7 @@ func env(c *corev1.Container) map[string]string {
 func hasArg(c *corev1.Container, arg string) bool { return slices.Contains(c.Args, arg) }
 
 // checkPod asserts what every rendering of the pod must hold.
-func checkPod(t *testing.T, m *Manifest, manifest string) *corev1.PodTemplateSpec {
+func checkPod(t testing.TB, m *Manifest, manifest string) *corev1.PodTemplateSpec {
 	t.Helper()
 	if strings.Contains(manifest, "hostPath") {
 		t.Errorf("the manifest mentions hostPath")
@@ -159,7 +159,7 @@ func checkPod(t *testing.T, m *Manifest, manifest string) *corev1.PodTemplateSpe
 
 // checkRestricted asserts a container cannot gain anything: non-root,
 // read-only root, no capabilities, no escalation, the runtime's seccomp.
-func checkRestricted(t *testing.T, name string, sc *corev1.SecurityContext) {
+func checkRestricted(t testing.TB, name string, sc *corev1.SecurityContext) {
 	t.Helper()
 	if sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot ||
 		sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
