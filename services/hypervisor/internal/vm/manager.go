@@ -118,6 +118,7 @@ type Manager struct {
 	images   ImageResolver
 	verifier attestationv1.VerifierServiceClient
 	router   *notify.Router
+	newID    func() string // random VM ids; tests pick their own
 
 	ctx    context.Context // ends when the hypervisor stops
 	cancel context.CancelFunc
@@ -146,7 +147,7 @@ func New(cfg Config, log *slog.Logger, st Store, images ImageResolver, verifier 
 	cfg.defaults()
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{cfg: cfg, log: log, store: st, images: images, verifier: verifier, router: router, ctx: ctx, cancel: cancel,
-		machines: map[string]*machine{}, networks: map[string]*netState{}}
+		machines: map[string]*machine{}, networks: map[string]*netState{}, newID: newID}
 	// Networks first: re-adopted VMs redial their network's socket.
 	if err := m.startNetworks(); err != nil {
 		cancel()
@@ -260,6 +261,26 @@ func newID() string {
 	return hex.EncodeToString(b)
 }
 
+// freeIDLocked picks an id no VM has, no deleted VM's forget still waits on
+// (attestation would forget the new VM's pin with the old one's) and no
+// directory left in place uses. Called with m.mu held.
+func (m *Manager) freeIDLocked() string {
+	pending, err := m.store.PendingForgets()
+	if err != nil {
+		m.log.Warn("list vms attestation has to forget", "error", err)
+	}
+	for {
+		id := m.newID()
+		if m.machines[id] != nil || slices.Contains(pending, id) {
+			continue
+		}
+		if _, err := os.Lstat(m.vmDir(id)); err == nil {
+			continue
+		}
+		return id
+	}
+}
+
 // Create validates, allocates and boots a VM, then waits per wait_for.
 func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMachineRequest, createdBy string) (*hypervisorv1.VirtualMachine, error) {
 	r, err := validate(req, m.images)
@@ -280,10 +301,7 @@ func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMac
 			return nil, apierr.Errorf(apierr.Conflict, "vm name %q is in use by %s", r.name, id)
 		}
 	}
-	id := newID()
-	for m.machines[id] != nil {
-		id = newID()
-	}
+	id := m.freeIDLocked()
 	netName := req.GetNetwork()
 	if netName == "" {
 		netName = m.cfg.DefaultNetwork

@@ -102,3 +102,26 @@ func (m *Manager) networkLeases(name string) map[string]string {
 	}
 	return out
 }
+
+// A new VM never gets the id of a VM that exists, of a deleted VM whose
+// forget is still queued, or of a directory left in place.
+func TestFreeIDAvoidsTakenIDs(t *testing.T) {
+	m, mc := newTestManager(t, nil)
+	if err := m.store.PutVM(mc.rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.store.DeleteVM("0d0d0d0d"); err != nil { // queues its forget
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(m.vmDir("0e0e0e0e"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{mc.id, "0d0d0d0d", "0e0e0e0e", "0f0f0f0f"}
+	m.newID = func() string { id := ids[0]; ids = ids[1:]; return id }
+	m.mu.Lock()
+	got := m.freeIDLocked()
+	m.mu.Unlock()
+	if got != "0f0f0f0f" {
+		t.Errorf("freeIDLocked = %s, want 0f0f0f0f", got)
+	}
+}
