@@ -1,6 +1,7 @@
 package vm
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"math"
@@ -69,7 +70,7 @@ var labelName = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
 // contract §10 says, at most limit of them; the rest are counted by reason.
 func parseReport(b []byte, receivedAt time.Time, limit int) (*guestReport, error) {
 	var rep imdswire.Report
-	d := json.NewDecoder(strings.NewReader(string(b)))
+	d := json.NewDecoder(bytes.NewReader(b))
 	d.UseNumber() // counters above 2^53 keep their digits until the float
 	if err := d.Decode(&rep); err != nil || rep.Metrics == nil {
 		return nil, errNotReport
