@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 )
 
@@ -92,6 +93,17 @@ func Listen(path string) (net.Listener, error) {
 // it is re-encoded as a protobuf Struct.
 const MaxMessageBytes = 64 << 20
 
+// A peer that hangs rather than exits (stopped, wedged) still holds its
+// socket, so calls to it would wait as long as their callers do. While a call
+// is in flight the client pings after KeepaliveTime without a frame and
+// gives the connection up when no answer comes within KeepaliveTimeout: the
+// call fails with Unavailable, and so do the next ones until the peer
+// answers again. Idle connections do not ping.
+const (
+	KeepaliveTime    = 10 * time.Second // gRPC's minimum
+	KeepaliveTimeout = 5 * time.Second
+)
+
 // DrainTimeout is how long a process finishes in-flight calls after SIGTERM
 // before it cuts them off. A create_vm waiting for ready takes 10-15 s under
 // TCG; the pod's grace period (90 s) also covers the hypervisor's power-down
@@ -111,6 +123,9 @@ func NewServer(log *slog.Logger, extra ...grpc.ServerOption) *Server {
 	opts := append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(MaxMessageBytes),
 		grpc.MaxSendMsgSize(MaxMessageBytes),
+		// Accept the clients' pings (Dial's keepalive); the default would
+		// answer pings more often than every 5 minutes with GOAWAY.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: KeepaliveTime / 2}),
 		grpc.ChainUnaryInterceptor(unaryErrors(log)),
 		grpc.ChainStreamInterceptor(streamErrors(log)),
 	}, extra...)
@@ -199,6 +214,7 @@ func Dial(path string, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
 	opts := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageBytes), grpc.MaxCallSendMsgSize(MaxMessageBytes)),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: KeepaliveTime, Timeout: KeepaliveTimeout}),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 			MinConnectTimeout: 2 * time.Second,
