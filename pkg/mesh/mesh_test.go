@@ -1,7 +1,6 @@
 package mesh_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -10,13 +9,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/pkg/logging/logtest"
 	"github.com/giantswarm/vm-manager/pkg/mesh"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -214,31 +213,14 @@ var streamDesc = grpc.ServiceDesc{
 	},
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func startServer(t *testing.T) (*mesh.Server, *grpc.ClientConn, *syncBuffer) {
+func startServer(t *testing.T) (*mesh.Server, *grpc.ClientConn, *logtest.Buffer) {
 	t.Helper()
 	path := filepath.Join(shortDir(t), mesh.HypervisorSocket)
 	l, err := mesh.Listen(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &logtest.Buffer{}
 	srv := mesh.NewServer(slog.New(slog.NewTextHandler(logs, nil)))
 	hypervisorv1.RegisterHypervisorServiceServer(srv, testHypervisor{})
 	srv.RegisterService(&streamDesc, struct{}{})

@@ -1,7 +1,6 @@
 package mcp
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
@@ -19,6 +18,7 @@ import (
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/pkg/buildinfo"
+	"github.com/giantswarm/vm-manager/pkg/logging/logtest"
 	"github.com/giantswarm/vm-manager/services/gateway/internal/restjson"
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -665,13 +665,16 @@ func TestCreateVMWithoutProgressToken(t *testing.T) {
 	}
 }
 
-func TestBackendDown(t *testing.T) {
+// noBackendSession is an MCP client session with a server whose backends'
+// socket does not exist.
+func noBackendSession(t *testing.T, log *slog.Logger) *mcp.ClientSession {
+	t.Helper()
 	conn, err := grpc.NewClient("unix://"+t.TempDir()+"/nothing.sock", grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
-	ts := httptest.NewServer(New(hypervisorv1.NewHypervisorServiceClient(conn), attestationv1.NewAttestationServiceClient(conn), nil, nil))
+	ts := httptest.NewServer(New(hypervisorv1.NewHypervisorServiceClient(conn), attestationv1.NewAttestationServiceClient(conn), log, nil))
 	t.Cleanup(ts.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -679,6 +682,11 @@ func TestBackendDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return cs
+}
+
+func TestBackendDown(t *testing.T) {
+	cs := noBackendSession(t, nil)
 	t.Cleanup(func() { _ = cs.Close() })
 	h := &harness{session: cs}
 	wantError(t, h.call(t, "get_host", nil), "unavailable: the hypervisor service is unavailable: ")
@@ -687,44 +695,13 @@ func TestBackendDown(t *testing.T) {
 	wantOK(t, h.call(t, "get_info", nil))
 }
 
-// syncBuffer is a bytes.Buffer for a logger written from several goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestSessionsQuietAtInfo: an MCP client's session (connect, a call, close)
 // writes nothing at info; the SDK's lifecycle lines are debug.
 func TestSessionsQuietAtInfo(t *testing.T) {
 	for _, level := range []slog.Level{slog.LevelInfo, slog.LevelDebug} {
 		t.Run(level.String(), func(t *testing.T) {
-			var logs syncBuffer
-			log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: level}))
-			conn, err := grpc.NewClient("unix://"+t.TempDir()+"/nothing.sock", grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = conn.Close() })
-			ts := httptest.NewServer(New(hypervisorv1.NewHypervisorServiceClient(conn), attestationv1.NewAttestationServiceClient(conn), log, nil))
-			t.Cleanup(ts.Close)
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v0"}, nil).Connect(ctx, &mcp.StreamableClientTransport{Endpoint: ts.URL}, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			var logs logtest.Buffer
+			cs := noBackendSession(t, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: level})))
 			wantOK(t, (&harness{session: cs}).call(t, "get_info", nil))
 			_ = cs.Close()
 			got := ""

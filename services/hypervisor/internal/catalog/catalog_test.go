@@ -1,7 +1,6 @@
 package catalog
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/pkg/logging/logtest"
 )
 
 // files writes name → content into a new temp directory.
@@ -32,27 +32,9 @@ func files(t *testing.T, fs map[string]string) string {
 	return dir
 }
 
-// syncBuffer collects log output; Refresh may log from several goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func load(t *testing.T, dir string) (*Catalog, *syncBuffer) {
+func load(t *testing.T, dir string) (*Catalog, *logtest.Buffer) {
 	t.Helper()
-	logs := &syncBuffer{}
+	logs := &logtest.Buffer{}
 	c, err := Load(dir, slog.New(slog.NewTextHandler(logs, nil)))
 	if err != nil {
 		t.Fatalf("Load: %v", err)
