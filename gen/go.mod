@@ -3,6 +3,7 @@ module github.com/giantswarm/vm-manager/gen
 go 1.26.0
 
 require (
+	github.com/google/go-tpm v0.9.8
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.33.0
 	google.golang.org/genproto/googleapis/api v0.0.0-20261026165753-2ffab32bce7e
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261026165753-2ffab32bce7e

@@ -30,7 +30,7 @@ func BenchmarkVerifyQuote(b *testing.B) {
 	if code, _, body := cluster.Do(b, "PUT", api+"/images/att-image_1.0.0/policy", attPolicy(zeros)); code != 200 {
 		b.Fatalf("import policy: %d %s", code, body)
 	}
-	conn, err := grpc.NewClient("unix://"+c.Socket("attestation"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+c.VerifierSocket(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -39,12 +39,13 @@ func BenchmarkVerifyQuote(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	tpm := swtpmServerTB(b)
+	ak := guestQuote(b, tpm, attestationv1.Stage_STAGE_INITRD, make([]byte, 32)).GetAkPub()
 
 	// One VM per quote: a VM keeps at most 8 nonces outstanding.
 	reqs := make([]*attestationv1.VerifyQuoteRequest, b.N)
 	for i := range reqs {
 		id := fmt.Sprintf("%08x", i+1)
-		if _, err := v.BeginBoot(ctx, &attestationv1.BeginBootRequest{VmId: id, Image: "att-image_1.0.0", Required: true}); err != nil {
+		if _, err := v.BeginBoot(ctx, &attestationv1.BeginBootRequest{VmId: id, Image: "att-image_1.0.0", Required: true, AkPublic: ak}); err != nil {
 			b.Fatal(err)
 		}
 		n, err := v.IssueNonce(ctx, &attestationv1.IssueNonceRequest{VmId: id})

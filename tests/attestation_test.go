@@ -120,7 +120,7 @@ func TestAttestation(t *testing.T) {
 		return nil
 	})
 	verifier := func() attestationv1.VerifierServiceClient {
-		conn, err := grpc.NewClient("unix://"+c.Socket("attestation"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := grpc.NewClient("unix://"+c.VerifierSocket(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -132,12 +132,15 @@ func TestAttestation(t *testing.T) {
 	v := verifier()
 	const vm, other = "0a0b0c0d", "0e0e0e0e"
 	firmware := &attestationv1.FirmwareBuild{Sha256: strings.Repeat("ab", 32), Package: "ovmf", Version: "2022.11-6"}
+	// The AK vm-agent makes on this swtpm stands in for the one the
+	// hypervisor provisions; the hypervisor registers it with the boot.
+	tpm := swtpmServer(t)
+	ak := guestQuote(t, tpm, attestationv1.Stage_STAGE_INITRD, make([]byte, 32)).GetAkPub()
 	for _, id := range []string{vm, other} {
-		if _, err := v.BeginBoot(ctx, &attestationv1.BeginBootRequest{VmId: id, Image: "att-image_1.0.0", KubernetesVersion: "v1.34.0", Required: true, Firmware: firmware}); err != nil {
+		if _, err := v.BeginBoot(ctx, &attestationv1.BeginBootRequest{VmId: id, Image: "att-image_1.0.0", KubernetesVersion: "v1.34.0", Required: true, Firmware: firmware, AkPublic: ak}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	tpm := swtpmServer(t)
 	nonce := func(id string) []byte {
 		t.Helper()
 		n, err := v.IssueNonce(ctx, &attestationv1.IssueNonceRequest{VmId: id})
@@ -180,7 +183,7 @@ func TestAttestation(t *testing.T) {
 	ready.VmId = vm
 	expect(ready, true, "pcr 13 kubernetes v1.34.0")
 
-	// Pins and verdicts survive a SIGKILL.
+	// Keys and verdicts survive a SIGKILL.
 	c.StopService("attestation")
 	c.StartService("attestation")
 	var att struct {
@@ -197,7 +200,7 @@ func TestAttestation(t *testing.T) {
 	// Another TPM (another AK) for the pinned VM.
 	q = guestQuote(t, swtpmServer(t), attestationv1.Stage_STAGE_INITRD, nonce(vm))
 	q.VmId = vm
-	expect(q, false, "is not the key enrolled for this vm")
+	expect(q, false, "is not the vTPM key of vm "+vm+" (the host registered "+pinned[:16]+")")
 
 	// A golden mismatch on PCR 0.
 	if code, _, b := cluster.Do(t, "PUT", api+"/images/att-image_1.0.0/policy", attPolicy(strings.Repeat("f", 64))); code != 200 {

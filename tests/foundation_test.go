@@ -364,7 +364,8 @@ func foundation(t *testing.T, c *cluster.Cluster, mode cluster.Mode) {
 			notWant []string
 		}{
 			{[]string{"-unix", c.Socket("hypervisor"), "list"}, append(common, "vmmanager.hypervisor.v1.HypervisorService"), nil},
-			{[]string{"-unix", c.Socket("attestation"), "list"}, append(common, "vmmanager.attestation.v1.AttestationService", "vmmanager.attestation.v1.VerifierService"), nil},
+			{[]string{"-unix", c.Socket("attestation"), "list"}, append(common, "vmmanager.attestation.v1.AttestationService"), []string{"VerifierService"}},
+			{[]string{"-unix", c.VerifierSocket(), "list"}, append(common, "vmmanager.attestation.v1.VerifierService"), []string{"AttestationService"}},
 			{[]string{c.Addr, "list"}, append(common, "vmmanager.hypervisor.v1.HypervisorService", "vmmanager.attestation.v1.AttestationService"), []string{"VerifierService"}},
 		}
 		for _, ck := range checks {

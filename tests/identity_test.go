@@ -295,10 +295,19 @@ func identityChecks(t *testing.T, c *cluster.Cluster, op *oidctest.Provider) {
 		if _, err := at.GetAttestationStatus(ctx, &attestationv1.GetAttestationStatusRequest{}, grpc.PerRPCCredentials(identity.Bearer(good))); err != nil {
 			t.Errorf("attestation socket with a good token: %v", err)
 		}
-		// The pod-internal VerifierService is the hypervisor's, on behalf of
-		// guests: no token.
-		if _, err := attestationv1.NewVerifierServiceClient(aconn).ForgetVirtualMachine(ctx, &attestationv1.ForgetVirtualMachineRequest{VmId: "0123abcd"}); err != nil {
-			t.Errorf("VerifierService without token: %v", err)
+		// The VerifierService acts without a token (the hypervisor calls it on
+		// behalf of guests), so it is not on the socket the gateway dials,
+		// only on its own in the state directory.
+		if _, err := attestationv1.NewVerifierServiceClient(aconn).ForgetVirtualMachine(ctx, &attestationv1.ForgetVirtualMachineRequest{VmId: "0123abcd"}); status.Code(err) != codes.Unimplemented {
+			t.Errorf("VerifierService on attestation.sock: %v, want Unimplemented", err)
+		}
+		vconn, err := mesh.Dial(c.VerifierSocket())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer vconn.Close()
+		if _, err := attestationv1.NewVerifierServiceClient(vconn).ForgetVirtualMachine(ctx, &attestationv1.ForgetVirtualMachineRequest{VmId: "0123abcd"}); err != nil {
+			t.Errorf("VerifierService on the verifier socket, without token: %v", err)
 		}
 	})
 }

@@ -102,9 +102,9 @@ func TestNetworkEndToEnd(t *testing.T) {
 	var first, app vmJSON
 	t.Run("golden values from a first VM", func(t *testing.T) {
 		a.t = t
-		if code, _, b := cluster.Do(t, "PUT", a.base+"/images/test-guest_0.1.0/policy", `{"image_id":"test-guest","image_version":"0.1.0"}`); code != 200 {
-			t.Fatalf("import policy: %d %s", code, b)
-		}
+		// A policy that enforces nothing is refused; learn mode needs none
+		// (the image has no policy.json) and RecordGolden creates it.
+		expectError(t, "PUT", a.base+"/images/test-guest_0.1.0/policy", `{"image_id":"test-guest","image_version":"0.1.0"}`, 400, apierr.InvalidRequest)
 		first = a.vm("POST", "/vms", `{"name":"first","image":"test-guest","memory_mib":384,"cpus":1}`, 201)
 		var att attJSON
 		getJSON(t, a.base+"/vms/"+first.ID+"/attestation", &att)

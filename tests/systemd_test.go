@@ -307,6 +307,10 @@ func TestSystemdUnitsVerify(t *testing.T) {
 				if _, ok := u.value("Service", "StateDirectory"); ok {
 					t.Errorf("%s: the gateway has no state", name)
 				}
+				// Nor a path to the VerifierService's socket in the state directory.
+				if p := u.words("Service", "InaccessiblePaths"); !slices.Contains(p, "-/var/lib/vm-manager") {
+					t.Errorf("%s: InaccessiblePaths= %v lacks -/var/lib/vm-manager", name, p)
+				}
 				if env := u.values("Service", "Environment"); !slices.Contains(env, "VM_MANAGER_LISTEN=127.0.0.1:8080") {
 					t.Errorf("%s: Environment= %q lacks VM_MANAGER_LISTEN=127.0.0.1:8080", name, env)
 				}

@@ -145,6 +145,23 @@ func (p *process) running() bool {
 	}
 }
 
+// hostDirs are the local directories behind a container's mounts of the
+// pod's state and runtime directories (a mount of a parent, such as /run,
+// counts as the directory it holds).
+func hostDirs(c *corev1.Container, r rewriter) []string {
+	var out []string
+	for _, m := range c.VolumeMounts {
+		for _, p := range [][2]string{{stateDir, r.state}, {runDir, r.run}} {
+			if m.MountPath == p[0] || strings.HasPrefix(p[0], m.MountPath+"/") {
+				out = append(out, p[1])
+			} else if strings.HasPrefix(m.MountPath, p[0]+"/") {
+				out = append(out, p[1]+m.MountPath[len(p[0]):])
+			}
+		}
+	}
+	return out
+}
+
 // vmRecord is the part of the REST VM record the test reads.
 type vmRecord struct {
 	ID        string `json:"id"`
@@ -256,6 +273,25 @@ func TestRenderedPodRuns(t *testing.T) {
 	}
 	waitReady("after start")
 	t.Logf("pod ready after %s", time.Since(start).Round(time.Millisecond))
+
+	// The verifier acts without a caller's token: nothing the gateway
+	// container mounts may lead to it, while the hypervisor's mounts do.
+	for _, name := range []string{"gateway", "hypervisor"} {
+		dirs := hostDirs(Container(pod, name), r)
+		var reach []string
+		for _, s := range cluster.Sockets(dirs...) {
+			if cluster.ReachesVerifier(s) {
+				reach = append(reach, s)
+			}
+		}
+		t.Logf("%s container mounts %v; sockets there answering the VerifierService: %v", name, dirs, reach)
+		if name == "gateway" && len(reach) > 0 {
+			t.Errorf("the gateway container reaches the VerifierService at %v", reach)
+		}
+		if name == "hypervisor" && len(reach) == 0 {
+			t.Errorf("the hypervisor container does not reach the VerifierService (mounts %v)", dirs)
+		}
+	}
 
 	var host struct {
 		Ready bool `json:"ready"`

@@ -34,6 +34,12 @@ const (
 	AttestationSocket = "attestation.sock"
 )
 
+// VerifierSocket is attestation's VerifierService socket, in the state
+// directory: the hypervisor and attestation share that directory, the
+// gateway never has it, so nothing the gateway can reach acts without a
+// caller's token.
+const VerifierSocket = "verifier.sock"
+
 // DefaultRunDir is $XDG_RUNTIME_DIR/vm-manager, else /run/vm-manager for root,
 // else a per-user directory under the temp dir.
 func DefaultRunDir() string {
@@ -168,6 +174,29 @@ func (s *Server) ServeUntil(ctx context.Context, ln net.Listener) error {
 		_ = os.Remove(a.Name)
 	}
 	return nil
+}
+
+// ServeAll serves each server on its listener until ctx is done, as
+// ServeUntil does; when one stops serving early, the others are drained too
+// and its error is returned.
+func ServeAll(ctx context.Context, servers map[*Server]net.Listener) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, len(servers))
+	for s, ln := range servers {
+		go func() {
+			err := s.ServeUntil(ctx, ln)
+			cancel()
+			errc <- err
+		}()
+	}
+	var first error
+	for range servers {
+		if err := <-errc; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }
 
 func unaryErrors(log *slog.Logger) grpc.UnaryServerInterceptor {

@@ -16,6 +16,7 @@ require (
 	github.com/containers/gvisor-tap-vsock v0.8.9
 	github.com/digitalocean/go-qemu v0.0.0-20250212194115-ee9b0668d242
 	github.com/google/go-containerregistry v0.22.1
+	github.com/google/go-tpm v0.9.8
 	github.com/insomniacslk/dhcp v0.0.0-20240710054256-ddd8a41251c9
 	github.com/mdlayher/vsock v1.4.0
 	github.com/opencontainers/go-digest v1.0.0

@@ -109,9 +109,15 @@ func Start(t testing.TB, mode Mode, binDir string, opts Options) *Cluster {
 	return c
 }
 
-// Socket returns a backend's unix socket.
+// Socket returns a backend's unix socket in the runtime directory.
 func (c *Cluster) Socket(service string) string {
 	return filepath.Join(c.RunDir, service+".sock")
+}
+
+// VerifierSocket is attestation's hypervisor-only VerifierService, in the
+// state directory.
+func (c *Cluster) VerifierSocket() string {
+	return filepath.Join(c.StateDir, "verifier.sock")
 }
 
 func (c *Cluster) env() []string {
@@ -126,6 +132,7 @@ func (c *Cluster) env() []string {
 		"VM_MANAGER_LISTEN=" + c.Addr,
 		"VM_MANAGER_LOG_LEVEL=" + level,
 		fmt.Sprintf("VM_MANAGER_ATTESTATION_LEARN_GOLDEN=%t", c.options.LearnGolden),
+		fmt.Sprintf("VM_MANAGER_ATTESTATION_LEARN_GOLDEN_ACKNOWLEDGE=%t", c.options.LearnGolden),
 		"VM_MANAGER_METRICS_ENABLED=true",
 		"VM_MANAGER_OIDC_ISSUER=" + c.options.OIDCIssuer,
 		"VM_MANAGER_OIDC_AUDIENCES=" + strings.Join(c.options.OIDCAudiences, ","),
@@ -314,12 +321,13 @@ func (c *Cluster) startInProcess(name string) proc {
 	switch name {
 	case "attestation":
 		run = func() error {
-			return attestation.Run(ctx, attestation.Config{StateDir: c.StateDir, Socket: c.Socket(name), Mode: "verify", LearnGolden: c.options.LearnGolden, Identity: c.identity()}, log)
+			return attestation.Run(ctx, attestation.Config{StateDir: c.StateDir, Socket: c.Socket(name), VerifierSocket: c.VerifierSocket(), Mode: "verify",
+				LearnGolden: c.options.LearnGolden, LearnGoldenAcknowledged: c.options.LearnGolden, Identity: c.identity()}, log)
 		}
 	case "hypervisor":
 		run = func() error {
 			// The binary's defaults, spelled out.
-			return hypervisor.Run(ctx, hypervisor.Config{StateDir: c.StateDir, ImageDir: c.ImageDir, Socket: c.Socket(name), AttestationSocket: c.Socket("attestation"),
+			return hypervisor.Run(ctx, hypervisor.Config{StateDir: c.StateDir, ImageDir: c.ImageDir, Socket: c.Socket(name), VerifierSocket: c.VerifierSocket(),
 				DefaultNetwork: "default", DefaultSubnet: "192.168.127.0/24", Identity: c.identity(), StopVMsOnExit: c.options.StopVMsOnExit}, log)
 		}
 	case "gateway":

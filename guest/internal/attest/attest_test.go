@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -24,6 +23,7 @@ import (
 	"github.com/google/go-tpm/tpm2"
 	"github.com/google/go-tpm/tpm2/transport"
 
+	"github.com/giantswarm/vm-manager/gen/vtpm"
 	"github.com/giantswarm/vm-manager/guest/internal/swtpmtest"
 )
 
@@ -371,11 +371,10 @@ func TestVerifierCatchesTampering(t *testing.T) {
 
 func TestStartupWhenTheTPMWasNotStarted(t *testing.T) {
 	sw := swtpmtest.Start(t, "", swtpmtest.Flags("not-need-init")) // no startup-clear
-	c, err := net.Dial("unix", sw.Socket())
+	raw, err := vtpm.DialSocket(sw.Socket(), 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw := transport.FromReadWriteCloser(&socketRW{conn: c})
 	_, err = tpm2.GetCapability{Capability: tpm2.TPMCapTPMProperties, Property: uint32(tpm2.TPMPTManufacturer), PropertyCount: 1}.Execute(raw)
 	raw.Close()
 	if !errors.Is(err, tpm2.TPMRCInitialize) {

@@ -4,17 +4,16 @@
 package attest
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"os"
-	"sync"
+	"time"
 
 	"github.com/google/go-tpm/tpm2"
 	"github.com/google/go-tpm/tpm2/transport"
 	"github.com/google/go-tpm/tpm2/transport/linuxtpm"
+
+	"github.com/giantswarm/vm-manager/gen/vtpm"
 )
 
 // DefaultTPMPath is the kernel's resource-managed TPM device.
@@ -30,12 +29,9 @@ func OpenTPM(path string) (transport.TPMCloser, error) {
 	}
 	var t transport.TPMCloser
 	if fi.Mode()&os.ModeSocket != 0 {
-		c, err := net.Dial("unix", path)
-		if err != nil {
+		if t, err = vtpm.DialSocket(path, 10*time.Second); err != nil {
 			return nil, err
 		}
-		// FromReadWriteCloser adds go-tpm's TPM_RC_RETRY handling.
-		t = transport.FromReadWriteCloser(&socketRW{conn: c})
 	} else if t, err = linuxtpm.Open(path); err != nil {
 		return nil, err
 	}
@@ -57,57 +53,6 @@ func startup(t transport.TPM) error {
 	return nil
 }
 
-// socketRW frames swtpm's raw command/response stream: go-tpm reads a response with
-// a single Read, so Read returns exactly one whole response, however the stream split it.
-type socketRW struct {
-	mu   sync.Mutex
-	conn net.Conn
-	rsp  []byte
-}
-
-const maxResponse = 1 << 16
-
-func (s *socketRW) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n, err := s.conn.Write(p)
-	if err != nil {
-		return n, err
-	}
-	var hdr [10]byte // tag, size, response code
-	if _, err := io.ReadFull(s.conn, hdr[:]); err != nil {
-		return n, fmt.Errorf("reading TPM response: %w", err)
-	}
-	size := binary.BigEndian.Uint32(hdr[2:6])
-	if size < 10 || size > maxResponse {
-		return n, fmt.Errorf("TPM response size %d out of range", size)
-	}
-	s.rsp = make([]byte, size)
-	copy(s.rsp, hdr[:])
-	if _, err := io.ReadFull(s.conn, s.rsp[10:]); err != nil {
-		return n, fmt.Errorf("reading TPM response: %w", err)
-	}
-	return n, nil
-}
-
-func (s *socketRW) Read(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.rsp == nil {
-		return 0, errors.New("TPM read without a command")
-	}
-	if len(p) < len(s.rsp) {
-		return 0, io.ErrShortBuffer
-	}
-	n := copy(p, s.rsp)
-	s.rsp = nil
-	return n, nil
-}
-
-func (s *socketRW) Close() error { return s.conn.Close() }
-
 // flush frees a transient object or session; errors are moot at that point, and
 // without a resource manager (swtpm, /dev/tpm0) a leaked handle stays until reset.
-func flush(t transport.TPM, h tpm2.TPMHandle) {
-	_, _ = tpm2.FlushContext{FlushHandle: h}.Execute(t)
-}
+func flush(t transport.TPM, h tpm2.TPMHandle) { vtpm.Flush(t, h) }

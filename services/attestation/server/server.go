@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"path/filepath"
 
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
@@ -21,18 +22,25 @@ import (
 type Config struct {
 	// StateDir holds attestation.db and attestation.lock.
 	StateDir string
-	// Socket is the unix socket to serve on.
+	// Socket is the unix socket the AttestationService is served on, in the
+	// runtime directory the gateway dials.
 	Socket string
+	// VerifierSocket is where the VerifierService is served: for the
+	// hypervisor alone, in the state directory the gateway never mounts.
+	VerifierSocket string
 	// Mode is "verify" or "noop".
 	Mode string
-	// LearnGolden accepts PCRs without a golden value (verify mode only).
-	LearnGolden bool
+	// LearnGolden accepts PCRs without a golden value (verify mode only); it
+	// needs LearnGoldenAcknowledged too, since it releases user-data to boots
+	// nobody has vouched for.
+	LearnGolden             bool
+	LearnGoldenAcknowledged bool
 	// Identity, with an issuer, requires every AttestationService call to
 	// carry a valid token (the gateway forwards the caller's) and records the
-	// caller on golden recordings. Health, reflection and the pod-internal
-	// VerifierService stay open: the hypervisor calls the latter on behalf of
-	// guests, with no person's token to forward; the socket's 0600 mode in its
-	// 0700 directory guards it.
+	// caller on golden recordings. Health and reflection stay open. The
+	// VerifierService takes no token (the hypervisor calls it on behalf of
+	// guests, with no person's token to forward): its own socket, which only
+	// the hypervisor can reach, is its boundary.
 	Identity identity.Config
 }
 
@@ -49,6 +57,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 	default:
 		return fmt.Errorf("--attestation=%q: want verify or noop", cfg.Mode)
+	}
+	if cfg.LearnGolden && !cfg.LearnGoldenAcknowledged {
+		return fmt.Errorf("--attestation-learn-golden accepts every PCR without a golden value, so VMs of an image without golden values get their user-data from boots nobody has vouched for; " +
+			"set --attestation-learn-golden-acknowledge (VM_MANAGER_ATTESTATION_LEARN_GOLDEN_ACKNOWLEDGE=true) as well to confirm, for as long as it takes to record golden values")
+	}
+	if cfg.VerifierSocket == "" {
+		return fmt.Errorf("the verifier socket is required")
 	}
 	if cfg.Identity.Log == nil {
 		cfg.Identity.Log = log
@@ -71,18 +86,28 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		log.Warn(w)
 	}
 
-	srv := mesh.NewServer(log, verifier.ServerOptions(attestationv1.VerifierService_ServiceDesc.ServiceName)...)
 	api := apiserver.New(st, opts)
-	attestationv1.RegisterAttestationServiceServer(srv, api)
-	attestationv1.RegisterVerifierServiceServer(srv, api)
-	ln, err := mesh.Listen(cfg.Socket)
+	// Two servers: what the gateway may dial (every call verified), and
+	// what only the hypervisor may (on a socket outside the runtime
+	// directory).
+	public := mesh.NewServer(log, verifier.ServerOptions()...)
+	attestationv1.RegisterAttestationServiceServer(public, api)
+	internal := mesh.NewServer(log)
+	attestationv1.RegisterVerifierServiceServer(internal, api)
+	pln, err := mesh.Listen(cfg.Socket)
 	if err != nil {
 		return err
 	}
-	srv.SetServing()
-	log.Info("attestation serving", "socket", cfg.Socket, "state", cfg.StateDir, "mode", cfg.Mode, "learn_golden", cfg.LearnGolden, "oidc_issuer", verifier.Issuer())
+	vln, err := mesh.Listen(cfg.VerifierSocket)
+	if err != nil {
+		pln.Close()
+		return err
+	}
+	public.SetServing()
+	internal.SetServing()
+	log.Info("attestation serving", "socket", cfg.Socket, "verifier_socket", cfg.VerifierSocket, "state", cfg.StateDir, "mode", cfg.Mode, "learn_golden", cfg.LearnGolden, "oidc_issuer", verifier.Issuer())
 
-	if err := srv.ServeUntil(ctx, ln); err != nil {
+	if err := mesh.ServeAll(ctx, map[*mesh.Server]net.Listener{public: pln, internal: vln}); err != nil {
 		return err
 	}
 	log.Info("attestation stopped")

@@ -28,6 +28,7 @@ import (
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/swtpm"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vm"
 	"google.golang.org/protobuf/types/known/structpb"
 )
@@ -40,8 +41,9 @@ type Config struct {
 	ImageDir string
 	// Socket is the unix socket to serve on.
 	Socket string
-	// AttestationSocket is the attestation service, for policies and verdicts.
-	AttestationSocket string
+	// VerifierSocket is attestation's VerifierService (nonces, quotes, boots,
+	// keys, policies), which only the hypervisor reaches.
+	VerifierSocket string
 	// Host probing settings (binaries, OVMF files).
 	Host host.Config
 	// VM lifecycle timeouts and exit behaviour (zero values take the defaults).
@@ -97,6 +99,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	log.Info("image catalog loaded", "dir", cfg.ImageDir, "images", len(cat.List()))
 
+	hostname, _ := os.Hostname()
+	// The CA that vouches for every vTPM this host provisions (EK certificates).
+	ca, err := swtpm.LoadCA(filepath.Join(cfg.StateDir, "vtpm-ca"), "vm-manager vTPM CA "+hostname)
+	if err != nil {
+		return err
+	}
+	cfg.Host.VTPMCACertificate = string(ca.CertificatePEM())
+
 	// /dev/kvm opening is not proof that KVM runs guests: probe once, and the
 	// host report and every VM use TCG when it does not.
 	report := host.New(cfg.Host).Report(ctx)
@@ -116,9 +126,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		log.Warn(w)
 	}
 
-	aconn, err := mesh.Dial(cfg.AttestationSocket)
+	aconn, err := mesh.Dial(cfg.VerifierSocket)
 	if err != nil {
-		return fmt.Errorf("attestation socket: %w", err)
+		return fmt.Errorf("verifier socket: %w", err)
 	}
 	defer aconn.Close()
 
@@ -130,7 +140,6 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		log.Warn("qemu version unknown; VMs cannot start until QEMU is installed", "error", err)
 	}
-	hostname, _ := os.Hostname()
 	router := notify.NewRouter()
 	var vsockPort uint32
 	if report.GetVhostVsock().GetAccessible() {
@@ -160,6 +169,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		DefaultNetwork:   cfg.DefaultNetwork,
 		DefaultSubnet:    cfg.DefaultSubnet,
 		NotifyVsockPort:  vsockPort,
+		VTPMCA:           ca,
 		InstallTimeout:   cfg.InstallTimeout,
 		BootTimeout:      cfg.BootTimeout,
 		StopTimeout:      cfg.StopTimeout,

@@ -87,6 +87,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if and $v.vm.learnGolden (ne $v.vm.attestation "verify") }}
 {{- fail "vm-manager: vm.learnGolden needs vm.attestation=verify." }}
 {{- end }}
+{{- if and $v.vm.learnGolden (not $v.vm.learnGoldenAcknowledge) }}
+{{- fail "vm-manager: vm.learnGolden releases user-data to boots nobody has vouched for; set vm.learnGoldenAcknowledge=true as well to confirm." }}
+{{- end }}
 {{- if and $v.serviceMonitor.enabled (not $v.metrics.enabled) }}
 {{- fail "vm-manager: serviceMonitor.enabled needs metrics.enabled (the gateway serves /metrics only then)." }}
 {{- end }}
@@ -302,6 +305,7 @@ spec:
       args:
         - {{ printf "--attestation=%s" $v.vm.attestation | quote }}
         - {{ printf "--attestation-learn-golden=%t" $v.vm.learnGolden | quote }}
+        - {{ printf "--attestation-learn-golden-acknowledge=%t" $v.vm.learnGoldenAcknowledge | quote }}
         {{- range $v.attestation.extraArgs }}
         - {{ . | quote }}
         {{- end }}

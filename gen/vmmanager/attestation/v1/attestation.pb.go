@@ -76,6 +76,62 @@ func (Stage) EnumDescriptor() ([]byte, []int) {
 	return file_vmmanager_attestation_v1_attestation_proto_rawDescGZIP(), []int{0}
 }
 
+// AkOrigin is how attestation learned a VM's attestation key.
+type AkOrigin int32
+
+const (
+	AkOrigin_AK_ORIGIN_UNSPECIFIED AkOrigin = 0
+	// The hypervisor read it from the VM's vTPM over swtpm's own socket before
+	// the boot started and registered it: the platform, not the guest, says
+	// which key is the VM's.
+	AkOrigin_AK_ORIGIN_HOST AkOrigin = 1
+	// Pinned by the VM's first verified initrd quote, before host provisioning
+	// existed (databases from earlier versions). The hypervisor registers the
+	// key it reads from the vTPM at the VM's next boot.
+	AkOrigin_AK_ORIGIN_FIRST_USE AkOrigin = 2
+)
+
+// Enum value maps for AkOrigin.
+var (
+	AkOrigin_name = map[int32]string{
+		0: "AK_ORIGIN_UNSPECIFIED",
+		1: "AK_ORIGIN_HOST",
+		2: "AK_ORIGIN_FIRST_USE",
+	}
+	AkOrigin_value = map[string]int32{
+		"AK_ORIGIN_UNSPECIFIED": 0,
+		"AK_ORIGIN_HOST":        1,
+		"AK_ORIGIN_FIRST_USE":   2,
+	}
+)
+
+func (x AkOrigin) Enum() *AkOrigin {
+	p := new(AkOrigin)
+	*p = x
+	return p
+}
+
+func (x AkOrigin) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AkOrigin) Descriptor() protoreflect.EnumDescriptor {
+	return file_vmmanager_attestation_v1_attestation_proto_enumTypes[1].Descriptor()
+}
+
+func (AkOrigin) Type() protoreflect.EnumType {
+	return &file_vmmanager_attestation_v1_attestation_proto_enumTypes[1]
+}
+
+func (x AkOrigin) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AkOrigin.Descriptor instead.
+func (AkOrigin) EnumDescriptor() ([]byte, []int) {
+	return file_vmmanager_attestation_v1_attestation_proto_rawDescGZIP(), []int{1}
+}
+
 // Mode is how quotes are judged.
 type Mode int32
 
@@ -112,11 +168,11 @@ func (x Mode) String() string {
 }
 
 func (Mode) Descriptor() protoreflect.EnumDescriptor {
-	return file_vmmanager_attestation_v1_attestation_proto_enumTypes[1].Descriptor()
+	return file_vmmanager_attestation_v1_attestation_proto_enumTypes[2].Descriptor()
 }
 
 func (Mode) Type() protoreflect.EnumType {
-	return &file_vmmanager_attestation_v1_attestation_proto_enumTypes[1]
+	return &file_vmmanager_attestation_v1_attestation_proto_enumTypes[2]
 }
 
 func (x Mode) Number() protoreflect.EnumNumber {
@@ -125,7 +181,7 @@ func (x Mode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Mode.Descriptor instead.
 func (Mode) EnumDescriptor() ([]byte, []int) {
-	return file_vmmanager_attestation_v1_attestation_proto_rawDescGZIP(), []int{1}
+	return file_vmmanager_attestation_v1_attestation_proto_rawDescGZIP(), []int{2}
 }
 
 // Attestation is the verdict summary of a virtual machine's current boot.
@@ -143,7 +199,12 @@ type Attestation struct {
 	// The ready-stage verdict of this boot, once a quote arrived.
 	Ready *Quote `protobuf:"bytes,5,opt,name=ready,proto3" json:"ready,omitempty"`
 	// The boot these verdicts belong to; it counts up with every installed boot.
-	Boot          uint64 `protobuf:"varint,6,opt,name=boot,proto3" json:"boot,omitempty"`
+	Boot uint64 `protobuf:"varint,6,opt,name=boot,proto3" json:"boot,omitempty"`
+	// Hex SHA-256 of the TPMT_PUBLIC of the one attestation key whose quotes
+	// count for this VM; empty until one is registered.
+	AkFingerprint string `protobuf:"bytes,7,opt,name=ak_fingerprint,json=akFingerprint,proto3" json:"ak_fingerprint,omitempty"`
+	// Where that key came from.
+	AkOrigin      AkOrigin `protobuf:"varint,8,opt,name=ak_origin,json=akOrigin,proto3,enum=vmmanager.attestation.v1.AkOrigin" json:"ak_origin,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -220,6 +281,20 @@ func (x *Attestation) GetBoot() uint64 {
 	return 0
 }
 
+func (x *Attestation) GetAkFingerprint() string {
+	if x != nil {
+		return x.AkFingerprint
+	}
+	return ""
+}
+
+func (x *Attestation) GetAkOrigin() AkOrigin {
+	if x != nil {
+		return x.AkOrigin
+	}
+	return AkOrigin_AK_ORIGIN_UNSPECIFIED
+}
+
 // Quote is the verdict on one TPM quote.
 type Quote struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -237,8 +312,11 @@ type Quote struct {
 	Learned []uint32 `protobuf:"varint,6,rep,packed,name=learned,proto3" json:"learned,omitempty"`
 	// Event-log entries that explain a golden mismatch, when the guest sent its log.
 	MismatchedEvents []*EventMismatch `protobuf:"bytes,7,rep,name=mismatched_events,json=mismatchedEvents,proto3" json:"mismatched_events,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The verdict was reached in learn mode: PCRs without a golden value were
+	// accepted. It keeps this label after learn mode is turned off.
+	LearnMode     bool `protobuf:"varint,8,opt,name=learn_mode,json=learnMode,proto3" json:"learn_mode,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Quote) Reset() {
@@ -318,6 +396,13 @@ func (x *Quote) GetMismatchedEvents() []*EventMismatch {
 		return x.MismatchedEvents
 	}
 	return nil
+}
+
+func (x *Quote) GetLearnMode() bool {
+	if x != nil {
+		return x.LearnMode
+	}
+	return false
 }
 
 // EventMismatch names one measured event that differs from the golden boot.
@@ -653,15 +738,17 @@ var File_vmmanager_attestation_v1_attestation_proto protoreflect.FileDescriptor
 
 const file_vmmanager_attestation_v1_attestation_proto_rawDesc = "" +
 	"\n" +
-	"*vmmanager/attestation/v1/attestation.proto\x12\x18vmmanager.attestation.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8b\x03\n" +
+	"*vmmanager/attestation/v1/attestation.proto\x12\x18vmmanager.attestation.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfd\x03\n" +
 	"\vAttestation\x12\x1f\n" +
 	"\brequired\x18\x01 \x01(\bB\x03\xe0A\x03R\brequired\x121\n" +
 	"\x12user_data_released\x18\x02 \x01(\bB\x03\xe0A\x03R\x10userDataReleased\x12G\n" +
 	"\x0fnonce_issued_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampB\x03\xe0A\x03R\rnonceIssuedAt\x12<\n" +
 	"\x06initrd\x18\x04 \x01(\v2\x1f.vmmanager.attestation.v1.QuoteB\x03\xe0A\x03R\x06initrd\x12:\n" +
 	"\x05ready\x18\x05 \x01(\v2\x1f.vmmanager.attestation.v1.QuoteB\x03\xe0A\x03R\x05ready\x12\x17\n" +
-	"\x04boot\x18\x06 \x01(\x04B\x03\xe0A\x03R\x04boot:L\xeaAI\n" +
-	"$vm-manager.giantswarm.io/Attestation\x12\x14vms/{vm}/attestation2\vattestation\"\x9b\x03\n" +
+	"\x04boot\x18\x06 \x01(\x04B\x03\xe0A\x03R\x04boot\x12*\n" +
+	"\x0eak_fingerprint\x18\a \x01(\tB\x03\xe0A\x03R\rakFingerprint\x12D\n" +
+	"\tak_origin\x18\b \x01(\x0e2\".vmmanager.attestation.v1.AkOriginB\x03\xe0A\x03R\bakOrigin:L\xeaAI\n" +
+	"$vm-manager.giantswarm.io/Attestation\x12\x14vms/{vm}/attestation2\vattestation\"\xbf\x03\n" +
 	"\x05Quote\x12\x1f\n" +
 	"\bverified\x18\x01 \x01(\bB\x03\xe0A\x03R\bverified\x12\x1d\n" +
 	"\amessage\x18\x02 \x01(\tB\x03\xe0A\x03R\amessage\x12/\n" +
@@ -669,7 +756,9 @@ const file_vmmanager_attestation_v1_attestation_proto_rawDesc = "" +
 	"\x0eak_fingerprint\x18\x04 \x01(\tB\x03\xe0A\x03R\rakFingerprint\x12B\n" +
 	"\x04pcrs\x18\x05 \x03(\v2).vmmanager.attestation.v1.Quote.PcrsEntryB\x03\xe0A\x03R\x04pcrs\x12\x1d\n" +
 	"\alearned\x18\x06 \x03(\rB\x03\xe0A\x03R\alearned\x12Y\n" +
-	"\x11mismatched_events\x18\a \x03(\v2'.vmmanager.attestation.v1.EventMismatchB\x03\xe0A\x03R\x10mismatchedEvents\x1a7\n" +
+	"\x11mismatched_events\x18\a \x03(\v2'.vmmanager.attestation.v1.EventMismatchB\x03\xe0A\x03R\x10mismatchedEvents\x12\"\n" +
+	"\n" +
+	"learn_mode\x18\b \x01(\bB\x03\xe0A\x03R\tlearnMode\x1a7\n" +
 	"\tPcrsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x98\x01\n" +
@@ -703,7 +792,11 @@ const file_vmmanager_attestation_v1_attestation_proto_rawDesc = "" +
 	"\x05Stage\x12\x15\n" +
 	"\x11STAGE_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fSTAGE_INITRD\x10\x01\x12\x0f\n" +
-	"\vSTAGE_READY\x10\x02*<\n" +
+	"\vSTAGE_READY\x10\x02*R\n" +
+	"\bAkOrigin\x12\x19\n" +
+	"\x15AK_ORIGIN_UNSPECIFIED\x10\x00\x12\x12\n" +
+	"\x0eAK_ORIGIN_HOST\x10\x01\x12\x17\n" +
+	"\x13AK_ORIGIN_FIRST_USE\x10\x02*<\n" +
 	"\x04Mode\x12\x14\n" +
 	"\x10MODE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vMODE_VERIFY\x10\x01\x12\r\n" +
@@ -721,37 +814,39 @@ func file_vmmanager_attestation_v1_attestation_proto_rawDescGZIP() []byte {
 	return file_vmmanager_attestation_v1_attestation_proto_rawDescData
 }
 
-var file_vmmanager_attestation_v1_attestation_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_vmmanager_attestation_v1_attestation_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
 var file_vmmanager_attestation_v1_attestation_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_vmmanager_attestation_v1_attestation_proto_goTypes = []any{
 	(Stage)(0),                    // 0: vmmanager.attestation.v1.Stage
-	(Mode)(0),                     // 1: vmmanager.attestation.v1.Mode
-	(*Attestation)(nil),           // 2: vmmanager.attestation.v1.Attestation
-	(*Quote)(nil),                 // 3: vmmanager.attestation.v1.Quote
-	(*EventMismatch)(nil),         // 4: vmmanager.attestation.v1.EventMismatch
-	(*ImagePolicy)(nil),           // 5: vmmanager.attestation.v1.ImagePolicy
-	(*AttestationStatus)(nil),     // 6: vmmanager.attestation.v1.AttestationStatus
-	(*FirmwareBuild)(nil),         // 7: vmmanager.attestation.v1.FirmwareBuild
-	nil,                           // 8: vmmanager.attestation.v1.Quote.PcrsEntry
-	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 10: google.protobuf.Struct
+	(AkOrigin)(0),                 // 1: vmmanager.attestation.v1.AkOrigin
+	(Mode)(0),                     // 2: vmmanager.attestation.v1.Mode
+	(*Attestation)(nil),           // 3: vmmanager.attestation.v1.Attestation
+	(*Quote)(nil),                 // 4: vmmanager.attestation.v1.Quote
+	(*EventMismatch)(nil),         // 5: vmmanager.attestation.v1.EventMismatch
+	(*ImagePolicy)(nil),           // 6: vmmanager.attestation.v1.ImagePolicy
+	(*AttestationStatus)(nil),     // 7: vmmanager.attestation.v1.AttestationStatus
+	(*FirmwareBuild)(nil),         // 8: vmmanager.attestation.v1.FirmwareBuild
+	nil,                           // 9: vmmanager.attestation.v1.Quote.PcrsEntry
+	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 11: google.protobuf.Struct
 }
 var file_vmmanager_attestation_v1_attestation_proto_depIdxs = []int32{
-	9,  // 0: vmmanager.attestation.v1.Attestation.nonce_issued_at:type_name -> google.protobuf.Timestamp
-	3,  // 1: vmmanager.attestation.v1.Attestation.initrd:type_name -> vmmanager.attestation.v1.Quote
-	3,  // 2: vmmanager.attestation.v1.Attestation.ready:type_name -> vmmanager.attestation.v1.Quote
-	9,  // 3: vmmanager.attestation.v1.Quote.at:type_name -> google.protobuf.Timestamp
-	8,  // 4: vmmanager.attestation.v1.Quote.pcrs:type_name -> vmmanager.attestation.v1.Quote.PcrsEntry
-	4,  // 5: vmmanager.attestation.v1.Quote.mismatched_events:type_name -> vmmanager.attestation.v1.EventMismatch
-	10, // 6: vmmanager.attestation.v1.ImagePolicy.document:type_name -> google.protobuf.Struct
-	9,  // 7: vmmanager.attestation.v1.ImagePolicy.import_time:type_name -> google.protobuf.Timestamp
-	9,  // 8: vmmanager.attestation.v1.ImagePolicy.golden_update_time:type_name -> google.protobuf.Timestamp
-	1,  // 9: vmmanager.attestation.v1.AttestationStatus.mode:type_name -> vmmanager.attestation.v1.Mode
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	10, // 0: vmmanager.attestation.v1.Attestation.nonce_issued_at:type_name -> google.protobuf.Timestamp
+	4,  // 1: vmmanager.attestation.v1.Attestation.initrd:type_name -> vmmanager.attestation.v1.Quote
+	4,  // 2: vmmanager.attestation.v1.Attestation.ready:type_name -> vmmanager.attestation.v1.Quote
+	1,  // 3: vmmanager.attestation.v1.Attestation.ak_origin:type_name -> vmmanager.attestation.v1.AkOrigin
+	10, // 4: vmmanager.attestation.v1.Quote.at:type_name -> google.protobuf.Timestamp
+	9,  // 5: vmmanager.attestation.v1.Quote.pcrs:type_name -> vmmanager.attestation.v1.Quote.PcrsEntry
+	5,  // 6: vmmanager.attestation.v1.Quote.mismatched_events:type_name -> vmmanager.attestation.v1.EventMismatch
+	11, // 7: vmmanager.attestation.v1.ImagePolicy.document:type_name -> google.protobuf.Struct
+	10, // 8: vmmanager.attestation.v1.ImagePolicy.import_time:type_name -> google.protobuf.Timestamp
+	10, // 9: vmmanager.attestation.v1.ImagePolicy.golden_update_time:type_name -> google.protobuf.Timestamp
+	2,  // 10: vmmanager.attestation.v1.AttestationStatus.mode:type_name -> vmmanager.attestation.v1.Mode
+	11, // [11:11] is the sub-list for method output_type
+	11, // [11:11] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_vmmanager_attestation_v1_attestation_proto_init() }
@@ -764,7 +859,7 @@ func file_vmmanager_attestation_v1_attestation_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vmmanager_attestation_v1_attestation_proto_rawDesc), len(file_vmmanager_attestation_v1_attestation_proto_rawDesc)),
-			NumEnums:      2,
+			NumEnums:      3,
 			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,

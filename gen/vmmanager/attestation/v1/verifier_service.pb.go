@@ -35,7 +35,16 @@ type BeginBootRequest struct {
 	Required bool `protobuf:"varint,4,opt,name=required,proto3" json:"required,omitempty"`
 	// The firmware the VM boots, so golden values recorded from it name their
 	// build and a mismatch can say the firmware changed.
-	Firmware      *FirmwareBuild `protobuf:"bytes,5,opt,name=firmware,proto3" json:"firmware,omitempty"`
+	Firmware *FirmwareBuild `protobuf:"bytes,5,opt,name=firmware,proto3" json:"firmware,omitempty"`
+	// TPMT_PUBLIC of the attestation key at 0x81010002 of the VM's vTPM, as
+	// the hypervisor read it before the boot. Empty only for a VM launched
+	// before host provisioning existed: its first-use pin then stays.
+	AkPublic []byte `protobuf:"bytes,6,opt,name=ak_public,json=akPublic,proto3" json:"ak_public,omitempty"`
+	// TPMT_PUBLIC of the VM's endorsement key at 0x81010001.
+	EkPublic []byte `protobuf:"bytes,7,opt,name=ek_public,json=ekPublic,proto3" json:"ek_public,omitempty"`
+	// The image boots a kernel directly: PCR 9 measures its initrd and command
+	// line, so PCR 9 is part of the golden set at both stages.
+	DirectKernel  bool `protobuf:"varint,8,opt,name=direct_kernel,json=directKernel,proto3" json:"direct_kernel,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -103,6 +112,27 @@ func (x *BeginBootRequest) GetFirmware() *FirmwareBuild {
 		return x.Firmware
 	}
 	return nil
+}
+
+func (x *BeginBootRequest) GetAkPublic() []byte {
+	if x != nil {
+		return x.AkPublic
+	}
+	return nil
+}
+
+func (x *BeginBootRequest) GetEkPublic() []byte {
+	if x != nil {
+		return x.EkPublic
+	}
+	return nil
+}
+
+func (x *BeginBootRequest) GetDirectKernel() bool {
+	if x != nil {
+		return x.DirectKernel
+	}
+	return false
 }
 
 type IssueNonceRequest struct {
@@ -550,13 +580,16 @@ var File_vmmanager_attestation_v1_verifier_service_proto protoreflect.FileDescri
 
 const file_vmmanager_attestation_v1_verifier_service_proto_rawDesc = "" +
 	"\n" +
-	"/vmmanager/attestation/v1/verifier_service.proto\x12\x18vmmanager.attestation.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\"\xd7\x01\n" +
+	"/vmmanager/attestation/v1/verifier_service.proto\x12\x18vmmanager.attestation.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\"\xb6\x02\n" +
 	"\x10BeginBootRequest\x12\x18\n" +
 	"\x05vm_id\x18\x01 \x01(\tB\x03\xe0A\x02R\x04vmId\x12\x19\n" +
 	"\x05image\x18\x02 \x01(\tB\x03\xe0A\x02R\x05image\x12-\n" +
 	"\x12kubernetes_version\x18\x03 \x01(\tR\x11kubernetesVersion\x12\x1a\n" +
 	"\brequired\x18\x04 \x01(\bR\brequired\x12C\n" +
-	"\bfirmware\x18\x05 \x01(\v2'.vmmanager.attestation.v1.FirmwareBuildR\bfirmware\"-\n" +
+	"\bfirmware\x18\x05 \x01(\v2'.vmmanager.attestation.v1.FirmwareBuildR\bfirmware\x12\x1b\n" +
+	"\tak_public\x18\x06 \x01(\fR\bakPublic\x12\x1b\n" +
+	"\tek_public\x18\a \x01(\fR\bekPublic\x12#\n" +
+	"\rdirect_kernel\x18\b \x01(\bR\fdirectKernel\"-\n" +
 	"\x11IssueNonceRequest\x12\x18\n" +
 	"\x05vm_id\x18\x01 \x01(\tB\x03\xe0A\x02R\x04vmId\"{\n" +
 	"\x12IssueNonceResponse\x12\x14\n" +

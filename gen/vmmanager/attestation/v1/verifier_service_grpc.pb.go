@@ -30,17 +30,22 @@ const (
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// VerifierService is internal to the pod: the hypervisor's IMDS calls it on
-// behalf of guests. The gateway never exposes it.
+// VerifierService is for the hypervisor alone: it acts without a caller's
+// token (the hypervisor calls it on behalf of guests and of its own launches).
+// Attestation serves it on a socket of its own in the state directory
+// (--verifier-socket), which only the hypervisor and attestation mount; it is
+// not on the runtime directory's socket that the gateway dials.
 type VerifierServiceClient interface {
-	// Start a new installed boot of a VM: forget the previous boot's verdicts and
-	// nonces, keep the pinned AK.
+	// Start a new boot of a VM (every launch, and every reset inside the
+	// guest): forget the previous boot's verdicts, and register the attestation
+	// key the hypervisor read from the VM's vTPM before the boot. Only that
+	// key's quotes count.
 	BeginBoot(ctx context.Context, in *BeginBootRequest, opts ...grpc.CallOption) (*Attestation, error)
 	// A fresh nonce for the VM's current boot.
 	IssueNonce(ctx context.Context, in *IssueNonceRequest, opts ...grpc.CallOption) (*IssueNonceResponse, error)
 	// Verify a quote and record the verdict. A rejection is a verdict, not an error.
 	VerifyQuote(ctx context.Context, in *VerifyQuoteRequest, opts ...grpc.CallOption) (*VerifyQuoteResponse, error)
-	// Drop everything known about a VM: pinned AK, nonces, verdicts.
+	// Drop everything known about a VM: its key, nonces, verdicts.
 	ForgetVirtualMachine(ctx context.Context, in *ForgetVirtualMachineRequest, opts ...grpc.CallOption) (*ForgetVirtualMachineResponse, error)
 	// Import a catalog image's policy.json, as AttestationService's
 	// ImportImagePolicy does. The hypervisor hands its image catalog's policies
@@ -111,17 +116,22 @@ func (c *verifierServiceClient) SyncImagePolicy(ctx context.Context, in *SyncIma
 // All implementations must embed UnimplementedVerifierServiceServer
 // for forward compatibility.
 //
-// VerifierService is internal to the pod: the hypervisor's IMDS calls it on
-// behalf of guests. The gateway never exposes it.
+// VerifierService is for the hypervisor alone: it acts without a caller's
+// token (the hypervisor calls it on behalf of guests and of its own launches).
+// Attestation serves it on a socket of its own in the state directory
+// (--verifier-socket), which only the hypervisor and attestation mount; it is
+// not on the runtime directory's socket that the gateway dials.
 type VerifierServiceServer interface {
-	// Start a new installed boot of a VM: forget the previous boot's verdicts and
-	// nonces, keep the pinned AK.
+	// Start a new boot of a VM (every launch, and every reset inside the
+	// guest): forget the previous boot's verdicts, and register the attestation
+	// key the hypervisor read from the VM's vTPM before the boot. Only that
+	// key's quotes count.
 	BeginBoot(context.Context, *BeginBootRequest) (*Attestation, error)
 	// A fresh nonce for the VM's current boot.
 	IssueNonce(context.Context, *IssueNonceRequest) (*IssueNonceResponse, error)
 	// Verify a quote and record the verdict. A rejection is a verdict, not an error.
 	VerifyQuote(context.Context, *VerifyQuoteRequest) (*VerifyQuoteResponse, error)
-	// Drop everything known about a VM: pinned AK, nonces, verdicts.
+	// Drop everything known about a VM: its key, nonces, verdicts.
 	ForgetVirtualMachine(context.Context, *ForgetVirtualMachineRequest) (*ForgetVirtualMachineResponse, error)
 	// Import a catalog image's policy.json, as AttestationService's
 	// ImportImagePolicy does. The hypervisor hands its image catalog's policies

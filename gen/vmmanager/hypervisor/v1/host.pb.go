@@ -105,9 +105,12 @@ type Host struct {
 	// OVMF code image <path>.
 	Missing []string `protobuf:"bytes,17,rep,name=missing,proto3" json:"missing,omitempty"`
 	// What works but degraded, e.g. no /dev/kvm (TCG is used).
-	Warnings      []string `protobuf:"bytes,18,rep,name=warnings,proto3" json:"warnings,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Warnings []string `protobuf:"bytes,18,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	// PEM of this host's vTPM CA, which signs the EK certificate of every vTPM
+	// the hypervisor provisions (VirtualMachine.tpm.ek_certificate).
+	VtpmCaCertificate string `protobuf:"bytes,19,opt,name=vtpm_ca_certificate,json=vtpmCaCertificate,proto3" json:"vtpm_ca_certificate,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Host) Reset() {
@@ -264,6 +267,13 @@ func (x *Host) GetWarnings() []string {
 		return x.Warnings
 	}
 	return nil
+}
+
+func (x *Host) GetVtpmCaCertificate() string {
+	if x != nil {
+		return x.VtpmCaCertificate
+	}
+	return ""
 }
 
 // Device is the result of an O_RDWR open test.
@@ -471,7 +481,7 @@ var File_vmmanager_hypervisor_v1_host_proto protoreflect.FileDescriptor
 
 const file_vmmanager_hypervisor_v1_host_proto_rawDesc = "" +
 	"\n" +
-	"\"vmmanager/hypervisor/v1/host.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/api/field_behavior.proto\"\xcc\x06\n" +
+	"\"vmmanager/hypervisor/v1/host.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/api/field_behavior.proto\"\x81\a\n" +
 	"\x04Host\x12\x1f\n" +
 	"\bhostname\x18\x01 \x01(\tB\x03\xe0A\x03R\bhostname\x12\x1b\n" +
 	"\x06kernel\x18\x02 \x01(\tB\x03\xe0A\x03R\x06kernel\x12\x17\n" +
@@ -492,7 +502,8 @@ const file_vmmanager_hypervisor_v1_host_proto_rawDesc = "" +
 	"\x13readiness_transport\x18\x0f \x01(\tB\x03\xe0A\x03R\x12readinessTransport\x12\x19\n" +
 	"\x05ready\x18\x10 \x01(\bB\x03\xe0A\x03R\x05ready\x12\x1d\n" +
 	"\amissing\x18\x11 \x03(\tB\x03\xe0A\x03R\amissing\x12\x1f\n" +
-	"\bwarnings\x18\x12 \x03(\tB\x03\xe0A\x03R\bwarnings\"a\n" +
+	"\bwarnings\x18\x12 \x03(\tB\x03\xe0A\x03R\bwarnings\x123\n" +
+	"\x13vtpm_ca_certificate\x18\x13 \x01(\tB\x03\xe0A\x03R\x11vtpmCaCertificate\"a\n" +
 	"\x06Device\x12\x17\n" +
 	"\x04path\x18\x01 \x01(\tB\x03\xe0A\x03R\x04path\x12#\n" +
 	"\n" +

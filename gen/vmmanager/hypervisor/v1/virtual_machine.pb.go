@@ -212,7 +212,15 @@ type VirtualMachine struct {
 	CreatedBy string `protobuf:"bytes,33,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
 	// Host ports proxied to guest ports (forward_port); they live until the VM
 	// is deleted and are restored after a hypervisor restart.
-	Forwards      []*PortForward `protobuf:"bytes,34,rep,name=forwards,proto3" json:"forwards,omitempty"`
+	Forwards []*PortForward `protobuf:"bytes,34,rep,name=forwards,proto3" json:"forwards,omitempty"`
+	// The VM's vTPM identity as the hypervisor provisioned and read it from
+	// the vTPM before the boot; absent for a VM not launched since host
+	// provisioning existed.
+	Tpm *TpmIdentity `protobuf:"bytes,35,opt,name=tpm,proto3" json:"tpm,omitempty"`
+	// Boots started: create, start, reboot and every reset inside the guest
+	// (each is a new boot that attests afresh). Records from before this field
+	// count from their first boot after it.
+	BootCount     uint32 `protobuf:"varint,36,opt,name=boot_count,json=bootCount,proto3" json:"boot_count,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -485,6 +493,153 @@ func (x *VirtualMachine) GetForwards() []*PortForward {
 	return nil
 }
 
+func (x *VirtualMachine) GetTpm() *TpmIdentity {
+	if x != nil {
+		return x.Tpm
+	}
+	return nil
+}
+
+func (x *VirtualMachine) GetBootCount() uint32 {
+	if x != nil {
+		return x.BootCount
+	}
+	return 0
+}
+
+// TpmIdentity is a VM's vTPM identity, in the manner of a cloud's shielded-VM
+// identity: the platform, not the guest, says which keys belong to the VM.
+// The hypervisor creates the keys over swtpm's own socket before the guest
+// first runs and reads them again before every boot; attestation accepts
+// quotes of this AK only.
+type TpmIdentity struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// PEM (PKIX) of the RSA-2048 endorsement key persisted at 0x81010001.
+	EkPublic string `protobuf:"bytes,1,opt,name=ek_public,json=ekPublic,proto3" json:"ek_public,omitempty"`
+	// Hex SHA-256 of the EK's TPMT_PUBLIC.
+	EkFingerprint string `protobuf:"bytes,2,opt,name=ek_fingerprint,json=ekFingerprint,proto3" json:"ek_fingerprint,omitempty"`
+	// PEM of the EK certificate (also at NV index 0x01c00002 in the vTPM),
+	// issued by this host's vTPM CA (Host.vtpm_ca_certificate).
+	EkCertificate string `protobuf:"bytes,3,opt,name=ek_certificate,json=ekCertificate,proto3" json:"ek_certificate,omitempty"`
+	// PEM (PKIX) of the ECC P-256 attestation key persisted at 0x81010002,
+	// the handle guests quote with.
+	AkPublic string `protobuf:"bytes,4,opt,name=ak_public,json=akPublic,proto3" json:"ak_public,omitempty"`
+	// Hex SHA-256 of the AK's TPMT_PUBLIC, as attestation verdicts name it.
+	AkFingerprint string `protobuf:"bytes,5,opt,name=ak_fingerprint,json=akFingerprint,proto3" json:"ak_fingerprint,omitempty"`
+	// Hex TPM name of the AK (name algorithm and digest of its public area).
+	AkName string `protobuf:"bytes,6,opt,name=ak_name,json=akName,proto3" json:"ak_name,omitempty"`
+	// When the keys were first provisioned, and when they last changed (a
+	// guest that evicted or replaced a key gets a new one at its next boot).
+	ProvisionTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=provision_time,json=provisionTime,proto3" json:"provision_time,omitempty"`
+	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	// The AK's and EK's TPMT_PUBLIC, as the vTPM returned them: what the
+	// fingerprints hash and what attestation is given.
+	AkTpmtPublic  []byte `protobuf:"bytes,9,opt,name=ak_tpmt_public,json=akTpmtPublic,proto3" json:"ak_tpmt_public,omitempty"`
+	EkTpmtPublic  []byte `protobuf:"bytes,10,opt,name=ek_tpmt_public,json=ekTpmtPublic,proto3" json:"ek_tpmt_public,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TpmIdentity) Reset() {
+	*x = TpmIdentity{}
+	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TpmIdentity) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TpmIdentity) ProtoMessage() {}
+
+func (x *TpmIdentity) ProtoReflect() protoreflect.Message {
+	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TpmIdentity.ProtoReflect.Descriptor instead.
+func (*TpmIdentity) Descriptor() ([]byte, []int) {
+	return file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *TpmIdentity) GetEkPublic() string {
+	if x != nil {
+		return x.EkPublic
+	}
+	return ""
+}
+
+func (x *TpmIdentity) GetEkFingerprint() string {
+	if x != nil {
+		return x.EkFingerprint
+	}
+	return ""
+}
+
+func (x *TpmIdentity) GetEkCertificate() string {
+	if x != nil {
+		return x.EkCertificate
+	}
+	return ""
+}
+
+func (x *TpmIdentity) GetAkPublic() string {
+	if x != nil {
+		return x.AkPublic
+	}
+	return ""
+}
+
+func (x *TpmIdentity) GetAkFingerprint() string {
+	if x != nil {
+		return x.AkFingerprint
+	}
+	return ""
+}
+
+func (x *TpmIdentity) GetAkName() string {
+	if x != nil {
+		return x.AkName
+	}
+	return ""
+}
+
+func (x *TpmIdentity) GetProvisionTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ProvisionTime
+	}
+	return nil
+}
+
+func (x *TpmIdentity) GetUpdateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdateTime
+	}
+	return nil
+}
+
+func (x *TpmIdentity) GetAkTpmtPublic() []byte {
+	if x != nil {
+		return x.AkTpmtPublic
+	}
+	return nil
+}
+
+func (x *TpmIdentity) GetEkTpmtPublic() []byte {
+	if x != nil {
+		return x.EkTpmtPublic
+	}
+	return nil
+}
+
 // PortForward is a loopback port on the host proxied to a guest port; a
 // guest port has at most one.
 type PortForward struct {
@@ -499,7 +654,7 @@ type PortForward struct {
 
 func (x *PortForward) Reset() {
 	*x = PortForward{}
-	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[1]
+	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -511,7 +666,7 @@ func (x *PortForward) String() string {
 func (*PortForward) ProtoMessage() {}
 
 func (x *PortForward) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[1]
+	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -524,7 +679,7 @@ func (x *PortForward) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortForward.ProtoReflect.Descriptor instead.
 func (*PortForward) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDescGZIP(), []int{1}
+	return file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *PortForward) GetPort() int32 {
@@ -567,7 +722,7 @@ type Paths struct {
 
 func (x *Paths) Reset() {
 	*x = Paths{}
-	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[2]
+	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -579,7 +734,7 @@ func (x *Paths) String() string {
 func (*Paths) ProtoMessage() {}
 
 func (x *Paths) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[2]
+	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -592,7 +747,7 @@ func (x *Paths) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Paths.ProtoReflect.Descriptor instead.
 func (*Paths) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDescGZIP(), []int{2}
+	return file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Paths) GetDir() string {
@@ -697,7 +852,7 @@ type Processes struct {
 
 func (x *Processes) Reset() {
 	*x = Processes{}
-	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[3]
+	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -709,7 +864,7 @@ func (x *Processes) String() string {
 func (*Processes) ProtoMessage() {}
 
 func (x *Processes) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[3]
+	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -722,7 +877,7 @@ func (x *Processes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Processes.ProtoReflect.Descriptor instead.
 func (*Processes) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDescGZIP(), []int{3}
+	return file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Processes) GetQemu() *Process {
@@ -754,7 +909,7 @@ type Process struct {
 
 func (x *Process) Reset() {
 	*x = Process{}
-	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[4]
+	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -766,7 +921,7 @@ func (x *Process) String() string {
 func (*Process) ProtoMessage() {}
 
 func (x *Process) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[4]
+	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -779,7 +934,7 @@ func (x *Process) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Process.ProtoReflect.Descriptor instead.
 func (*Process) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDescGZIP(), []int{4}
+	return file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Process) GetPid() int32 {
@@ -807,7 +962,7 @@ var File_vmmanager_hypervisor_v1_virtual_machine_proto protoreflect.FileDescript
 
 const file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDesc = "" +
 	"\n" +
-	"-vmmanager/hypervisor/v1/virtual_machine.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\x1a\"vmmanager/hypervisor/v1/host.proto\"\xa5\r\n" +
+	"-vmmanager/hypervisor/v1/virtual_machine.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\x1a\"vmmanager/hypervisor/v1/host.proto\"\x86\x0e\n" +
 	"\x0eVirtualMachine\x12\x13\n" +
 	"\x02id\x18\x01 \x01(\tB\x03\xe0A\bR\x02id\x12\x17\n" +
 	"\x04name\x18\x02 \x01(\tB\x03\xe0A\x03R\x04name\x12\x19\n" +
@@ -848,11 +1003,27 @@ const file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDesc = "" +
 	"\tprocesses\x18  \x01(\v2\".vmmanager.hypervisor.v1.ProcessesB\x03\xe0A\x03R\tprocesses\x12\"\n" +
 	"\n" +
 	"created_by\x18! \x01(\tB\x03\xe0A\x03R\tcreatedBy\x12E\n" +
-	"\bforwards\x18\" \x03(\v2$.vmmanager.hypervisor.v1.PortForwardB\x03\xe0A\x03R\bforwards\x1a;\n" +
+	"\bforwards\x18\" \x03(\v2$.vmmanager.hypervisor.v1.PortForwardB\x03\xe0A\x03R\bforwards\x12;\n" +
+	"\x03tpm\x18# \x01(\v2$.vmmanager.hypervisor.v1.TpmIdentityB\x03\xe0A\x03R\x03tpm\x12\"\n" +
+	"\n" +
+	"boot_count\x18$ \x01(\rB\x03\xe0A\x03R\tbootCount\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01:W\xeaAT\n" +
-	"'vm-manager.giantswarm.io/VirtualMachine\x12\bvms/{vm}*\x0fvirtualMachines2\x0evirtualMachine\";\n" +
+	"'vm-manager.giantswarm.io/VirtualMachine\x12\bvms/{vm}*\x0fvirtualMachines2\x0evirtualMachine\"\xa1\x03\n" +
+	"\vTpmIdentity\x12\x1b\n" +
+	"\tek_public\x18\x01 \x01(\tR\bekPublic\x12%\n" +
+	"\x0eek_fingerprint\x18\x02 \x01(\tR\rekFingerprint\x12%\n" +
+	"\x0eek_certificate\x18\x03 \x01(\tR\rekCertificate\x12\x1b\n" +
+	"\tak_public\x18\x04 \x01(\tR\bakPublic\x12%\n" +
+	"\x0eak_fingerprint\x18\x05 \x01(\tR\rakFingerprint\x12\x17\n" +
+	"\aak_name\x18\x06 \x01(\tR\x06akName\x12A\n" +
+	"\x0eprovision_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\rprovisionTime\x12;\n" +
+	"\vupdate_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"updateTime\x12$\n" +
+	"\x0eak_tpmt_public\x18\t \x01(\fR\fakTpmtPublic\x12$\n" +
+	"\x0eek_tpmt_public\x18\n" +
+	" \x01(\fR\fekTpmtPublic\";\n" +
 	"\vPortForward\x12\x12\n" +
 	"\x04port\x18\x01 \x01(\x05R\x04port\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\"\xf3\x02\n" +
@@ -914,40 +1085,44 @@ func file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDescGZIP() []byte {
 }
 
 var file_vmmanager_hypervisor_v1_virtual_machine_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_vmmanager_hypervisor_v1_virtual_machine_proto_goTypes = []any{
 	(State)(0),                    // 0: vmmanager.hypervisor.v1.State
 	(Phase)(0),                    // 1: vmmanager.hypervisor.v1.Phase
 	(*VirtualMachine)(nil),        // 2: vmmanager.hypervisor.v1.VirtualMachine
-	(*PortForward)(nil),           // 3: vmmanager.hypervisor.v1.PortForward
-	(*Paths)(nil),                 // 4: vmmanager.hypervisor.v1.Paths
-	(*Processes)(nil),             // 5: vmmanager.hypervisor.v1.Processes
-	(*Process)(nil),               // 6: vmmanager.hypervisor.v1.Process
-	nil,                           // 7: vmmanager.hypervisor.v1.VirtualMachine.MetadataEntry
-	(Accelerator)(0),              // 8: vmmanager.hypervisor.v1.Accelerator
-	(*v1.Attestation)(nil),        // 9: vmmanager.attestation.v1.Attestation
-	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
+	(*TpmIdentity)(nil),           // 3: vmmanager.hypervisor.v1.TpmIdentity
+	(*PortForward)(nil),           // 4: vmmanager.hypervisor.v1.PortForward
+	(*Paths)(nil),                 // 5: vmmanager.hypervisor.v1.Paths
+	(*Processes)(nil),             // 6: vmmanager.hypervisor.v1.Processes
+	(*Process)(nil),               // 7: vmmanager.hypervisor.v1.Process
+	nil,                           // 8: vmmanager.hypervisor.v1.VirtualMachine.MetadataEntry
+	(Accelerator)(0),              // 9: vmmanager.hypervisor.v1.Accelerator
+	(*v1.Attestation)(nil),        // 10: vmmanager.attestation.v1.Attestation
+	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
 }
 var file_vmmanager_hypervisor_v1_virtual_machine_proto_depIdxs = []int32{
-	7,  // 0: vmmanager.hypervisor.v1.VirtualMachine.metadata:type_name -> vmmanager.hypervisor.v1.VirtualMachine.MetadataEntry
+	8,  // 0: vmmanager.hypervisor.v1.VirtualMachine.metadata:type_name -> vmmanager.hypervisor.v1.VirtualMachine.MetadataEntry
 	0,  // 1: vmmanager.hypervisor.v1.VirtualMachine.state:type_name -> vmmanager.hypervisor.v1.State
 	1,  // 2: vmmanager.hypervisor.v1.VirtualMachine.phase:type_name -> vmmanager.hypervisor.v1.Phase
-	8,  // 3: vmmanager.hypervisor.v1.VirtualMachine.accelerator:type_name -> vmmanager.hypervisor.v1.Accelerator
-	9,  // 4: vmmanager.hypervisor.v1.VirtualMachine.attestation:type_name -> vmmanager.attestation.v1.Attestation
-	10, // 5: vmmanager.hypervisor.v1.VirtualMachine.created_at:type_name -> google.protobuf.Timestamp
-	10, // 6: vmmanager.hypervisor.v1.VirtualMachine.installed_at:type_name -> google.protobuf.Timestamp
-	10, // 7: vmmanager.hypervisor.v1.VirtualMachine.booted_at:type_name -> google.protobuf.Timestamp
-	10, // 8: vmmanager.hypervisor.v1.VirtualMachine.ready_at:type_name -> google.protobuf.Timestamp
-	4,  // 9: vmmanager.hypervisor.v1.VirtualMachine.paths:type_name -> vmmanager.hypervisor.v1.Paths
-	5,  // 10: vmmanager.hypervisor.v1.VirtualMachine.processes:type_name -> vmmanager.hypervisor.v1.Processes
-	3,  // 11: vmmanager.hypervisor.v1.VirtualMachine.forwards:type_name -> vmmanager.hypervisor.v1.PortForward
-	6,  // 12: vmmanager.hypervisor.v1.Processes.qemu:type_name -> vmmanager.hypervisor.v1.Process
-	6,  // 13: vmmanager.hypervisor.v1.Processes.tpm:type_name -> vmmanager.hypervisor.v1.Process
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	9,  // 3: vmmanager.hypervisor.v1.VirtualMachine.accelerator:type_name -> vmmanager.hypervisor.v1.Accelerator
+	10, // 4: vmmanager.hypervisor.v1.VirtualMachine.attestation:type_name -> vmmanager.attestation.v1.Attestation
+	11, // 5: vmmanager.hypervisor.v1.VirtualMachine.created_at:type_name -> google.protobuf.Timestamp
+	11, // 6: vmmanager.hypervisor.v1.VirtualMachine.installed_at:type_name -> google.protobuf.Timestamp
+	11, // 7: vmmanager.hypervisor.v1.VirtualMachine.booted_at:type_name -> google.protobuf.Timestamp
+	11, // 8: vmmanager.hypervisor.v1.VirtualMachine.ready_at:type_name -> google.protobuf.Timestamp
+	5,  // 9: vmmanager.hypervisor.v1.VirtualMachine.paths:type_name -> vmmanager.hypervisor.v1.Paths
+	6,  // 10: vmmanager.hypervisor.v1.VirtualMachine.processes:type_name -> vmmanager.hypervisor.v1.Processes
+	4,  // 11: vmmanager.hypervisor.v1.VirtualMachine.forwards:type_name -> vmmanager.hypervisor.v1.PortForward
+	3,  // 12: vmmanager.hypervisor.v1.VirtualMachine.tpm:type_name -> vmmanager.hypervisor.v1.TpmIdentity
+	11, // 13: vmmanager.hypervisor.v1.TpmIdentity.provision_time:type_name -> google.protobuf.Timestamp
+	11, // 14: vmmanager.hypervisor.v1.TpmIdentity.update_time:type_name -> google.protobuf.Timestamp
+	7,  // 15: vmmanager.hypervisor.v1.Processes.qemu:type_name -> vmmanager.hypervisor.v1.Process
+	7,  // 16: vmmanager.hypervisor.v1.Processes.tpm:type_name -> vmmanager.hypervisor.v1.Process
+	17, // [17:17] is the sub-list for method output_type
+	17, // [17:17] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_vmmanager_hypervisor_v1_virtual_machine_proto_init() }
@@ -962,7 +1137,7 @@ func file_vmmanager_hypervisor_v1_virtual_machine_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDesc), len(file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -22,9 +22,11 @@ func main() {
 		Setup: func(fs *cli.FlagSet) func(context.Context) error {
 			stateDir := fs.String("state-dir", "VM_MANAGER_STATE_DIR", statedir.Default(), "state directory (attestation.db)")
 			runDir := fs.String("run-dir", "VM_MANAGER_RUN_DIR", mesh.DefaultRunDir(), "runtime directory for the unix sockets")
-			socket := fs.String("socket", "VM_MANAGER_ATTESTATION_SOCKET", "", "socket to serve on (default <run-dir>/"+mesh.AttestationSocket+")")
+			socket := fs.String("socket", "VM_MANAGER_ATTESTATION_SOCKET", "", "socket to serve the AttestationService on (default <run-dir>/"+mesh.AttestationSocket+")")
+			verifierSocket := fs.String("verifier-socket", "VM_MANAGER_VERIFIER_SOCKET", "", "socket to serve the hypervisor-only VerifierService on, outside the gateway's reach (default <state-dir>/"+mesh.VerifierSocket+")")
 			mode := fs.String("attestation", "VM_MANAGER_ATTESTATION", "verify", "verify quotes against policy, or noop (accept any quote with a valid nonce)")
-			learn := fs.Bool("attestation-learn-golden", "VM_MANAGER_ATTESTATION_LEARN_GOLDEN", false, "accept PCRs without a golden value and report them as learned")
+			learn := fs.Bool("attestation-learn-golden", "VM_MANAGER_ATTESTATION_LEARN_GOLDEN", false, "accept PCRs without a golden value and report them as learned (needs --attestation-learn-golden-acknowledge)")
+			learnAck := fs.Bool("attestation-learn-golden-acknowledge", "VM_MANAGER_ATTESTATION_LEARN_GOLDEN_ACKNOWLEDGE", false, "confirm learn mode: boots nobody has vouched for get their user-data while it is on")
 			oidc := identity.Flags(fs)
 			logFormat := fs.String("log-format", "VM_MANAGER_LOG_FORMAT", "text", "log format: text or json")
 			logLevel := fs.String("log-level", "VM_MANAGER_LOG_LEVEL", "info", "log level: debug, info, warn, error")
@@ -37,7 +39,12 @@ func main() {
 				if sock == "" {
 					sock = filepath.Join(*runDir, mesh.AttestationSocket)
 				}
-				return server.Run(ctx, server.Config{StateDir: *stateDir, Socket: sock, Mode: *mode, LearnGolden: *learn, Identity: oidc()}, log)
+				vsock := *verifierSocket
+				if vsock == "" {
+					vsock = filepath.Join(*stateDir, mesh.VerifierSocket)
+				}
+				return server.Run(ctx, server.Config{StateDir: *stateDir, Socket: sock, VerifierSocket: vsock, Mode: *mode,
+					LearnGolden: *learn, LearnGoldenAcknowledged: *learnAck, Identity: oidc()}, log)
 			}
 		},
 	}))

@@ -16,6 +16,7 @@ import (
 	"github.com/giantswarm/vm-manager/pkg/identity"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/policy"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/store"
+	"github.com/giantswarm/vm-manager/services/attestation/internal/verify"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -148,6 +149,9 @@ func (s *Server) importPolicy(image string, doc *structpb.Struct) (*attestationv
 			}
 		}
 		p.GoldenPcrs = policy.GoldenPCRs(doc)
+		if err := policy.Enforces(image, doc); err != nil {
+			return nil, err
+		}
 		return p, nil
 	})
 }
@@ -179,13 +183,24 @@ func (s *Server) GetVirtualMachineAttestation(_ context.Context, req *attestatio
 	return att, err
 }
 
-// BeginBoot starts a new boot's verdicts; the pinned AK stays.
+// BeginBoot starts a new boot's verdicts and registers the attestation key
+// the hypervisor read from the VM's vTPM: from then on only that key's quotes
+// count. A request without a key (a VM launched before host provisioning)
+// keeps the first-use pin the VM may have.
 func (s *Server) BeginBoot(_ context.Context, req *attestationv1.BeginBootRequest) (*attestationv1.Attestation, error) {
 	if !vmID.MatchString(req.GetVmId()) {
 		return nil, apierr.Invalidf("vm_id", "vm id %q is not 8 hex characters", req.GetVmId())
 	}
 	if err := checkImage(req.GetImage()); err != nil {
 		return nil, err
+	}
+	var akPub []byte
+	var akFP string
+	if len(req.GetAkPublic()) > 0 {
+		var err error
+		if akPub, akFP, err = verify.CheckAK(req.GetAkPublic()); err != nil {
+			return nil, apierr.Invalidf("ak_public", "%v", err)
+		}
 	}
 	vm, att, err := s.store.GetVM(req.GetVmId())
 	if apierr.CodeOf(err) == apierr.NotFound {
@@ -194,15 +209,22 @@ func (s *Server) BeginBoot(_ context.Context, req *attestationv1.BeginBootReques
 	if err != nil {
 		return nil, err
 	}
-	vm.Image, vm.KubernetesVersion = req.GetImage(), req.GetKubernetesVersion()
+	vm.Image, vm.KubernetesVersion, vm.DirectKernel = req.GetImage(), req.GetKubernetesVersion(), req.GetDirectKernel()
 	if fw := req.GetFirmware(); fw.GetSha256() != "" {
 		vm.Firmware = &store.Firmware{SHA256: fw.GetSha256(), Package: fw.GetPackage(), Version: fw.GetVersion()}
+	}
+	if akPub != nil {
+		if vm.AKFingerprint != akFP {
+			s.log.Info("attestation key registered", "vm", vm.ID, "ak", short(akFP), "replaces", short(vm.AKFingerprint), "replaced_origin", vm.AKOrigin)
+		}
+		vm.AKPub, vm.AKFingerprint, vm.AKOrigin, vm.EKPub = akPub, akFP, store.OriginHost, req.GetEkPublic()
 	}
 	next := &attestationv1.Attestation{Required: req.GetRequired(), UserDataReleased: !req.GetRequired(), Boot: att.GetBoot() + 1}
 	if err := s.store.PutVM(vm, next); err != nil {
 		return nil, err
 	}
-	return next, nil
+	_, next, err = s.store.GetVM(vm.ID) // with the key's summary
+	return next, err
 }
 
 func (s *Server) ForgetVirtualMachine(_ context.Context, req *attestationv1.ForgetVirtualMachineRequest) (*attestationv1.ForgetVirtualMachineResponse, error) {

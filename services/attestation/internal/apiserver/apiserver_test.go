@@ -180,7 +180,7 @@ func TestImageRefWithUnderscoreInID(t *testing.T) {
 	// The catalog splits <id>_<version> at the last '_' (contract §9), so an
 	// id may itself contain '_'.
 	s, _, _ := newServer(t, tempDB(t), Options{})
-	doc, _ := structpb.NewStruct(map[string]any{"image_id": "my_os", "image_version": "1.0"})
+	doc, _ := structpb.NewStruct(map[string]any{"image_id": "my_os", "image_version": "1.0", "golden": map[string]any{"sha256": map[string]any{"0": hex32('a')}}})
 	if _, err := s.ImportImagePolicy(ctx, &attestationv1.ImportImagePolicyRequest{Image: "my_os_1.0", Document: doc}); err != nil {
 		t.Fatalf("Import my_os_1.0: %v", err)
 	}
@@ -329,7 +329,9 @@ func TestRecordedGoldenSurvivesReimport(t *testing.T) {
 func TestListImagePoliciesSorted(t *testing.T) {
 	s, _, _ := newServer(t, tempDB(t), Options{})
 	for _, ref := range []string{"zeta_1", "alpha_2", "alpha_10", "Mid_1"} {
-		if _, err := s.ImportImagePolicy(ctx, &attestationv1.ImportImagePolicyRequest{Image: ref, Document: &structpb.Struct{Fields: map[string]*structpb.Value{}}}); err != nil {
+		doc := policyDoc(t, false, 0)
+		delete(doc.Fields, "image_id")
+		if _, err := s.ImportImagePolicy(ctx, &attestationv1.ImportImagePolicyRequest{Image: ref, Document: doc}); err != nil {
 			t.Fatalf("import %s: %v", ref, err)
 		}
 	}

@@ -84,8 +84,12 @@ func (s *Server) VerifyQuote(_ context.Context, req *attestationv1.VerifyQuoteRe
 		verdict.Message = "accepted without verification (--attestation=noop)"
 		return s.record(vm, att, stage, verdict)
 	}
-	// 3. The image's policy.
+	// 3. The image's policy. Learn mode judges an image without one as if
+	// its policy were empty: every golden PCR is learned.
 	pol, err := s.store.GetPolicy(vm.Image)
+	if apierr.CodeOf(err) == apierr.NotFound && s.opts.LearnGolden {
+		pol, err = &attestationv1.ImagePolicy{}, nil
+	}
 	if apierr.CodeOf(err) == apierr.NotFound {
 		return reject(fmt.Sprintf("no policy for image %s: import its policy.json", vm.Image))
 	}
@@ -102,29 +106,33 @@ func (s *Server) VerifyQuote(_ context.Context, req *attestationv1.VerifyQuoteRe
 	}
 	verdict.AkFingerprint = res.AKFingerprint
 	verdict.Pcrs = hexPCRs(res.PCRs)
-	// 11. The AK pinned by the first verified initrd quote.
-	if vm.AKFingerprint != "" && vm.AKFingerprint != res.AKFingerprint {
-		return reject(fmt.Sprintf("ak %s is not the key enrolled for this vm (%s)", short(res.AKFingerprint), short(vm.AKFingerprint)))
+	// 11. The VM's key: the one the hypervisor read from its vTPM and
+	// registered before the boot. A key the guest brings counts for nothing,
+	// however its public area describes itself.
+	switch {
+	case vm.AKFingerprint == "":
+		return reject(fmt.Sprintf("ak %s is not the vTPM key of vm %s: no key is registered for it (the hypervisor registers the key it provisions in the vm's vTPM when the vm boots)", short(res.AKFingerprint), vm.ID))
+	case vm.AKFingerprint != res.AKFingerprint && vm.AKOrigin == store.OriginFirstUse:
+		return reject(fmt.Sprintf("ak %s is not the vTPM key of vm %s (pinned on first use: %s)", short(res.AKFingerprint), vm.ID, short(vm.AKFingerprint)))
+	case vm.AKFingerprint != res.AKFingerprint:
+		return reject(fmt.Sprintf("ak %s is not the vTPM key of vm %s (the host registered %s)", short(res.AKFingerprint), vm.ID, short(vm.AKFingerprint)))
 	}
 	// 12–13. PCR 11 and the golden values.
-	out := policy.Evaluate(pol.GetDocument(), stage, vm.KubernetesVersion, res.PCRs, s.opts.LearnGolden)
+	out := policy.Evaluate(pol.GetDocument(), stage, vm.KubernetesVersion, vm.DirectKernel, res.PCRs, s.opts.LearnGolden)
 	if out.Reason != "" {
 		verdict.MismatchedEvents = verify.Mismatches(s.goldenEvents(vm.Image), res.Events, out.Mismatched)
 		return reject(out.Reason + firmwareNote(pol.GetDocument(), vm.Firmware, out.Mismatched))
 	}
 	verdict.Learned = out.Learned
-	// 14. Enrolment: the first verified initrd quote pins the AK.
-	if vm.AKFingerprint == "" {
-		if stage != attestationv1.Stage_STAGE_INITRD {
-			return reject("no ak enrolled for this vm: an initrd-stage quote must verify first")
-		}
-		vm.AKPub, vm.AKFingerprint = res.AKPub, res.AKFingerprint
-	}
+	verdict.LearnMode = s.opts.LearnGolden
 	if stage == attestationv1.Stage_STAGE_READY {
 		vm.ReadyEvents = res.Events
 	}
 	// 15. The success message.
 	msg := "verified: ak " + short(res.AKFingerprint)
+	if verdict.LearnMode {
+		msg = "verified in learn mode: ak " + short(res.AKFingerprint)
+	}
 	if out.Summary != "" {
 		msg += ", " + out.Summary
 	}
@@ -185,15 +193,15 @@ func (s *Server) RecordGolden(ctx context.Context, req *attestationv1.RecordGold
 		return nil, apierr.Errorf(apierr.Conflict, "vm %s has no verified ready-stage quote in its current boot", vm.ID)
 	}
 	values := map[string]any{}
-	for _, idx := range append(policy.GoldenPCRsFor(attestationv1.Stage_STAGE_READY), 9) {
+	for _, idx := range policy.GoldenPCRsFor(attestationv1.Stage_STAGE_READY, vm.DirectKernel) {
 		v, ok := ready.GetPcrs()[idx]
 		if !ok {
-			if idx == 9 {
-				continue // only direct-kernel guests quote PCR 9
-			}
 			return nil, apierr.Errorf(apierr.Conflict, "the ready quote of vm %s lacks pcr %d", vm.ID, idx)
 		}
 		values[strconv.Itoa(int(idx))] = v
+	}
+	if v, ok := ready.GetPcrs()[9]; ok {
+		values["9"] = v // vm-agent quotes it on any image: pinned when there
 	}
 	golden, err := structpb.NewValue(map[string]any{"sha256": values})
 	if err != nil {
@@ -201,9 +209,18 @@ func (s *Server) RecordGolden(ctx context.Context, req *attestationv1.RecordGold
 	}
 	p, err := s.store.UpdatePolicy(req.GetImage(), func(old *attestationv1.ImagePolicy) (*attestationv1.ImagePolicy, error) {
 		if old == nil {
-			return nil, apierr.Errorf(apierr.NotFound, "no policy for image %q: import its policy.json first", req.GetImage())
+			// An image without a policy (a learn-mode bring-up): the
+			// golden values make one.
+			cut := strings.LastIndex(req.GetImage(), "_") // versions have no "_"
+			id, ver := req.GetImage()[:cut], req.GetImage()[cut+1:]
+			old = &attestationv1.ImagePolicy{Image: req.GetImage(), ImportTime: timestamppb.New(s.now()), Document: &structpb.Struct{Fields: map[string]*structpb.Value{
+				"image_id": structpb.NewStringValue(id), "image_version": structpb.NewStringValue(ver),
+			}}}
 		}
 		p := proto.Clone(old).(*attestationv1.ImagePolicy)
+		if p.Document == nil {
+			p.Document = &structpb.Struct{}
+		}
 		if p.Document.Fields == nil {
 			p.Document.Fields = map[string]*structpb.Value{}
 		}

@@ -13,17 +13,27 @@ import (
 )
 
 // GoldenPCRsFor are the PCRs that must have a golden value (or be learned)
-// at a stage: the firmware PCRs, and PCR 13 (the Kubernetes sysext) at ready.
-// PCRs 1 and 5 differ per VM by construction (SMBIOS credentials, GPT UUIDs):
-// recorded, never compared.
-func GoldenPCRsFor(stage attestationv1.Stage) []uint32 {
-	if stage == attestationv1.Stage_STAGE_READY {
-		return []uint32{0, 2, 3, 4, 6, 7, 13}
+// at a stage: the firmware PCRs, PCR 9 for a direct-kernel image (OVMF
+// measures its initrd and command line there), and PCR 13 (the Kubernetes
+// sysext) at ready. docs/attestation.md lists every PCR and why it is, or is
+// not, compared.
+func GoldenPCRsFor(stage attestationv1.Stage, directKernel bool) []uint32 {
+	out := []uint32{0, 2, 3, 4, 6, 7}
+	if directKernel {
+		out = append(out, 9)
 	}
-	return []uint32{0, 2, 3, 4, 6, 7}
+	if stage == attestationv1.Stage_STAGE_READY {
+		out = append(out, 13)
+	}
+	return out
 }
 
-// NeverCompared are quoted and recorded only.
+// NeverCompared are quoted and recorded only: PCR 1 holds the EFI boot
+// variables (BootOrder, Boot####), which a guest with root writes through
+// the firmware's runtime services, and SMBIOS data that differs per VM by
+// construction (credentials, serial); PCR 5 holds the disk's partition table
+// and boot-variable data, which a guest rewrites at will. Neither says what
+// code ran: PCR 4 (the binaries loaded), 9 and 11 do.
 var NeverCompared = []uint32{1, 5}
 
 // Phase is the PCR 11 phase checked at a stage.
@@ -50,7 +60,7 @@ type Outcome struct {
 // 12 and 13). Golden values for PCRs beyond the required set (PCR 9, which
 // measures a direct-kernel image's command line and initrd under OVMF) are
 // compared too, and the quote must cover them.
-func Evaluate(doc *structpb.Struct, stage attestationv1.Stage, kubernetesVersion string, pcrs map[uint32][]byte, learn bool) Outcome {
+func Evaluate(doc *structpb.Struct, stage attestationv1.Stage, kubernetesVersion string, directKernel bool, pcrs map[uint32][]byte, learn bool) Outcome {
 	f := doc.GetFields()
 	var out Outcome
 	phase := Phase(stage)
@@ -75,7 +85,7 @@ func Evaluate(doc *structpb.Struct, stage attestationv1.Stage, kubernetesVersion
 			out.Mismatched = append(out.Mismatched, idx)
 		}
 	}
-	required := GoldenPCRsFor(stage)
+	required := GoldenPCRsFor(stage, directKernel)
 	for _, idx := range required {
 		if idx == 13 {
 			continue

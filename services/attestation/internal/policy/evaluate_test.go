@@ -83,9 +83,33 @@ func TestEvaluate(t *testing.T) {
 		{"golden pcr 13 is for the ready stage", withGolden("13", hx(0xee)), initrd, "", false, "", nil},
 		{"golden pcr 13 at ready without a version", withGolden("13", hx(0xee)), ready, "", false, "golden mismatch: pcr 13 expected", nil},
 	}
+	type kernelCase struct {
+		name, reason string
+		doc          map[string]any
+		learn        bool
+		learned      []uint32
+	}
+	// A direct-kernel image: PCR 9 is golden at both stages.
+	for _, c := range []kernelCase{
+		{"direct kernel without golden pcr 9", "no golden value for pcr 9", full(nil), false, nil},
+		{"direct kernel, learn mode", "", full(nil), true, []uint32{9}},
+		{"direct kernel with golden pcr 9", "", withGolden("9", hx(0x09)), false, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			pcrs := quoted(initrd)
+			pcrs[9] = bytes.Repeat([]byte{0x09}, 32)
+			out := Evaluate(doc(t, c.doc), initrd, "", true, pcrs, c.learn)
+			if c.reason == "" && out.Reason != "" || !strings.Contains(out.Reason, c.reason) {
+				t.Fatalf("reason %q, want %q", out.Reason, c.reason)
+			}
+			if len(out.Learned) != len(c.learned) {
+				t.Errorf("learned %v, want %v", out.Learned, c.learned)
+			}
+		})
+	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			out := Evaluate(doc(t, c.doc), c.stage, c.kube, quoted(c.stage), c.learn)
+			out := Evaluate(doc(t, c.doc), c.stage, c.kube, false, quoted(c.stage), c.learn)
 			if c.reason == "" && out.Reason != "" || !strings.Contains(out.Reason, c.reason) {
 				t.Fatalf("reason %q, want %q", out.Reason, c.reason)
 			}

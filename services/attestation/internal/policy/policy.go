@@ -88,6 +88,17 @@ func Validate(ref string, doc *structpb.Struct) error {
 	return nil
 }
 
+// Enforces refuses a policy with neither golden sha256 PCRs nor pcr11
+// values: outside learn mode it would reject every quote, in learn mode it
+// would accept every one; neither is a policy. It judges the document as
+// stored, after an import kept golden values recorded earlier.
+func Enforces(ref string, doc *structpb.Struct) error {
+	if len(GoldenPCRs(doc)) == 0 && doc.GetFields()["pcr11"] == nil {
+		return apierr.Invalidf("document", "policy for %s enforces nothing: it has neither golden sha256 PCRs nor pcr11 values (record golden values from a learn-mode VM with RecordGolden, which creates the policy)", ref)
+	}
+	return nil
+}
+
 // GoldenPCRs lists the indexes with a golden sha256 value, ascending.
 func GoldenPCRs(doc *structpb.Struct) []uint32 {
 	var out []uint32

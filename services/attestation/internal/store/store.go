@@ -5,8 +5,9 @@
 //
 //	meta/              schema name and version (pkg/boltdb)
 //	policies/<image>   attestationv1.ImagePolicy, protobuf binary
-//	vms/<vm id>        VM, JSON: image, Kubernetes version, boot, pinned AK,
-//	                   and the current boot's attestationv1.Attestation
+//	vms/<vm id>        VM, JSON: image, Kubernetes version, the AK whose
+//	                   quotes count and its origin, and the current boot's
+//	                   attestationv1.Attestation
 //	nonces/<vm id>/<nonce hex>
 //	                   Nonce, JSON: the boot it belongs to and its expiry
 //	golden-events/<image>
@@ -18,12 +19,15 @@
 //	1  policies, vms
 //	2  nonces (before, nonces lived in memory and a restart stranded a
 //	   booting guest), golden-events
+//	3  vms/*.akOrigin: keys pinned before host provisioning are marked
+//	   "first_use" (the first verified initrd quote pinned them)
 package store
 
 import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sort"
 	"time"
 
@@ -49,7 +53,49 @@ var Schema = boltdb.Schema{
 	Migrations: []boltdb.Migration{
 		{Version: 1, Description: "policies and vms buckets", Apply: boltdb.CreateBuckets(bucketPolicies, bucketVMs)},
 		{Version: 2, Description: "nonces and golden-events buckets", Apply: boltdb.CreateBuckets(bucketNonces, bucketGoldenEv)},
+		{Version: 3, Description: "mark keys pinned on first use", Apply: markFirstUse},
 	},
+}
+
+// AK origins, as stored.
+const (
+	OriginHost     = "host"
+	OriginFirstUse = "first_use"
+)
+
+// markFirstUse labels every pinned key of a version-2 database: all of them
+// were pinned by a first verified initrd quote.
+func markFirstUse(tx *bolt.Tx) error {
+	b := tx.Bucket(bucketVMs)
+	type update struct{ k, v []byte }
+	var updates []update
+	if err := b.ForEach(func(k, v []byte) error {
+		var vm map[string]json.RawMessage
+		if err := json.Unmarshal(v, &vm); err != nil {
+			return fmt.Errorf("vm %s: %w", k, err)
+		}
+		if _, pinned := vm["akFingerprint"]; !pinned {
+			return nil
+		}
+		if _, has := vm["akOrigin"]; has {
+			return nil
+		}
+		vm["akOrigin"], _ = json.Marshal(OriginFirstUse)
+		raw, err := json.Marshal(vm)
+		if err != nil {
+			return err
+		}
+		updates = append(updates, update{append([]byte(nil), k...), raw})
+		return nil
+	}); err != nil {
+		return err
+	}
+	for _, u := range updates {
+		if err := b.Put(u.k, u.v); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // VM is what attestation knows about one VM.
@@ -57,9 +103,17 @@ type VM struct {
 	ID                string `json:"id"`
 	Image             string `json:"image"`
 	KubernetesVersion string `json:"kubernetesVersion,omitempty"`
-	// AKPub is the TPMT_PUBLIC pinned by the first verified initrd quote.
+	// AKPub is the TPMT_PUBLIC of the one AK whose quotes count: the one
+	// the hypervisor read from the VM's vTPM and registered (AKOrigin
+	// "host"), or, in databases from before that, the key of the first
+	// verified initrd quote ("first_use").
 	AKPub         []byte `json:"akPub,omitempty"`
 	AKFingerprint string `json:"akFingerprint,omitempty"`
+	AKOrigin      string `json:"akOrigin,omitempty"`
+	// EKPub is the TPMT_PUBLIC of the VM's endorsement key, as registered.
+	EKPub []byte `json:"ekPub,omitempty"`
+	// DirectKernel: PCR 9 (the initrd and command line) is golden.
+	DirectKernel bool `json:"directKernel,omitempty"`
 	// Firmware is the OVMF build the VM boots, as the hypervisor reported it.
 	Firmware *Firmware `json:"firmware,omitempty"`
 	// ReadyEvents is the event log of the last verified ready quote, kept
@@ -167,6 +221,16 @@ func (s *Store) GetVM(id string) (*VM, *attestationv1.Attestation, error) {
 		if err := protojson.Unmarshal(vm.Attestation, att); err != nil {
 			return nil, nil, err
 		}
+	}
+	// Every summary names the key whose quotes count.
+	att.AkFingerprint = vm.AKFingerprint
+	switch vm.AKOrigin {
+	case OriginHost:
+		att.AkOrigin = attestationv1.AkOrigin_AK_ORIGIN_HOST
+	case OriginFirstUse:
+		att.AkOrigin = attestationv1.AkOrigin_AK_ORIGIN_FIRST_USE
+	default:
+		att.AkOrigin = attestationv1.AkOrigin_AK_ORIGIN_UNSPECIFIED
 	}
 	return &vm, att, nil
 }

@@ -30,8 +30,8 @@ func TestMigrationFromVersion1(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	if name, v, err := boltdb.Version(st.db); err != nil || name != "attestation" || v != 2 {
-		t.Fatalf("schema %s v%d %v, want attestation v2", name, v, err)
+	if name, v, err := boltdb.Version(st.db); err != nil || name != "attestation" || v != Schema.Latest() {
+		t.Fatalf("schema %s v%d %v, want attestation v%d", name, v, err, Schema.Latest())
 	}
 	vm, att, err := st.GetVM("0a0b0c0d")
 	if err != nil || vm.AKFingerprint != "ab" || att.GetBoot() != 3 {
@@ -47,6 +47,44 @@ func TestMigrationFromVersion1(t *testing.T) {
 	}
 	if _, ok, _ := st.ConsumeNonce(vm.ID, nonce, now); ok {
 		t.Error("a nonce was accepted twice")
+	}
+}
+
+// TestMigrationMarksFirstUsePins opens a version-2 database: its pinned keys
+// were all pinned by a first verified initrd quote, and say so after the
+// migration; VMs without a key and every other field stay as they were.
+func TestMigrationMarksFirstUsePins(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "attestation.db")
+	v2 := boltdb.Schema{Name: Schema.Name, Migrations: Schema.Migrations[:2]}
+	db, err := boltdb.Open(path, v2, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := &Store{db: db}
+	if err := old.PutVM(&VM{ID: "0a0b0c0d", Image: "img_1", AKPub: []byte{1}, AKFingerprint: "ab"}, &attestationv1.Attestation{Boot: 3, UserDataReleased: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.PutVM(&VM{ID: "0e0e0e0e", Image: "img_1"}, &attestationv1.Attestation{Boot: 1}); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	st, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, v, _ := boltdb.Version(st.db); v != 3 {
+		t.Fatalf("version %d, want 3", v)
+	}
+	vm, att, err := st.GetVM("0a0b0c0d")
+	if err != nil || vm.AKOrigin != OriginFirstUse || vm.AKFingerprint != "ab" || string(vm.AKPub) != "\x01" || att.GetBoot() != 3 || !att.GetUserDataReleased() ||
+		att.GetAkOrigin() != attestationv1.AkOrigin_AK_ORIGIN_FIRST_USE || att.GetAkFingerprint() != "ab" {
+		t.Fatalf("pinned vm after migration: %+v %v %v", vm, att, err)
+	}
+	vm, att, err = st.GetVM("0e0e0e0e")
+	if err != nil || vm.AKOrigin != "" || att.GetAkOrigin() != attestationv1.AkOrigin_AK_ORIGIN_UNSPECIFIED || att.GetBoot() != 1 {
+		t.Fatalf("unpinned vm after migration: %+v %v %v", vm, att, err)
 	}
 }
 

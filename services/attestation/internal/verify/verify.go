@@ -243,6 +243,18 @@ func parseAttest(b []byte) (*tpm2.TPMSAttest, *tpm2.TPMSPCRSelection, *tpm2.TPMS
 	return att, &info.PCRSelect.PCRSelections[0], info, nil
 }
 
+// CheckAK parses an attestation key as a quote's would be (TPMT_PUBLIC or
+// TPM2B_PUBLIC) and returns its normalized TPMT_PUBLIC and fingerprint: how
+// a key registered for a VM is stored and compared.
+func CheckAK(in []byte) (tpmtPublic []byte, fingerprint string, err error) {
+	k, rej := parseAK(in)
+	if rej != nil {
+		return nil, "", rej
+	}
+	fp := sha256.Sum256(k.raw)
+	return bytes.Clone(k.raw), hex.EncodeToString(fp[:]), nil
+}
+
 // akKey is a parsed attestation key.
 type akKey struct {
 	raw    []byte // TPMT_PUBLIC

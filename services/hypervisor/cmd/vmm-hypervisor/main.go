@@ -40,7 +40,7 @@ func serveCommand() cli.Command {
 			imageDir := fs.String("image-dir", "VM_MANAGER_IMAGE_DIR", "", "image catalog directory (default <state-dir>/images)")
 			runDir := fs.String("run-dir", "VM_MANAGER_RUN_DIR", mesh.DefaultRunDir(), "runtime directory for the unix sockets")
 			socket := fs.String("socket", "VM_MANAGER_HYPERVISOR_SOCKET", "", "socket to serve on (default <run-dir>/"+mesh.HypervisorSocket+")")
-			atSock := fs.String("attestation-socket", "VM_MANAGER_ATTESTATION_SOCKET", "", "attestation socket (default <run-dir>/"+mesh.AttestationSocket+")")
+			verifierSock := fs.String("verifier-socket", "VM_MANAGER_VERIFIER_SOCKET", "", "attestation's VerifierService socket (default <state-dir>/"+mesh.VerifierSocket+")")
 			qemu := fs.String("qemu", "VM_MANAGER_QEMU", "qemu-system-x86_64", "QEMU binary")
 			swtpm := fs.String("swtpm", "VM_MANAGER_SWTPM", "swtpm", "swtpm binary")
 			ovmfCode := fs.String("ovmf-code", "VM_MANAGER_OVMF_CODE", "", "OVMF code image (default: the first known pair found)")
@@ -72,20 +72,20 @@ func serveCommand() cli.Command {
 					return fmt.Errorf("--accelerator=%q: want auto or tcg", *accel)
 				}
 				return server.Run(ctx, server.Config{
-					StateDir:          *stateDir,
-					ImageDir:          *imageDir,
-					Socket:            orDefault(*socket, filepath.Join(*runDir, mesh.HypervisorSocket)),
-					AttestationSocket: orDefault(*atSock, filepath.Join(*runDir, mesh.AttestationSocket)),
-					InstallTimeout:    *installTimeout,
-					BootTimeout:       *bootTimeout,
-					StopTimeout:       *stopTimeout,
-					StopVMsOnExit:     !*detach,
-					NotifyPort:        uint32(*notifyPort),
-					DefaultNetwork:    *defaultNet,
-					DefaultSubnet:     *subnet,
-					GuestSeriesLimit:  *guestSeries,
-					Host:              host.Config{QEMUBinary: *qemu, SwtpmBinary: *swtpm, OVMFCode: *ovmfCode, OVMFVars: *ovmfVars, ForceTCG: *accel == "tcg"},
-					Identity:          oidc(),
+					StateDir:         *stateDir,
+					ImageDir:         *imageDir,
+					Socket:           orDefault(*socket, filepath.Join(*runDir, mesh.HypervisorSocket)),
+					VerifierSocket:   orDefault(*verifierSock, filepath.Join(*stateDir, mesh.VerifierSocket)),
+					InstallTimeout:   *installTimeout,
+					BootTimeout:      *bootTimeout,
+					StopTimeout:      *stopTimeout,
+					StopVMsOnExit:    !*detach,
+					NotifyPort:       uint32(*notifyPort),
+					DefaultNetwork:   *defaultNet,
+					DefaultSubnet:    *subnet,
+					GuestSeriesLimit: *guestSeries,
+					Host:             host.Config{QEMUBinary: *qemu, SwtpmBinary: *swtpm, OVMFCode: *ovmfCode, OVMFVars: *ovmfVars, ForceTCG: *accel == "tcg"},
+					Identity:         oidc(),
 				}, log)
 			}
 		},

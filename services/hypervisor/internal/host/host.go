@@ -73,6 +73,9 @@ type Config struct {
 	// ForceTCG makes VMs use TCG even where /dev/kvm works (--accelerator=tcg),
 	// e.g. to reproduce CI's timing on a KVM host.
 	ForceTCG bool
+	// VTPMCACertificate is the PEM of the CA that signs the vTPMs' EK
+	// certificates, reported as is.
+	VTPMCACertificate string
 }
 
 // Prober builds Host reports. It is safe for concurrent use.
@@ -205,6 +208,7 @@ func (p *Prober) Report(ctx context.Context) *hypervisorv1.Host {
 	}
 	h.Ready = len(h.Missing) == 0
 	h.Warnings = warnings
+	h.VtpmCaCertificate = p.cfg.VTPMCACertificate
 	return h
 }
 

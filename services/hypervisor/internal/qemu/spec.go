@@ -215,6 +215,13 @@ func (s Spec) Args() ([]string, error) {
 			"-device", "tpm-crb,tpmdev=tpm0",
 		)
 	}
+	if s.Boot != BootInstall {
+		// A reset inside the guest ends QEMU (SHUTDOWN reason guest-reset),
+		// so the hypervisor starts and registers each boot itself: a new
+		// boot never inherits the previous one's attestation. (The
+		// installer's -no-reboot is the same, and ends the phase.)
+		a = append(a, "-action", "reboot=shutdown")
+	}
 	a = append(a, "-smbios", "type=1,manufacturer=GiantSwarm,product=vm-manager,serial="+esc(s.ID))
 	for _, name := range slices.Sorted(maps.Keys(s.Credentials)) {
 		a = append(a, "-smbios", "type=11,value="+esc(credential(name, s.Credentials[name])))

@@ -85,7 +85,7 @@ func TestArgsInstallFullOrder(t *testing.T) {
 		"-smbios", "type=11,value=io.systemd.credential:system.machine_id=0123456789abcdef0123456789abcdef",
 		"-smbios", "type=11,value=io.systemd.credential:vm.install-target=/dev/disk/by-id/virtio-target",
 		"-smbios", "type=11,value=io.systemd.credential:vmm.notify_socket=vsock-stream:2:9999",
-		"-no-reboot",
+		"-no-reboot", // and no -action: the installer's end ends the phase
 	}
 	if got := mustArgs(t, s); !slices.Equal(got, want) {
 		t.Errorf("argv mismatch\n got: %q\nwant: %q", got, want)
@@ -103,6 +103,7 @@ func TestArgsDiskBootFirstBootAndSerialNotify(t *testing.T) {
 		"-device virtio-blk-pci,drive=target,serial=target,bootindex=0",
 		"-device virtio-serial-pci -chardev socket,id=notify,path=" + vmDir + "/notify.sock,server=on,wait=off -device virtserialport,chardev=notify,name=org.giantswarm.vmm.notify -device virtio-rng-pci",
 		"-smbios type=11,value=io.systemd.stub.kernel-cmdline-extra=ignition.firstboot",
+		"-device tpm-crb,tpmdev=tpm0 -action reboot=shutdown -smbios type=1,",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("argv lacks %q:\n%s", want, got)
@@ -136,7 +137,8 @@ func TestArgsKernel(t *testing.T) {
 	s.SwtpmSocket = ""
 	got := mustArgs(t, s)
 	joined := strings.Join(got, " ")
-	if !strings.Contains(joined, "-kernel /img/test_1.vmlinuz -initrd /img/test_1.initrd -append console=ttyS0 panic=-1 -device virtio-rng-pci") {
+	if !strings.Contains(joined, "-kernel /img/test_1.vmlinuz -initrd /img/test_1.initrd -append console=ttyS0 panic=-1 -device virtio-rng-pci") ||
+		!strings.Contains(joined, "-action reboot=shutdown") {
 		t.Errorf("kernel boot argv: %s", joined)
 	}
 	for _, absent := range []string{"-drive if=none", "tpm", "-no-reboot"} {

@@ -26,6 +26,7 @@ import (
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/sshexec"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/swtpm"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
@@ -57,6 +58,9 @@ type Config struct {
 	// NotifyVsockPort is the host's AF_VSOCK readiness port on hosts with
 	// /dev/vhost-vsock; 0 means readiness travels over virtio-serial.
 	NotifyVsockPort uint32
+	// VTPMCA signs the EK certificate of every vTPM the hypervisor
+	// provisions; nil provisions the keys without one.
+	VTPMCA *swtpm.CA
 
 	InstallTimeout time.Duration
 	BootTimeout    time.Duration
@@ -140,6 +144,7 @@ type machine struct {
 	fwd     map[int32]*forward.Forward // guest port -> listener
 	changed chan struct{}
 	guest   guestState
+	resets  []time.Time // guest resets within GuestResetWindow
 }
 
 // New loads the records and re-adopts the VMs whose processes still run.
@@ -587,6 +592,12 @@ func (m *Manager) stopLocked(mc *machine) error {
 	if state == hypervisorv1.State_STATE_DELETING {
 		mc.mu.Unlock()
 		return apierr.Errorf(apierr.Conflict, "vm %s is being deleted", mc.id)
+	}
+	if rt == nil && state == hypervisorv1.State_STATE_BOOTING {
+		// Between a guest reset and its next boot: that boot will not start.
+		m.updateLocked(mc, func(rec *hypervisorv1.VirtualMachine) { rec.State = hypervisorv1.State_STATE_STOPPED })
+		mc.mu.Unlock()
+		return nil
 	}
 	if rt == nil || !isLive(state) {
 		mc.mu.Unlock()

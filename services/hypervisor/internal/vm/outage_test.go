@@ -55,7 +55,7 @@ func TestBootBegunLateWhenAttestationWasDown(t *testing.T) {
 	v := &flakyVerifier{down: true, boots: map[string]uint64{}}
 	m, mc := newTestManager(t, v)
 	rec, _ := mc.snapshot()
-	att := m.beginBoot(rec, hypervisorv1.Phase_PHASE_BOOT) // what launch records
+	att := m.beginBoot(rec) // what launch records
 	if att.GetBoot() != 0 || att.GetUserDataReleased() {
 		t.Fatalf("launch without attestation: %v", att)
 	}

@@ -29,7 +29,8 @@ type runtime struct {
 	mon   *qemu.Monitor
 
 	stopping      atomic.Bool // stop, reboot or delete asked for the power-down
-	guestShutdown atomic.Bool // QMP SHUTDOWN said the guest powered off
+	guestShutdown atomic.Bool // QMP SHUTDOWN said the guest powered off or reset
+	guestReset    atomic.Bool // QMP SHUTDOWN's reason was guest-reset
 	// stopReason, set under the machine's lock before the power-down,
 	// becomes lastError of the stopped record (the hypervisor's exit).
 	stopReason string
@@ -41,8 +42,9 @@ type runtime struct {
 // consoleTailLines is how much console goes into lastError.
 const consoleTailLines = 40
 
-// launch starts swtpm, then QEMU, for one phase, and the supervisor.
-// Called with the op lock held.
+// launch provisions the vTPM, registers an installed boot with attestation,
+// starts swtpm, then QEMU, for one phase, and the supervisor. Called with
+// the op lock held.
 func (m *Manager) launch(mc *machine, phase hypervisorv1.Phase) error {
 	rec, _ := mc.snapshot()
 	p := rec.GetPaths()
@@ -52,6 +54,22 @@ func (m *Manager) launch(mc *machine, phase hypervisorv1.Phase) error {
 	}
 	ctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
 	defer cancel()
+	identity, err := m.provisionTPM(ctx, rec)
+	if err != nil {
+		return err
+	}
+	rec = m.update(mc, func(r *hypervisorv1.VirtualMachine) {
+		r.Tpm = identity
+		if phase == hypervisorv1.Phase_PHASE_BOOT {
+			// The gate closes before anything of the new boot runs.
+			r.Attestation = &attestationv1.Attestation{Required: r.GetRequireAttestation(), UserDataReleased: !r.GetRequireAttestation()}
+		}
+	})
+	var att *attestationv1.Attestation
+	if phase == hypervisorv1.Phase_PHASE_BOOT {
+		att = m.beginBoot(rec)
+		m.update(mc, func(r *hypervisorv1.VirtualMachine) { r.Attestation = att })
+	}
 	tpm, err := swtpm.Start(ctx, swtpm.Config{Binary: m.cfg.SwtpmBinary, StateDir: p.GetTpmState()})
 	if err != nil {
 		return err
@@ -87,7 +105,6 @@ func (m *Manager) launch(mc *machine, phase hypervisorv1.Phase) error {
 			return err
 		}
 	}
-	att := m.beginBoot(rec, phase)
 	rt := &runtime{phase: phase, qemu: qp, tpm: tpm, mon: mon, settled: make(chan struct{})}
 	m.update(mc, func(r *hypervisorv1.VirtualMachine) {
 		r.Phase = phase
@@ -103,7 +120,7 @@ func (m *Manager) launch(mc *machine, phase hypervisorv1.Phase) error {
 		} else {
 			r.State = hypervisorv1.State_STATE_BOOTING
 			r.BootedAt = timestamppb.Now()
-			r.Attestation = att
+			r.BootCount++
 		}
 		mc.run = rt
 	})
@@ -222,31 +239,6 @@ func tpmSocket(stateDir string) string {
 	return swtpm.Config{StateDir: stateDir}.WithDefaults().CtrlSocket
 }
 
-// beginBoot resets attestation for a new installed boot. Attestation being
-// down must not stop a boot whose user-data is not gated.
-func (m *Manager) beginBoot(rec *hypervisorv1.VirtualMachine, phase hypervisorv1.Phase) *attestationv1.Attestation {
-	local := &attestationv1.Attestation{Required: rec.GetRequireAttestation(), UserDataReleased: !rec.GetRequireAttestation()}
-	if phase != hypervisorv1.Phase_PHASE_BOOT || m.verifier == nil {
-		return local
-	}
-	ctx, cancel := context.WithTimeout(m.ctx, 5*time.Second)
-	defer cancel()
-	att, err := m.verifier.BeginBoot(ctx, m.beginBootRequest(rec))
-	if err != nil {
-		// Boot 0 in the record says so: the guest's first nonce begins it (beginLate).
-		m.log.Warn("attestation did not record the boot; the guest's first nonce request will", "vm", rec.GetId(), "error", err)
-		return local
-	}
-	return att
-}
-
-func (m *Manager) beginBootRequest(rec *hypervisorv1.VirtualMachine) *attestationv1.BeginBootRequest {
-	return &attestationv1.BeginBootRequest{
-		VmId: rec.GetId(), Image: rec.GetImage(), KubernetesVersion: rec.GetKubernetesVersion(), Required: rec.GetRequireAttestation(),
-		Firmware: &attestationv1.FirmwareBuild{Sha256: m.cfg.Firmware.GetSha256(), Package: m.cfg.Firmware.GetPackage(), Version: m.cfg.Firmware.GetVersion()},
-	}
-}
-
 // supervise watches one run: readiness messages, QMP events, the boot
 // timeout and the QEMU process, until QEMU exits or the hypervisor detaches.
 func (m *Manager) supervise(mc *machine, rt *runtime) {
@@ -293,11 +285,7 @@ func (m *Manager) supervise(mc *machine, rt *runtime) {
 					events = nil
 					continue
 				}
-				if ev.Name == "SHUTDOWN" {
-					if guest, _ := ev.Data["guest"].(bool); guest {
-						rt.guestShutdown.Store(true)
-					}
-				}
+				rt.observe(ev)
 			case <-bootTimer:
 				m.update(mc, func(r *hypervisorv1.VirtualMachine) {
 					if s := r.GetState(); s == hypervisorv1.State_STATE_BOOTING || s == hypervisorv1.State_STATE_ATTESTING {
@@ -309,6 +297,8 @@ func (m *Manager) supervise(mc *machine, rt *runtime) {
 				m.log.Warn("installer did not finish in time; killing it", "vm", mc.id)
 				rt.qemu.Terminate(m.cfg.KillGrace)
 			case <-rt.qemu.Done():
+				// The SHUTDOWN event that says why may still be on its way.
+				rt.drainEvents(events, time.Second)
 				cancel()
 				m.exited(mc, rt)
 				return
@@ -361,7 +351,12 @@ func (m *Manager) exited(mc *machine, rt *runtime) {
 	m.mu.Lock()
 	closing := m.closing
 	m.mu.Unlock()
-	installNext := false
+	installNext, bootNext := false, false
+	reset := rt.phase == hypervisorv1.Phase_PHASE_BOOT && rt.guestReset.Load() && clean
+	resets := 0
+	if reset {
+		resets = mc.noteReset(time.Now())
+	}
 	m.update(mc, func(r *hypervisorv1.VirtualMachine) {
 		r.Processes = nil
 		mc.run = nil
@@ -373,6 +368,21 @@ func (m *Manager) exited(mc *machine, rt *runtime) {
 					r.LastError = rt.stopReason
 				}
 			}
+		case reset && closing:
+			r.State = hypervisorv1.State_STATE_STOPPED
+			r.LastError = "the guest rebooted while vm-manager shut down; start the VM"
+		case reset && resets > MaxGuestResets:
+			r.State = hypervisorv1.State_STATE_FAILED
+			r.LastError = fmt.Sprintf("the guest reset %d times within %s; it is not booted again (start the VM to try again)", resets, fmtDuration(GuestResetWindow)) +
+				tailFile(rec.GetPaths().GetConsole(), consoleTailLines, "\nconsole:\n")
+		case reset:
+			// A reboot inside the guest: its next boot is a new one, which
+			// provisions, registers with attestation and closes the gate
+			// before it runs, as reboot_vm does.
+			r.State = hypervisorv1.State_STATE_BOOTING
+			r.Status, r.ReadyAt = "", nil
+			r.Attestation = &attestationv1.Attestation{Required: r.GetRequireAttestation(), UserDataReleased: !r.GetRequireAttestation()}
+			bootNext = true
 		case rt.phase == hypervisorv1.Phase_PHASE_INSTALL && clean && closing:
 			r.InstalledAt = timestamppb.Now()
 			r.State = hypervisorv1.State_STATE_STOPPED
@@ -392,6 +402,10 @@ func (m *Manager) exited(mc *machine, rt *runtime) {
 		}
 	})
 	close(rt.settled)
+	if bootNext {
+		m.log.Info("the guest reset; starting its next boot", "vm", mc.id, "resets_in_window", resets)
+		go m.relaunch(mc)
+	}
 	if installNext {
 		go func() {
 			mc.op.Lock()

@@ -1,0 +1,103 @@
+package vm
+
+import (
+	"time"
+
+	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
+)
+
+// Every boot is a new boot. QEMU runs an installed boot with
+// -action reboot=shutdown, so a reset the guest causes (a reboot, a panic
+// with panic=, a triple fault) ends the process with QMP SHUTDOWN reason
+// guest-reset, and the hypervisor launches the next boot as reboot_vm would:
+// the vTPM's keys are read again, attestation registers the boot before it
+// runs, and the user-data gate is closed until that boot's own initrd quote
+// verifies.
+
+// A guest that resets more than MaxGuestResets times within GuestResetWindow
+// (a boot loop) fails instead of being booted again.
+const (
+	MaxGuestResets   = 5
+	GuestResetWindow = 5 * time.Minute
+)
+
+// noteReset records a guest reset and returns how many fall in the window.
+func (mc *machine) noteReset(now time.Time) int {
+	mc.mu.Lock()
+	defer mc.mu.Unlock()
+	keep := mc.resets[:0]
+	for _, t := range mc.resets {
+		if now.Sub(t) < GuestResetWindow {
+			keep = append(keep, t)
+		}
+	}
+	mc.resets = append(keep, now)
+	return len(mc.resets)
+}
+
+// relaunch starts the boot after a guest reset, unless a stop, a delete or
+// the hypervisor's exit came first.
+func (m *Manager) relaunch(mc *machine) {
+	mc.op.Lock()
+	defer mc.op.Unlock()
+	if _, err := m.get(mc.id); err != nil {
+		return // deleted meanwhile
+	}
+	mc.mu.Lock()
+	waiting := mc.run == nil && mc.rec.GetState() == hypervisorv1.State_STATE_BOOTING
+	mc.mu.Unlock()
+	if !waiting {
+		return
+	}
+	m.mu.Lock()
+	closing := m.closing
+	m.mu.Unlock()
+	if closing {
+		m.update(mc, func(r *hypervisorv1.VirtualMachine) {
+			r.State = hypervisorv1.State_STATE_STOPPED
+			r.LastError = "the guest rebooted while vm-manager shut down; start the VM"
+		})
+		return
+	}
+	if err := m.launch(mc, hypervisorv1.Phase_PHASE_BOOT); err != nil {
+		m.update(mc, func(r *hypervisorv1.VirtualMachine) {
+			r.State = hypervisorv1.State_STATE_FAILED
+			r.LastError = "the guest rebooted and its next boot did not start: " + err.Error()
+		})
+	}
+}
+
+// observe notes why QEMU is about to exit: QMP SHUTDOWN says whether the
+// guest asked, and whether for a reset (-action reboot=shutdown turns a
+// reboot, a panic with panic=, a triple fault into an exit).
+func (rt *runtime) observe(ev qemu.Event) {
+	if ev.Name != "SHUTDOWN" {
+		return
+	}
+	if guest, _ := ev.Data["guest"].(bool); guest {
+		rt.guestShutdown.Store(true)
+		if reason, _ := ev.Data["reason"].(string); reason == "guest-reset" {
+			rt.guestReset.Store(true)
+		}
+	}
+}
+
+// drainEvents reads the events left once QEMU exited, until QMP closes.
+func (rt *runtime) drainEvents(events <-chan qemu.Event, d time.Duration) {
+	if events == nil {
+		return
+	}
+	timeout := time.After(d)
+	for {
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				return
+			}
+			rt.observe(ev)
+		case <-timeout:
+			return
+		}
+	}
+}
