@@ -229,7 +229,7 @@ func TestTemplate(t *testing.T) {
 				}
 			}
 			at := Container(pod, "attestation")
-			if !hasArg(at, "--attestation=verify") || !hasArg(at, "--attestation-learn-golden=false") {
+			if !hasArg(at, "--attestation=verify") || !hasArg(at, "--attestation-learn-golden=false") || !hasArg(at, "--attestation-learn-golden-acknowledge=false") {
 				t.Errorf("attestation args %q", at.Args)
 			}
 			gw := Container(pod, "gateway")

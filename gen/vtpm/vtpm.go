@@ -149,7 +149,7 @@ func persist(t transport.TPM, h tpm2.TPMHandle, name tpm2.TPM2BName, at tpm2.TPM
 	return nil
 }
 
-// Evict removes the persistent object at h.
+// Evict removes the persistent key k.
 func Evict(t transport.TPM, k *Key) error {
 	_, err := tpm2.EvictControl{
 		Auth:             tpm2.TPMRHOwner,

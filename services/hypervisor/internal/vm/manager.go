@@ -564,6 +564,9 @@ func (m *Manager) startLocked(mc *machine) error {
 	if img.GetKind() == hypervisorv1.ImageKind_IMAGE_KIND_UKI && rec.GetInstalledAt() == nil {
 		return apierr.Errorf(apierr.Conflict, "vm %s was never installed; delete it and create it again", mc.id)
 	}
+	mc.mu.Lock()
+	mc.resets = nil // a boot loop's count starts again with the caller's start
+	mc.mu.Unlock()
 	if err := m.launch(mc, hypervisorv1.Phase_PHASE_BOOT); err != nil {
 		return apierr.Errorf(apierr.VMFailed, "vm %s could not start: %v", mc.id, err)
 	}
