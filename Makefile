@@ -66,8 +66,9 @@ tools: $(GEN_TOOLS) $(BIN)/grpcurl ## install pinned tools into ./bin
 .PHONY: generate
 generate: $(GEN_TOOLS) ## regenerate gen/ (Go SDK, gateway, OpenAPI) from proto/
 	rm -rf build/openapi
-	find gen -name '*.pb.go' -o -name '*.pb.gw.go' | xargs -r rm -f
+	find gen services/hypervisor/internal/store/storepb -name '*.pb.go' -o -name '*.pb.gw.go' | xargs -r rm -f
 	buf generate
+	buf generate --template buf.gen.store.yaml
 	go run ./services/gateway/cmd/openapi-gen -in build/openapi -out gen/openapi
 	rm -rf services/gateway/cmd/openapi-gen/testdata/openapi
 	mv build/openapi services/gateway/cmd/openapi-gen/testdata/openapi
@@ -84,7 +85,7 @@ breaking: $(BIN)/buf ## buf breaking against main (skipped when main does not ha
 	  buf breaking --against '.git#branch=main'; \
 	else echo "buf breaking: main has no buf.yaml yet; nothing to compare"; fi
 
-GENERATED := gen services/gateway/cmd/openapi-gen/testdata
+GENERATED := gen services/hypervisor/internal/store/storepb services/gateway/cmd/openapi-gen/testdata
 
 .PHONY: check-generated
 check-generated: generate ## fail when gen/ is stale

@@ -211,12 +211,10 @@ type vmJSONF struct {
 	} `json:"paths"`
 	Processes *struct {
 		Qemu struct {
-			Pid        int         `json:"pid"`
-			StartTicks json.Number `json:"startTicks"`
+			Pid int `json:"pid"`
 		} `json:"qemu"`
 		Tpm struct {
-			Pid        int         `json:"pid"`
-			StartTicks json.Number `json:"startTicks"`
+			Pid int `json:"pid"`
 		} `json:"tpm"`
 	} `json:"processes"`
 	Forwards []struct {
@@ -1012,6 +1010,8 @@ func (f *faultRun) checkDatabases(final []vmJSONF, inv *invariants) {
 		seen := map[string]bool{}
 		if b := tx.Bucket([]byte("vms")); b != nil {
 			_ = b.ForEach(func(k, raw []byte) error {
+				// The stored record (storepb, internal to the hypervisor)
+				// shares its id and name field numbers with the API's message.
 				rec := &hypervisorv1.VirtualMachine{}
 				if err := proto.Unmarshal(raw, rec); err != nil {
 					inv.fail("bbolt check errors", "hypervisor.db vms/%s: %v", k, err)

@@ -532,10 +532,6 @@ type TpmIdentity struct {
 	// guest that evicted or replaced a key gets a new one at its next boot).
 	ProvisionTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=provision_time,json=provisionTime,proto3" json:"provision_time,omitempty"`
 	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
-	// The AK's and EK's TPMT_PUBLIC, as the vTPM returned them: what the
-	// fingerprints hash and what attestation is given.
-	AkTpmtPublic  []byte `protobuf:"bytes,9,opt,name=ak_tpmt_public,json=akTpmtPublic,proto3" json:"ak_tpmt_public,omitempty"`
-	EkTpmtPublic  []byte `protobuf:"bytes,10,opt,name=ek_tpmt_public,json=ekTpmtPublic,proto3" json:"ek_tpmt_public,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -622,20 +618,6 @@ func (x *TpmIdentity) GetProvisionTime() *timestamppb.Timestamp {
 func (x *TpmIdentity) GetUpdateTime() *timestamppb.Timestamp {
 	if x != nil {
 		return x.UpdateTime
-	}
-	return nil
-}
-
-func (x *TpmIdentity) GetAkTpmtPublic() []byte {
-	if x != nil {
-		return x.AkTpmtPublic
-	}
-	return nil
-}
-
-func (x *TpmIdentity) GetEkTpmtPublic() []byte {
-	if x != nil {
-		return x.EkTpmtPublic
 	}
 	return nil
 }
@@ -841,7 +823,7 @@ func (x *Paths) GetSshHostKey() string {
 	return ""
 }
 
-// Processes are the handles the hypervisor re-adopts after its own restart.
+// Processes are the VM's live processes.
 type Processes struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Qemu          *Process               `protobuf:"bytes,1,opt,name=qemu,proto3" json:"qemu,omitempty"`
@@ -894,13 +876,10 @@ func (x *Processes) GetTpm() *Process {
 	return nil
 }
 
-// Process identifies one running process across restarts.
+// Process is one live process of a VM.
 type Process struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Pid   int32                  `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
-	// Start time in clock ticks since boot (/proc/<pid>/stat field 22), so a
-	// reused PID is not mistaken for ours.
-	StartTicks uint64 `protobuf:"varint,2,opt,name=start_ticks,json=startTicks,proto3" json:"start_ticks,omitempty"`
 	// The systemd unit, when a systemd launcher started it.
 	Unit          string `protobuf:"bytes,3,opt,name=unit,proto3" json:"unit,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -940,13 +919,6 @@ func (*Process) Descriptor() ([]byte, []int) {
 func (x *Process) GetPid() int32 {
 	if x != nil {
 		return x.Pid
-	}
-	return 0
-}
-
-func (x *Process) GetStartTicks() uint64 {
-	if x != nil {
-		return x.StartTicks
 	}
 	return 0
 }
@@ -1010,7 +982,7 @@ const file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDesc = "" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01:W\xeaAT\n" +
-	"'vm-manager.giantswarm.io/VirtualMachine\x12\bvms/{vm}*\x0fvirtualMachines2\x0evirtualMachine\"\xa1\x03\n" +
+	"'vm-manager.giantswarm.io/VirtualMachine\x12\bvms/{vm}*\x0fvirtualMachines2\x0evirtualMachine\"\x81\x03\n" +
 	"\vTpmIdentity\x12\x1b\n" +
 	"\tek_public\x18\x01 \x01(\tR\bekPublic\x12%\n" +
 	"\x0eek_fingerprint\x18\x02 \x01(\tR\rekFingerprint\x12%\n" +
@@ -1020,10 +992,9 @@ const file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDesc = "" +
 	"\aak_name\x18\x06 \x01(\tR\x06akName\x12A\n" +
 	"\x0eprovision_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\rprovisionTime\x12;\n" +
 	"\vupdate_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"updateTime\x12$\n" +
-	"\x0eak_tpmt_public\x18\t \x01(\fR\fakTpmtPublic\x12$\n" +
-	"\x0eek_tpmt_public\x18\n" +
-	" \x01(\fR\fekTpmtPublic\";\n" +
+	"updateTimeJ\x04\b\t\x10\n" +
+	"J\x04\b\n" +
+	"\x10\vR\x0eak_tpmt_publicR\x0eek_tpmt_public\";\n" +
 	"\vPortForward\x12\x12\n" +
 	"\x04port\x18\x01 \x01(\x05R\x04port\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\"\xf3\x02\n" +
@@ -1047,12 +1018,10 @@ const file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDesc = "" +
 	"sshHostKey\"u\n" +
 	"\tProcesses\x124\n" +
 	"\x04qemu\x18\x01 \x01(\v2 .vmmanager.hypervisor.v1.ProcessR\x04qemu\x122\n" +
-	"\x03tpm\x18\x02 \x01(\v2 .vmmanager.hypervisor.v1.ProcessR\x03tpm\"P\n" +
+	"\x03tpm\x18\x02 \x01(\v2 .vmmanager.hypervisor.v1.ProcessR\x03tpm\"B\n" +
 	"\aProcess\x12\x10\n" +
-	"\x03pid\x18\x01 \x01(\x05R\x03pid\x12\x1f\n" +
-	"\vstart_ticks\x18\x02 \x01(\x04R\n" +
-	"startTicks\x12\x12\n" +
-	"\x04unit\x18\x03 \x01(\tR\x04unit*\xe1\x01\n" +
+	"\x03pid\x18\x01 \x01(\x05R\x03pid\x12\x12\n" +
+	"\x04unit\x18\x03 \x01(\tR\x04unitJ\x04\b\x02\x10\x03R\vstart_ticks*\xe1\x01\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eSTATE_CREATING\x10\x01\x12\x14\n" +

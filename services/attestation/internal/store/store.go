@@ -147,13 +147,10 @@ func (s *Store) Close() error { return s.db.Close() }
 // GetPolicy returns one image's policy.
 func (s *Store) GetPolicy(image string) (*attestationv1.ImagePolicy, error) {
 	p := &attestationv1.ImagePolicy{}
-	err := s.db.View(func(tx *bolt.Tx) error {
-		raw := tx.Bucket(bucketPolicies).Get([]byte(image))
-		if raw == nil {
-			return apierr.Errorf(apierr.NotFound, "no policy for image %q", image)
-		}
-		return proto.Unmarshal(raw, p)
-	})
+	found, err := boltdb.GetProto(s.db, bucketPolicies, image, p)
+	if err == nil && !found {
+		err = apierr.Errorf(apierr.NotFound, "no policy for image %q", image)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -189,18 +186,7 @@ func (s *Store) UpdatePolicy(image string, fn func(old *attestationv1.ImagePolic
 
 // ListPolicies returns every policy, sorted by image.
 func (s *Store) ListPolicies() ([]*attestationv1.ImagePolicy, error) {
-	var out []*attestationv1.ImagePolicy
-	err := s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketPolicies).ForEach(func(_, v []byte) error {
-			p := &attestationv1.ImagePolicy{}
-			if err := proto.Unmarshal(v, p); err != nil {
-				return err
-			}
-			out = append(out, p)
-			return nil
-		})
-	})
-	return out, err
+	return boltdb.ListProto(s.db, bucketPolicies, func() *attestationv1.ImagePolicy { return &attestationv1.ImagePolicy{} })
 }
 
 // GetVM returns what is known about a VM.

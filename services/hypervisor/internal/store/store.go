@@ -3,7 +3,8 @@
 // Bucket layout (schema "hypervisor"):
 //
 //	meta/                schema name and version (pkg/boltdb)
-//	vms/<id>             hypervisorv1.VirtualMachine, protobuf binary
+//	vms/<id>             storepb.VirtualMachine, protobuf binary (the stored
+//	                     record; the API's VirtualMachine is built from it)
 //	networks/<name>      hypervisorv1.Network, protobuf binary
 //	policy-sync/<ref>    hex SHA-256 of the policy.json last handed to attestation
 //	attestation-forget/<id>
@@ -15,6 +16,9 @@
 //	2  policy-sync
 //	3  attestation-forget (before, a VM deleted while attestation was down kept
 //	   its AK pin, nonces and verdicts there for good)
+//	4  vms/* are storepb.VirtualMachine, no longer the public
+//	   hypervisorv1.VirtualMachine (field numbers are shared, so the records are
+//	   decoded and written again as the new message)
 package store
 
 import (
@@ -25,6 +29,7 @@ import (
 	"github.com/giantswarm/vm-manager/gen/apierr"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/pkg/boltdb"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
 )
@@ -43,7 +48,41 @@ var Schema = boltdb.Schema{
 		{Version: 1, Description: "vms and networks buckets", Apply: boltdb.CreateBuckets(bucketVMs, bucketNetworks)},
 		{Version: 2, Description: "policy-sync bucket", Apply: boltdb.CreateBuckets(bucketPolicySync)},
 		{Version: 3, Description: "attestation-forget bucket", Apply: boltdb.CreateBuckets(bucketForget)},
+		{Version: 4, Description: "vm records become storepb.VirtualMachine", Apply: recordsOfTheirOwn},
 	},
+}
+
+// recordsOfTheirOwn rewrites every VM record as a storepb.VirtualMachine.
+// The public message's fields have the same numbers there, process start
+// times included; the PEM and hex forms schema 3 kept of the TPM identity are
+// dropped (they are derived from the raw keys, which stay).
+func recordsOfTheirOwn(tx *bolt.Tx) error {
+	b := tx.Bucket(bucketVMs)
+	type rec struct{ k, v []byte }
+	var out []rec
+	if err := b.ForEach(func(k, v []byte) error {
+		vm := &storepb.VirtualMachine{}
+		if err := proto.Unmarshal(v, vm); err != nil {
+			return fmt.Errorf("vm %s: %w", k, err)
+		}
+		if t := vm.GetTpm(); t != nil {
+			t.ProtoReflect().SetUnknown(nil)
+		}
+		raw, err := proto.Marshal(vm)
+		if err != nil {
+			return err
+		}
+		out = append(out, rec{append([]byte(nil), k...), raw})
+		return nil
+	}); err != nil {
+		return err
+	}
+	for _, r := range out {
+		if err := b.Put(r.k, r.v); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Store is the hypervisor's persistent state.
@@ -62,15 +101,12 @@ func Open(path string) (*Store, error) {
 func (s *Store) Close() error { return s.db.Close() }
 
 // GetVM returns one VM record.
-func (s *Store) GetVM(id string) (*hypervisorv1.VirtualMachine, error) {
-	vm := &hypervisorv1.VirtualMachine{}
-	err := s.db.View(func(tx *bolt.Tx) error {
-		raw := tx.Bucket(bucketVMs).Get([]byte(id))
-		if raw == nil {
-			return apierr.Errorf(apierr.NotFound, "vm %s not found", id)
-		}
-		return proto.Unmarshal(raw, vm)
-	})
+func (s *Store) GetVM(id string) (*storepb.VirtualMachine, error) {
+	vm := &storepb.VirtualMachine{}
+	found, err := boltdb.GetProto(s.db, bucketVMs, id, vm)
+	if err == nil && !found {
+		err = apierr.Errorf(apierr.NotFound, "vm %s not found", id)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -78,12 +114,8 @@ func (s *Store) GetVM(id string) (*hypervisorv1.VirtualMachine, error) {
 }
 
 // PutVM writes a VM record.
-func (s *Store) PutVM(vm *hypervisorv1.VirtualMachine) error {
-	raw, err := proto.Marshal(vm)
-	if err != nil {
-		return err
-	}
-	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketVMs).Put([]byte(vm.GetId()), raw) })
+func (s *Store) PutVM(vm *storepb.VirtualMachine) error {
+	return boltdb.PutProto(s.db, bucketVMs, vm.GetId(), vm)
 }
 
 // DeleteVM removes a VM record and, in the same transaction, queues the VM
@@ -116,18 +148,8 @@ func (s *Store) Forgotten(id string) error {
 }
 
 // ListVMs returns every VM record, oldest first (createdAt, then id).
-func (s *Store) ListVMs() ([]*hypervisorv1.VirtualMachine, error) {
-	var out []*hypervisorv1.VirtualMachine
-	err := s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketVMs).ForEach(func(k, v []byte) error {
-			vm := &hypervisorv1.VirtualMachine{}
-			if err := proto.Unmarshal(v, vm); err != nil {
-				return fmt.Errorf("vm %s: %w", k, err)
-			}
-			out = append(out, vm)
-			return nil
-		})
-	})
+func (s *Store) ListVMs() ([]*storepb.VirtualMachine, error) {
+	out, err := boltdb.ListProto(s.db, bucketVMs, func() *storepb.VirtualMachine { return &storepb.VirtualMachine{} })
 	sort.SliceStable(out, func(i, j int) bool {
 		a, b := out[i].GetCreatedAt().AsTime(), out[j].GetCreatedAt().AsTime()
 		if !a.Equal(b) {
@@ -141,13 +163,10 @@ func (s *Store) ListVMs() ([]*hypervisorv1.VirtualMachine, error) {
 // GetNetwork returns one network.
 func (s *Store) GetNetwork(name string) (*hypervisorv1.Network, error) {
 	n := &hypervisorv1.Network{}
-	err := s.db.View(func(tx *bolt.Tx) error {
-		raw := tx.Bucket(bucketNetworks).Get([]byte(name))
-		if raw == nil {
-			return apierr.Errorf(apierr.NotFound, "network %q not found", name)
-		}
-		return proto.Unmarshal(raw, n)
-	})
+	found, err := boltdb.GetProto(s.db, bucketNetworks, name, n)
+	if err == nil && !found {
+		err = apierr.Errorf(apierr.NotFound, "network %q not found", name)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -156,27 +175,12 @@ func (s *Store) GetNetwork(name string) (*hypervisorv1.Network, error) {
 
 // ListNetworks returns every network, sorted by name (bbolt keeps keys sorted).
 func (s *Store) ListNetworks() ([]*hypervisorv1.Network, error) {
-	var out []*hypervisorv1.Network
-	err := s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketNetworks).ForEach(func(k, v []byte) error {
-			n := &hypervisorv1.Network{}
-			if err := proto.Unmarshal(v, n); err != nil {
-				return fmt.Errorf("network %s: %w", k, err)
-			}
-			out = append(out, n)
-			return nil
-		})
-	})
-	return out, err
+	return boltdb.ListProto(s.db, bucketNetworks, func() *hypervisorv1.Network { return &hypervisorv1.Network{} })
 }
 
 // PutNetwork writes a network record (spec, gateway, leases).
 func (s *Store) PutNetwork(n *hypervisorv1.Network) error {
-	raw, err := proto.Marshal(n)
-	if err != nil {
-		return err
-	}
-	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketNetworks).Put([]byte(n.GetSpec().GetName()), raw) })
+	return boltdb.PutProto(s.db, bucketNetworks, n.GetSpec().GetName(), n)
 }
 
 // DeleteNetwork removes a network record.

@@ -11,6 +11,7 @@ import (
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/pkg/boltdb"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -44,7 +45,7 @@ func version(t *testing.T, path string) (string, int) {
 }
 
 func TestSchema(t *testing.T) {
-	if store.Schema.Name != "hypervisor" || store.Schema.Latest() != 3 || len(store.Schema.Migrations) != 3 {
+	if store.Schema.Name != "hypervisor" || store.Schema.Latest() != 4 || len(store.Schema.Migrations) != 4 {
 		t.Fatalf("schema = %s v%d (%d migrations)", store.Schema.Name, store.Schema.Latest(), len(store.Schema.Migrations))
 	}
 }
@@ -58,8 +59,8 @@ func TestFreshOpenIsLatest(t *testing.T) {
 	if err := st.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if name, v := version(t, path); name != "hypervisor" || v != 3 {
-		t.Errorf("Version = (%q, %d), want (hypervisor, 3)", name, v)
+	if name, v := version(t, path); name != "hypervisor" || v != 4 {
+		t.Errorf("Version = (%q, %d), want (hypervisor, 4)", name, v)
 	}
 	// Every bucket exists.
 	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: time.Second})
@@ -121,7 +122,8 @@ func TestMigrationFromVersion1(t *testing.T) {
 	if err != nil {
 		t.Fatalf("GetVM after migration: %v", err)
 	}
-	if !proto.Equal(got, want) {
+	if got.GetId() != want.GetId() || got.GetName() != want.GetName() || got.GetImage() != want.GetImage() || got.GetMemoryMib() != 2048 ||
+		got.GetState() != want.GetState() || got.GetMetadata()["role"] != "worker" || !got.GetCreatedAt().AsTime().Equal(created) {
 		t.Errorf("GetVM = %v\nwant %v", got, want)
 	}
 	if d, err := st.PolicySynced("flatcar_4230.2.0"); err != nil || d != "" {
@@ -143,7 +145,7 @@ func TestMigrationFromVersion1(t *testing.T) {
 	if d, _ := st.PolicySynced("flatcar_4230.2.0"); d != "abc123" {
 		t.Errorf("PolicySynced after reopen = %q", d)
 	}
-	if vms, err := st.ListVMs(); err != nil || len(vms) != 1 || !proto.Equal(vms[0], want) {
+	if vms, err := st.ListVMs(); err != nil || len(vms) != 1 || !proto.Equal(vms[0], got) {
 		t.Errorf("ListVMs after reopen = %v %v", vms, err)
 	}
 }
@@ -189,7 +191,7 @@ func TestVMs(t *testing.T) {
 	t0 := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 	put := func(id string, created time.Time, name string) {
 		t.Helper()
-		vm := &hypervisorv1.VirtualMachine{Id: id, Name: name}
+		vm := &storepb.VirtualMachine{Id: id, Name: name}
 		if !created.IsZero() {
 			vm.CreatedAt = timestamppb.New(created)
 		}
@@ -281,7 +283,7 @@ func TestCorruptRecordIsAnError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.PutVM(&hypervisorv1.VirtualMachine{Id: "00000001"}); err != nil {
+	if err := st.PutVM(&storepb.VirtualMachine{Id: "00000001"}); err != nil {
 		t.Fatal(err)
 	}
 	st.Close()
@@ -326,7 +328,7 @@ func TestDeleteVMQueuesForget(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, id := range []string{"0a0b0c01", "0a0b0c02"} {
-		if err := st.PutVM(&hypervisorv1.VirtualMachine{Id: id}); err != nil {
+		if err := st.PutVM(&storepb.VirtualMachine{Id: id}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/forward"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/sshexec"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
 )
 
 // sshPort is where the guest's SSH server listens (vm-agent in the test image).
@@ -23,7 +24,7 @@ const sshPort = 22
 
 // newSSHKey gives a record its per-VM key: public half in the record (and
 // public-keys/0 in the IMDS), private half written by prepare.
-func newSSHKey(rec *hypervisorv1.VirtualMachine) ([]byte, error) {
+func newSSHKey(rec *storepb.VirtualMachine) ([]byte, error) {
 	priv, pub, err := sshexec.NewKey("vm-manager@" + rec.GetId())
 	if err != nil {
 		return nil, err
@@ -36,7 +37,7 @@ func newSSHKey(rec *hypervisorv1.VirtualMachine) ([]byte, error) {
 // exited, or the hypervisor detaches); it dials QEMU's socket again after a
 // disconnect, which is how a restarted hypervisor gets a re-adopted VM's
 // network back.
-func (m *Manager) attachNIC(ctx context.Context, rec *hypervisorv1.VirtualMachine) {
+func (m *Manager) attachNIC(ctx context.Context, rec *storepb.VirtualMachine) {
 	ns := m.network(rec.GetNetwork())
 	if ns == nil {
 		m.log.Warn("vm's network is gone; the VM runs without it", "vm", rec.GetId(), "network", rec.GetNetwork())
@@ -48,7 +49,7 @@ func (m *Manager) attachNIC(ctx context.Context, rec *hypervisorv1.VirtualMachin
 }
 
 // netSocket is where QEMU's NIC listens.
-func netSocket(rec *hypervisorv1.VirtualMachine) string {
+func netSocket(rec *storepb.VirtualMachine) string {
 	return rec.GetPaths().GetNetSocket()
 }
 
@@ -60,7 +61,7 @@ func (m *Manager) network(name string) *netState {
 
 // guestAddr is the VM's network and lease, or a conflict naming why there
 // is none.
-func (m *Manager) guestAddr(rec *hypervisorv1.VirtualMachine) (*netState, netip.Addr, error) {
+func (m *Manager) guestAddr(rec *storepb.VirtualMachine) (*netState, netip.Addr, error) {
 	ip, err := netip.ParseAddr(rec.GetIp())
 	if rec.GetNetwork() == "" || err != nil {
 		return nil, netip.Addr{}, apierr.Errorf(apierr.Conflict, "vm %s has no network address", rec.GetId())
@@ -162,7 +163,7 @@ func (m *Manager) Forward(_ context.Context, id string, port int32) (*hypervisor
 		mc.fwd = map[int32]*forward.Forward{}
 	}
 	mc.fwd[port] = f
-	m.updateLocked(mc, func(r *hypervisorv1.VirtualMachine) { r.Forwards = append(r.Forwards, pf) })
+	m.updateLocked(mc, func(r *storepb.VirtualMachine) { r.Forwards = append(r.Forwards, pf) })
 	mc.mu.Unlock()
 	m.log.Info("port forward", "vm", id, "port", port, "address", pf.GetAddress())
 	return &hypervisorv1.ForwardVirtualMachinePortResponse{Id: id, Port: port, Address: pf.GetAddress()}, nil
@@ -170,7 +171,7 @@ func (m *Manager) Forward(_ context.Context, id string, port int32) (*hypervisor
 
 // guestDialer reaches the VM's port through its network's stack, looked up
 // per connection so a restarted network is found.
-func (m *Manager) guestDialer(rec *hypervisorv1.VirtualMachine, port int32) forward.DialFunc {
+func (m *Manager) guestDialer(rec *storepb.VirtualMachine, port int32) forward.DialFunc {
 	addr := net.JoinHostPort(rec.GetIp(), strconv.Itoa(int(port)))
 	netName := rec.GetNetwork()
 	return func(ctx context.Context) (net.Conn, error) {
@@ -211,7 +212,7 @@ func (m *Manager) restoreForwards(mc *machine) {
 	}
 	mc.mu.Lock()
 	mc.fwd = fwd
-	m.updateLocked(mc, func(r *hypervisorv1.VirtualMachine) { r.Forwards = kept })
+	m.updateLocked(mc, func(r *storepb.VirtualMachine) { r.Forwards = kept })
 	mc.mu.Unlock()
 	m.log.Info("port forwards restored", "vm", mc.id, "count", len(kept))
 }
@@ -223,7 +224,7 @@ func (m *Manager) closeForwards(mc *machine, keepRecord bool) {
 	fwd := mc.fwd
 	mc.fwd = nil
 	if !keepRecord && len(mc.rec.GetForwards()) > 0 {
-		m.updateLocked(mc, func(r *hypervisorv1.VirtualMachine) { r.Forwards = nil })
+		m.updateLocked(mc, func(r *storepb.VirtualMachine) { r.Forwards = nil })
 	}
 	mc.mu.Unlock()
 	for _, port := range slices.Sorted(maps.Keys(fwd)) {
@@ -232,7 +233,7 @@ func (m *Manager) closeForwards(mc *machine, keepRecord bool) {
 }
 
 // netMetrics is the network part of a VM's metrics.
-func (m *Manager) netMetrics(rec *hypervisorv1.VirtualMachine) *hypervisorv1.NetworkMetrics {
+func (m *Manager) netMetrics(rec *storepb.VirtualMachine) *hypervisorv1.NetworkMetrics {
 	ns := m.network(rec.GetNetwork())
 	if ns == nil {
 		return nil

@@ -13,6 +13,7 @@ import (
 	"github.com/giantswarm/vm-manager/gen/apierr"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
@@ -24,12 +25,12 @@ import (
 // ByIP finds the VM holding a lease on ip; VMs being deleted are excluded.
 func (m *Manager) ByIP(ip netip.Addr) (*hypervisorv1.VirtualMachine, bool) {
 	ip = ip.Unmap()
-	for _, rec := range m.List() {
+	for _, rec := range m.records() {
 		if rec.GetState() == hypervisorv1.State_STATE_DELETING || rec.GetIp() == "" {
 			continue
 		}
 		if a, err := netip.ParseAddr(rec.GetIp()); err == nil && a == ip {
-			return rec, true
+			return View(rec), true
 		}
 	}
 	return nil, false
@@ -52,7 +53,7 @@ func (m *Manager) IssueNonce(ctx context.Context, vmID string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	m.update(mc, func(r *hypervisorv1.VirtualMachine) {
+	m.update(mc, func(r *storepb.VirtualMachine) {
 		if r.Attestation == nil {
 			r.Attestation = &attestationv1.Attestation{}
 		}
@@ -89,7 +90,7 @@ func (m *Manager) beginLate(ctx context.Context, mc *machine) error {
 		return err
 	}
 	m.log.Info("attestation recorded the boot at the guest's first nonce (it was unavailable at launch)", "vm", mc.id, "boot", att.GetBoot())
-	m.update(mc, func(r *hypervisorv1.VirtualMachine) {
+	m.update(mc, func(r *storepb.VirtualMachine) {
 		if r.GetAttestation().GetBoot() == 0 {
 			r.Attestation = att
 		}
@@ -116,7 +117,7 @@ func (m *Manager) SubmitQuote(ctx context.Context, vmID string, q *attestationv1
 	if err != nil {
 		return nil, err
 	}
-	m.update(mc, func(r *hypervisorv1.VirtualMachine) {
+	m.update(mc, func(r *storepb.VirtualMachine) {
 		r.Attestation = resp.GetAttestation()
 		if q.GetStage() != attestationv1.Stage_STAGE_INITRD {
 			return
@@ -157,7 +158,7 @@ func (m *Manager) UserData(vmID string) ([]byte, bool, bool, error) {
 // SSHKeys are the keys served at public-keys/: vm-manager's per-VM key first
 // (once the VM has one), then the caller's.
 func (m *Manager) SSHKeys(vmID string) []string {
-	rec, err := m.Get(vmID)
+	rec, err := m.record(vmID)
 	if err != nil {
 		return nil
 	}
@@ -184,7 +185,7 @@ func (m *Manager) StoreReport(vmID string, body []byte) error {
 		return err
 	}
 	if rec.GetPaths().GetReport() != path {
-		m.update(mc, func(r *hypervisorv1.VirtualMachine) { r.Paths.Report = path })
+		m.update(mc, func(r *storepb.VirtualMachine) { r.Paths.Report = path })
 	}
 	g, err := parseReport(body, time.Now(), m.cfg.GuestSeriesLimit)
 	mc.mu.Lock()
@@ -232,7 +233,7 @@ func (m *Manager) guestReportOf(mc *machine) (*guestReport, string) {
 // VM first.
 func (m *Manager) GuestSeries() []*hypervisorv1.VirtualMachineGuestSeries {
 	var out []*hypervisorv1.VirtualMachineGuestSeries
-	for _, rec := range m.List() {
+	for _, rec := range m.records() {
 		mc, err := m.get(rec.GetId())
 		if err != nil {
 			continue // deleted since

@@ -15,6 +15,7 @@ import (
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
 	"google.golang.org/grpc"
 )
 
@@ -70,7 +71,7 @@ func newTestManager(t *testing.T, v attestationv1.VerifierServiceClient) (*Manag
 	if err := os.WriteFile(ud, []byte(`{"ignition":{}}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	rec := &hypervisorv1.VirtualMachine{Id: "0a0b0c0d", Name: "t1", State: hypervisorv1.State_STATE_BOOTING, RequireAttestation: true, Ip: "10.0.0.2",
+	rec := &storepb.VirtualMachine{Id: "0a0b0c0d", Name: "t1", State: hypervisorv1.State_STATE_BOOTING, RequireAttestation: true, Ip: "10.0.0.2",
 		SshAuthorizedKeys: []string{"ssh-ed25519 AAAA caller"},
 		Attestation:       &attestationv1.Attestation{Required: true},
 		Paths:             &hypervisorv1.Paths{Dir: vmDir, UserData: ud}}

@@ -26,6 +26,7 @@ import (
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/sshexec"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/swtpm"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -102,11 +103,11 @@ func (c *Config) defaults() {
 
 // Store persists VM records.
 type Store interface {
-	GetVM(id string) (*hypervisorv1.VirtualMachine, error)
-	PutVM(vm *hypervisorv1.VirtualMachine) error
+	GetVM(id string) (*storepb.VirtualMachine, error)
+	PutVM(vm *storepb.VirtualMachine) error
 	// DeleteVM also queues the VM for attestation to forget.
 	DeleteVM(id string) error
-	ListVMs() ([]*hypervisorv1.VirtualMachine, error)
+	ListVMs() ([]*storepb.VirtualMachine, error)
 	PendingForgets() ([]string, error)
 	Forgotten(id string) error
 	ListNetworks() ([]*hypervisorv1.Network, error)
@@ -139,7 +140,7 @@ type machine struct {
 	op sync.Mutex
 
 	mu      sync.Mutex
-	rec     *hypervisorv1.VirtualMachine
+	rec     *storepb.VirtualMachine
 	run     *runtime
 	fwd     map[int32]*forward.Forward // guest port -> listener
 	changed chan struct{}
@@ -191,20 +192,20 @@ func (m *Manager) get(id string) (*machine, error) {
 }
 
 // snapshot returns a copy of the record and the channel closed on its next change.
-func (mc *machine) snapshot() (*hypervisorv1.VirtualMachine, <-chan struct{}) {
+func (mc *machine) snapshot() (*storepb.VirtualMachine, <-chan struct{}) {
 	mc.mu.Lock()
 	defer mc.mu.Unlock()
-	return proto.Clone(mc.rec).(*hypervisorv1.VirtualMachine), mc.changed
+	return proto.Clone(mc.rec).(*storepb.VirtualMachine), mc.changed
 }
 
 // update applies fn to the record under its lock, persists it and wakes waiters.
-func (m *Manager) update(mc *machine, fn func(rec *hypervisorv1.VirtualMachine)) *hypervisorv1.VirtualMachine {
+func (m *Manager) update(mc *machine, fn func(rec *storepb.VirtualMachine)) *storepb.VirtualMachine {
 	mc.mu.Lock()
 	defer mc.mu.Unlock()
 	return m.updateLocked(mc, fn)
 }
 
-func (m *Manager) updateLocked(mc *machine, fn func(rec *hypervisorv1.VirtualMachine)) *hypervisorv1.VirtualMachine {
+func (m *Manager) updateLocked(mc *machine, fn func(rec *storepb.VirtualMachine)) *storepb.VirtualMachine {
 	before := mc.rec.GetState()
 	fn(mc.rec)
 	if err := m.store.PutVM(mc.rec); err != nil {
@@ -215,11 +216,17 @@ func (m *Manager) updateLocked(mc *machine, fn func(rec *hypervisorv1.VirtualMac
 	}
 	close(mc.changed)
 	mc.changed = make(chan struct{})
-	return proto.Clone(mc.rec).(*hypervisorv1.VirtualMachine)
+	return proto.Clone(mc.rec).(*storepb.VirtualMachine)
 }
 
 // Get returns one VM.
 func (m *Manager) Get(id string) (*hypervisorv1.VirtualMachine, error) {
+	rec, err := m.record(id)
+	return View(rec), err
+}
+
+// record returns a copy of one VM's stored record.
+func (m *Manager) record(id string) (*storepb.VirtualMachine, error) {
 	mc, err := m.get(id)
 	if err != nil {
 		return nil, err
@@ -230,18 +237,28 @@ func (m *Manager) Get(id string) (*hypervisorv1.VirtualMachine, error) {
 
 // List returns every VM, oldest first.
 func (m *Manager) List() []*hypervisorv1.VirtualMachine {
+	recs := m.records()
+	out := make([]*hypervisorv1.VirtualMachine, len(recs))
+	for i, r := range recs {
+		out[i] = View(r)
+	}
+	return out
+}
+
+// records returns copies of every stored record, oldest first.
+func (m *Manager) records() []*storepb.VirtualMachine {
 	m.mu.Lock()
 	mcs := make([]*machine, 0, len(m.machines))
 	for _, mc := range m.machines {
 		mcs = append(mcs, mc)
 	}
 	m.mu.Unlock()
-	out := make([]*hypervisorv1.VirtualMachine, 0, len(mcs))
+	out := make([]*storepb.VirtualMachine, 0, len(mcs))
 	for _, mc := range mcs {
 		rec, _ := mc.snapshot()
 		out = append(out, rec)
 	}
-	slices.SortFunc(out, func(a, b *hypervisorv1.VirtualMachine) int {
+	slices.SortFunc(out, func(a, b *storepb.VirtualMachine) int {
 		if c := a.GetCreatedAt().AsTime().Compare(b.GetCreatedAt().AsTime()); c != 0 {
 			return c
 		}
@@ -314,7 +331,7 @@ func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMac
 	machineID := make([]byte, 16)
 	_, _ = rand.Read(machineID)
 	dir := m.vmDir(id)
-	rec := &hypervisorv1.VirtualMachine{
+	rec := &storepb.VirtualMachine{
 		Id:                 id,
 		Name:               r.name,
 		Image:              r.image.GetRef(),
@@ -396,11 +413,12 @@ func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMac
 		m.discard(mc)
 		return nil, apierr.Errorf(apierr.VMFailed, "vm %s could not start: %v", id, err)
 	}
-	return m.wait(ctx, mc, r.waitFor, m.deadline(r.waitFor))
+	rec, err = m.wait(ctx, mc, r.waitFor, m.deadline(r.waitFor))
+	return View(rec), err
 }
 
 // prepare writes the VM's directory: SSH key, OVMF vars copy, user-data, disk.
-func (m *Manager) prepare(rec *hypervisorv1.VirtualMachine, r *request, sshKey []byte) error {
+func (m *Manager) prepare(rec *storepb.VirtualMachine, r *request, sshKey []byte) error {
 	p := rec.GetPaths()
 	if err := os.MkdirAll(p.GetTpmState(), 0o700); err != nil {
 		return err
@@ -472,7 +490,7 @@ func (m *Manager) deadline(w hypervisorv1.WaitFor) time.Duration {
 	}
 }
 
-func reached(rec *hypervisorv1.VirtualMachine, w hypervisorv1.WaitFor) bool {
+func reached(rec *storepb.VirtualMachine, w hypervisorv1.WaitFor) bool {
 	switch w {
 	case hypervisorv1.WaitFor_WAIT_FOR_NONE:
 		return true
@@ -487,7 +505,7 @@ func reached(rec *hypervisorv1.VirtualMachine, w hypervisorv1.WaitFor) bool {
 
 // wait blocks until the VM reaches w, fails, or the deadline passes; the VM
 // keeps running in every case.
-func (m *Manager) wait(ctx context.Context, mc *machine, w hypervisorv1.WaitFor, d time.Duration) (*hypervisorv1.VirtualMachine, error) {
+func (m *Manager) wait(ctx context.Context, mc *machine, w hypervisorv1.WaitFor, d time.Duration) (*storepb.VirtualMachine, error) {
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	for {
@@ -512,7 +530,7 @@ func (m *Manager) wait(ctx context.Context, mc *machine, w hypervisorv1.WaitFor,
 }
 
 // failedErr is the contract's message for a create that did not reach its milestone.
-func failedErr(rec *hypervisorv1.VirtualMachine, cause string) error {
+func failedErr(rec *storepb.VirtualMachine, cause string) error {
 	state := stateName(rec.GetState())
 	if le := rec.GetLastError(); le != "" {
 		state += ": " + le
@@ -541,7 +559,7 @@ func (m *Manager) Start(ctx context.Context, id string) (*hypervisorv1.VirtualMa
 		return nil, err
 	}
 	rec, _ := mc.snapshot()
-	return rec, nil
+	return View(rec), nil
 }
 
 func (m *Manager) startLocked(mc *machine) error {
@@ -586,7 +604,7 @@ func (m *Manager) Stop(_ context.Context, id string) (*hypervisorv1.VirtualMachi
 		return nil, err
 	}
 	rec, _ := mc.snapshot()
-	return rec, nil
+	return View(rec), nil
 }
 
 func (m *Manager) stopLocked(mc *machine) error {
@@ -598,7 +616,7 @@ func (m *Manager) stopLocked(mc *machine) error {
 	}
 	if rt == nil && state == hypervisorv1.State_STATE_BOOTING {
 		// Between a guest reset and its next boot: that boot will not start.
-		m.updateLocked(mc, func(rec *hypervisorv1.VirtualMachine) { rec.State = hypervisorv1.State_STATE_STOPPED })
+		m.updateLocked(mc, func(rec *storepb.VirtualMachine) { rec.State = hypervisorv1.State_STATE_STOPPED })
 		mc.mu.Unlock()
 		return nil
 	}
@@ -607,7 +625,7 @@ func (m *Manager) stopLocked(mc *machine) error {
 		return apierr.Errorf(apierr.Conflict, "vm %s is not running (state %s)", mc.id, stateName(state))
 	}
 	rt.stopping.Store(true)
-	m.updateLocked(mc, func(rec *hypervisorv1.VirtualMachine) { rec.State = hypervisorv1.State_STATE_STOPPING })
+	m.updateLocked(mc, func(rec *storepb.VirtualMachine) { rec.State = hypervisorv1.State_STATE_STOPPING })
 	mc.mu.Unlock()
 	m.powerOff(mc, rt)
 	return nil
@@ -650,7 +668,7 @@ func (m *Manager) Reboot(_ context.Context, id string) (*hypervisorv1.VirtualMac
 		return nil, err
 	}
 	rec, _ = mc.snapshot()
-	return rec, nil
+	return View(rec), nil
 }
 
 // Delete stops the VM and removes its files and record. Not undoable.
@@ -675,7 +693,7 @@ func (m *Manager) Delete(_ context.Context, id string) error {
 	if rt != nil {
 		rt.stopping.Store(true)
 	}
-	m.updateLocked(mc, func(rec *hypervisorv1.VirtualMachine) { rec.State = hypervisorv1.State_STATE_DELETING })
+	m.updateLocked(mc, func(rec *storepb.VirtualMachine) { rec.State = hypervisorv1.State_STATE_DELETING })
 	mc.mu.Unlock()
 	if rt != nil {
 		m.powerOff(mc, rt)

@@ -251,12 +251,12 @@ func (m *Manager) persistLeases(ns *netState) error {
 // ByIPIn finds the VM holding ip on one network; VMs being deleted are excluded.
 func (m *Manager) ByIPIn(netName string, ip netip.Addr) (*hypervisorv1.VirtualMachine, bool) {
 	ip = ip.Unmap()
-	for _, rec := range m.List() {
+	for _, rec := range m.records() {
 		if rec.GetNetwork() != netName || rec.GetState() == hypervisorv1.State_STATE_DELETING {
 			continue
 		}
 		if a, err := netip.ParseAddr(rec.GetIp()); err == nil && a == ip {
-			return rec, true
+			return View(rec), true
 		}
 	}
 	return nil, false

@@ -10,6 +10,7 @@ import (
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
 	"google.golang.org/grpc"
 )
 
@@ -59,7 +60,7 @@ func TestBootBegunLateWhenAttestationWasDown(t *testing.T) {
 	if att.GetBoot() != 0 || att.GetUserDataReleased() {
 		t.Fatalf("launch without attestation: %v", att)
 	}
-	m.update(mc, func(r *hypervisorv1.VirtualMachine) { r.Phase, r.Attestation = hypervisorv1.Phase_PHASE_BOOT, att })
+	m.update(mc, func(r *storepb.VirtualMachine) { r.Phase, r.Attestation = hypervisorv1.Phase_PHASE_BOOT, att })
 
 	if _, err := m.IssueNonce(context.Background(), mc.id); apierr.CodeOf(err) != apierr.Unavailable {
 		t.Fatalf("nonce while attestation is down: %v", err)

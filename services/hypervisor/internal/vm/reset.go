@@ -5,6 +5,7 @@ import (
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
 )
 
 // Every boot is a new boot. QEMU runs an installed boot with
@@ -54,14 +55,14 @@ func (m *Manager) relaunch(mc *machine) {
 	closing := m.closing
 	m.mu.Unlock()
 	if closing {
-		m.update(mc, func(r *hypervisorv1.VirtualMachine) {
+		m.update(mc, func(r *storepb.VirtualMachine) {
 			r.State = hypervisorv1.State_STATE_STOPPED
 			r.LastError = "the guest rebooted while vm-manager shut down; start the VM"
 		})
 		return
 	}
 	if err := m.launch(mc, hypervisorv1.Phase_PHASE_BOOT); err != nil {
-		m.update(mc, func(r *hypervisorv1.VirtualMachine) {
+		m.update(mc, func(r *storepb.VirtualMachine) {
 			r.State = hypervisorv1.State_STATE_FAILED
 			r.LastError = "the guest rebooted and its next boot did not start: " + err.Error()
 		})

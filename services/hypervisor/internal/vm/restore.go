@@ -11,6 +11,7 @@ import (
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/proc"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
 )
 
 // restore brings a loaded record in line with reality after a hypervisor
@@ -29,7 +30,7 @@ func (m *Manager) restore(mc *machine, strays []proc.Running) {
 	mc.mu.Unlock()
 	if m.endStrays(mc.id, strays, keep) > 0 && (before == hypervisorv1.State_STATE_STOPPED || before == hypervisorv1.State_STATE_FAILED) {
 		// A start or reboot was launching it: say why it is still down.
-		m.update(mc, func(r *hypervisorv1.VirtualMachine) {
+		m.update(mc, func(r *storepb.VirtualMachine) {
 			r.LastError = "vm-manager restarted while the VM was starting; start the VM again"
 		})
 	}
@@ -41,7 +42,7 @@ func (m *Manager) restoreRecord(mc *machine) {
 	switch {
 	case state == hypervisorv1.State_STATE_CREATING || state == hypervisorv1.State_STATE_DELETING:
 		m.killLeftovers(rec)
-		m.update(mc, func(r *hypervisorv1.VirtualMachine) {
+		m.update(mc, func(r *storepb.VirtualMachine) {
 			r.State = hypervisorv1.State_STATE_FAILED
 			r.Processes = nil
 			r.LastError = fmt.Sprintf("vm-manager restarted while the VM was %s; delete it", stateName(state))
@@ -50,7 +51,7 @@ func (m *Manager) restoreRecord(mc *machine) {
 		rt, err := m.adopt(rec)
 		if err != nil {
 			m.killLeftovers(rec)
-			m.update(mc, func(r *hypervisorv1.VirtualMachine) {
+			m.update(mc, func(r *storepb.VirtualMachine) {
 				r.State = hypervisorv1.State_STATE_STOPPED
 				r.Processes = nil
 				r.LastError = fmt.Sprintf("vm-manager restarted while the VM was %s and could not reattach to its QEMU (%v); start the VM again", stateName(state), err)
@@ -75,7 +76,7 @@ func (m *Manager) restoreRecord(mc *machine) {
 }
 
 // adopt re-attaches to a VM's processes through the handles in its record.
-func (m *Manager) adopt(rec *hypervisorv1.VirtualMachine) (*runtime, error) {
+func (m *Manager) adopt(rec *storepb.VirtualMachine) (*runtime, error) {
 	ph := rec.GetProcesses()
 	if ph.GetQemu().GetPid() == 0 {
 		return nil, fmt.Errorf("no qemu process recorded")
@@ -104,8 +105,8 @@ func (m *Manager) adopt(rec *hypervisorv1.VirtualMachine) (*runtime, error) {
 }
 
 // killLeftovers ends processes of a record that will not be adopted.
-func (m *Manager) killLeftovers(rec *hypervisorv1.VirtualMachine) {
-	for _, h := range []*hypervisorv1.Process{rec.GetProcesses().GetQemu(), rec.GetProcesses().GetTpm()} {
+func (m *Manager) killLeftovers(rec *storepb.VirtualMachine) {
+	for _, h := range []*storepb.Process{rec.GetProcesses().GetQemu(), rec.GetProcesses().GetTpm()} {
 		if h.GetPid() == 0 {
 			continue
 		}

@@ -12,6 +12,7 @@ import (
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
 )
 
 // A hypervisor SIGKILLed between starting swtpm and QEMU and recording them
@@ -41,7 +42,7 @@ func TestRestoreEndsStrayProcesses(t *testing.T) {
 		if err := os.MkdirAll(vmDir(id), 0o700); err != nil {
 			t.Fatal(err)
 		}
-		if err := st.PutVM(&hypervisorv1.VirtualMachine{Id: id, Name: "n" + id, State: state, Paths: &hypervisorv1.Paths{Dir: vmDir(id)}}); err != nil {
+		if err := st.PutVM(&storepb.VirtualMachine{Id: id, Name: "n" + id, State: state, Paths: &hypervisorv1.Paths{Dir: vmDir(id)}}); err != nil {
 			t.Fatal(err)
 		}
 	}

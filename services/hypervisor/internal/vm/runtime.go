@@ -17,6 +17,7 @@ import (
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/proc"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/swtpm"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
@@ -58,7 +59,7 @@ func (m *Manager) launch(mc *machine, phase hypervisorv1.Phase) error {
 	if err != nil {
 		return err
 	}
-	rec = m.update(mc, func(r *hypervisorv1.VirtualMachine) {
+	rec = m.update(mc, func(r *storepb.VirtualMachine) {
 		r.Tpm = identity
 		if phase == hypervisorv1.Phase_PHASE_BOOT {
 			// The gate closes before anything of the new boot runs.
@@ -68,7 +69,7 @@ func (m *Manager) launch(mc *machine, phase hypervisorv1.Phase) error {
 	var att *attestationv1.Attestation
 	if phase == hypervisorv1.Phase_PHASE_BOOT {
 		att = m.beginBoot(rec)
-		m.update(mc, func(r *hypervisorv1.VirtualMachine) { r.Attestation = att })
+		m.update(mc, func(r *storepb.VirtualMachine) { r.Attestation = att })
 	}
 	tpm, err := swtpm.Start(ctx, swtpm.Config{Binary: m.cfg.SwtpmBinary, StateDir: p.GetTpmState()})
 	if err != nil {
@@ -106,13 +107,13 @@ func (m *Manager) launch(mc *machine, phase hypervisorv1.Phase) error {
 		}
 	}
 	rt := &runtime{phase: phase, qemu: qp, tpm: tpm, mon: mon, settled: make(chan struct{})}
-	m.update(mc, func(r *hypervisorv1.VirtualMachine) {
+	m.update(mc, func(r *storepb.VirtualMachine) {
 		r.Phase = phase
 		r.Cid = spec.VsockCID
 		r.Accelerator = m.cfg.Accelerator
-		r.Processes = &hypervisorv1.Processes{
-			Qemu: &hypervisorv1.Process{Pid: int32(qp.PID), StartTicks: qp.StartTicks},
-			Tpm:  &hypervisorv1.Process{Pid: int32(tpm.PID), StartTicks: tpm.StartTicks},
+		r.Processes = &storepb.Processes{
+			Qemu: &storepb.Process{Pid: int32(qp.PID), StartTicks: qp.StartTicks},
+			Tpm:  &storepb.Process{Pid: int32(tpm.PID), StartTicks: tpm.StartTicks},
 		}
 		r.Status, r.LastError, r.ReadyAt = "", "", nil
 		if phase == hypervisorv1.Phase_PHASE_INSTALL {
@@ -164,7 +165,7 @@ func (m *Manager) startQEMU(ctx context.Context, p *hypervisorv1.Paths, args []s
 }
 
 // spec is the QEMU command of one phase.
-func (m *Manager) spec(rec *hypervisorv1.VirtualMachine, img *hypervisorv1.Image, phase hypervisorv1.Phase) qemu.Spec {
+func (m *Manager) spec(rec *storepb.VirtualMachine, img *hypervisorv1.Image, phase hypervisorv1.Phase) qemu.Spec {
 	p := rec.GetPaths()
 	accel := qemu.AccelTCG
 	if m.cfg.Accelerator == hypervisorv1.Accelerator_ACCELERATOR_KVM {
@@ -287,7 +288,7 @@ func (m *Manager) supervise(mc *machine, rt *runtime) {
 				}
 				rt.observe(ev)
 			case <-bootTimer:
-				m.update(mc, func(r *hypervisorv1.VirtualMachine) {
+				m.update(mc, func(r *storepb.VirtualMachine) {
 					if s := r.GetState(); s == hypervisorv1.State_STATE_BOOTING || s == hypervisorv1.State_STATE_ATTESTING {
 						r.State = hypervisorv1.State_STATE_RUNNING
 						r.LastError = fmt.Sprintf("no READY=1 within %s; the guest is up but has not reported ready", fmtDuration(m.cfg.BootTimeout))
@@ -318,7 +319,7 @@ func (m *Manager) onNotify(mc *machine, rt *runtime, ready bool, status string) 
 	if rt.phase != hypervisorv1.Phase_PHASE_BOOT {
 		return // only the installed boot reports readiness
 	}
-	m.update(mc, func(r *hypervisorv1.VirtualMachine) {
+	m.update(mc, func(r *storepb.VirtualMachine) {
 		if status != "" {
 			r.Status = status
 		}
@@ -357,7 +358,7 @@ func (m *Manager) exited(mc *machine, rt *runtime) {
 	if reset {
 		resets = mc.noteReset(time.Now())
 	}
-	m.update(mc, func(r *hypervisorv1.VirtualMachine) {
+	m.update(mc, func(r *storepb.VirtualMachine) {
 		r.Processes = nil
 		mc.run = nil
 		switch {
@@ -411,7 +412,7 @@ func (m *Manager) exited(mc *machine, rt *runtime) {
 			mc.op.Lock()
 			defer mc.op.Unlock()
 			if err := m.launch(mc, hypervisorv1.Phase_PHASE_BOOT); err != nil {
-				m.update(mc, func(r *hypervisorv1.VirtualMachine) {
+				m.update(mc, func(r *storepb.VirtualMachine) {
 					r.State = hypervisorv1.State_STATE_FAILED
 					r.LastError = "installed boot did not start: " + err.Error()
 				})

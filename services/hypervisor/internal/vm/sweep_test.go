@@ -10,6 +10,7 @@ import (
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
 )
 
 // A create killed after its lease was written but before its record, or a
@@ -35,7 +36,7 @@ func TestSweepDeletedAtStart(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.PutVM(&hypervisorv1.VirtualMachine{Id: kept, Name: "kept", State: hypervisorv1.State_STATE_STOPPED,
+	if err := st.PutVM(&storepb.VirtualMachine{Id: kept, Name: "kept", State: hypervisorv1.State_STATE_STOPPED,
 		Network: "lab", Ip: "10.9.0.2", Paths: &hypervisorv1.Paths{Dir: vmDir(kept)}}); err != nil {
 		t.Fatal(err)
 	}
