@@ -15,6 +15,7 @@ import (
 	"github.com/giantswarm/vm-manager/gen/apierr"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/forward"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/network"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/sshexec"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
 )
@@ -38,12 +39,12 @@ func newSSHKey(rec *storepb.VirtualMachine) ([]byte, error) {
 // disconnect, which is how a restarted hypervisor gets a re-adopted VM's
 // network back.
 func (m *Manager) attachNIC(ctx context.Context, rec *storepb.VirtualMachine) {
-	ns := m.network(rec.GetNetwork())
-	if ns == nil {
+	n := m.nets.Running(rec.GetNetwork())
+	if n == nil {
 		m.log.Warn("vm's network is gone; the VM runs without it", "vm", rec.GetId(), "network", rec.GetNetwork())
 		return
 	}
-	if err := ns.run.Attach(ctx, rec.GetId(), netSocket(rec)); err != nil {
+	if err := n.Attach(ctx, rec.GetId(), netSocket(rec)); err != nil {
 		m.log.Warn("vm's NIC not attached", "vm", rec.GetId(), "network", rec.GetNetwork(), "error", err)
 	}
 }
@@ -53,24 +54,18 @@ func netSocket(rec *storepb.VirtualMachine) string {
 	return rec.GetPaths().GetNetSocket()
 }
 
-func (m *Manager) network(name string) *netState {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.networks[name]
-}
-
 // guestAddr is the VM's network and lease, or a conflict naming why there
 // is none.
-func (m *Manager) guestAddr(rec *storepb.VirtualMachine) (*netState, netip.Addr, error) {
+func (m *Manager) guestAddr(rec *storepb.VirtualMachine) (*network.Network, netip.Addr, error) {
 	ip, err := netip.ParseAddr(rec.GetIp())
 	if rec.GetNetwork() == "" || err != nil {
 		return nil, netip.Addr{}, apierr.Errorf(apierr.Conflict, "vm %s has no network address", rec.GetId())
 	}
-	ns := m.network(rec.GetNetwork())
-	if ns == nil {
+	n := m.nets.Running(rec.GetNetwork())
+	if n == nil {
 		return nil, netip.Addr{}, apierr.Errorf(apierr.Conflict, "vm %s: network %s is not running", rec.GetId(), rec.GetNetwork())
 	}
-	return ns, ip, nil
+	return n, ip, nil
 }
 
 // Exec runs argv as root in the guest over SSH (contract §7.4).
@@ -102,7 +97,7 @@ func (m *Manager) Exec(ctx context.Context, id string, argv []string) (*hypervis
 		return nil, apierr.Errorf(apierr.Conflict, "vm %s has no per-VM SSH key (created by an older vm-manager?): %v", id, err)
 	}
 	dctx, cancel := context.WithTimeout(ctx, sshexec.HandshakeTimeout)
-	conn, err := ns.run.DialContextTCP(dctx, net.JoinHostPort(ip.String(), strconv.Itoa(sshPort)))
+	conn, err := ns.DialContextTCP(dctx, net.JoinHostPort(ip.String(), strconv.Itoa(sshPort)))
 	cancel()
 	if err != nil {
 		return nil, apierr.Errorf(apierr.Unavailable, "vm %s: cannot reach SSH at %s:%d (is the guest up and serving SSH?): %v", id, ip, sshPort, err)
@@ -175,11 +170,11 @@ func (m *Manager) guestDialer(rec *storepb.VirtualMachine, port int32) forward.D
 	addr := net.JoinHostPort(rec.GetIp(), strconv.Itoa(int(port)))
 	netName := rec.GetNetwork()
 	return func(ctx context.Context) (net.Conn, error) {
-		ns := m.network(netName)
-		if ns == nil {
+		n := m.nets.Running(netName)
+		if n == nil {
 			return nil, fmt.Errorf("network %s is not running", netName)
 		}
-		return ns.run.DialContextTCP(ctx, addr)
+		return n.DialContextTCP(ctx, addr)
 	}
 }
 
@@ -234,17 +229,17 @@ func (m *Manager) closeForwards(mc *machine, keepRecord bool) {
 
 // netMetrics is the network part of a VM's metrics.
 func (m *Manager) netMetrics(rec *storepb.VirtualMachine) *hypervisorv1.NetworkMetrics {
-	ns := m.network(rec.GetNetwork())
-	if ns == nil {
+	n := m.nets.Running(rec.GetNetwork())
+	if n == nil {
 		return nil
 	}
-	st := ns.run.Stats()
+	st := n.Stats()
 	return &hypervisorv1.NetworkMetrics{
 		Name:          rec.GetNetwork(),
 		BytesSent:     int64(st.BytesToVMs),
 		BytesReceived: int64(st.BytesFromVMs),
-		Leases:        int32(len(ns.run.Leases())),
-		DroppedFrames: int64(ns.run.Dropped(rec.GetId())),
-		EgressDropped: int64(ns.run.EgressDropped(rec.GetId())),
+		Leases:        int32(len(n.Leases())),
+		DroppedFrames: int64(n.Dropped(rec.GetId())),
+		EgressDropped: int64(n.EgressDropped(rec.GetId())),
 	}
 }

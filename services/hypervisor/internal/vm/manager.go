@@ -13,6 +13,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -23,6 +24,8 @@ import (
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/forward"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/imds"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/network"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/sshexec"
@@ -130,7 +133,7 @@ type Manager struct {
 
 	mu       sync.Mutex
 	machines map[string]*machine
-	networks map[string]*netState // nil value: being created
+	nets     *network.Registry
 	closing  bool
 	wg       sync.WaitGroup
 }
@@ -153,9 +156,12 @@ func New(cfg Config, log *slog.Logger, st Store, images ImageResolver, verifier 
 	cfg.defaults()
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{cfg: cfg, log: log, store: st, images: images, verifier: verifier, router: router, ctx: ctx, cancel: cancel,
-		machines: map[string]*machine{}, networks: map[string]*netState{}, newID: newID}
+		machines: map[string]*machine{}, newID: newID}
+	m.nets = network.NewRegistry(ctx, st, func(name string) http.Handler {
+		return imds.New(netVMs{Manager: m, network: name}, log.With("network", name))
+	}, log)
 	// Networks first: re-adopted VMs redial their network's socket.
-	if err := m.startNetworks(); err != nil {
+	if err := m.nets.Restore(cfg.DefaultNetwork, cfg.DefaultSubnet); err != nil {
 		cancel()
 		return nil, err
 	}
@@ -378,7 +384,7 @@ func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMac
 	m.machines[id] = mc
 	m.mu.Unlock()
 	if netName != "" {
-		ip, mac, err := m.attach(netName, id)
+		ip, mac, err := m.nets.Attach(netName, id)
 		if err != nil {
 			m.discard(mc)
 			mc.op.Unlock()
@@ -470,7 +476,7 @@ func (m *Manager) discard(mc *machine) {
 	delete(m.machines, mc.id)
 	m.mu.Unlock()
 	if n := mc.rec.GetNetwork(); n != "" {
-		m.detach(n, mc.id)
+		m.nets.Detach(n, mc.id)
 	}
 	m.removeDir(mc.id)
 	mc.mu.Lock()
@@ -713,7 +719,7 @@ func (m *Manager) Delete(_ context.Context, id string) error {
 	delete(m.machines, id)
 	m.mu.Unlock()
 	if n := mc.rec.GetNetwork(); n != "" {
-		m.detach(n, id)
+		m.nets.Detach(n, id)
 	}
 	m.removeDir(id)
 	mc.mu.Lock()
@@ -764,15 +770,7 @@ func (m *Manager) Close() {
 	for _, mc := range mcs {
 		m.closeForwards(mc, true) // bound again by the next hypervisor
 	}
-	m.mu.Lock()
-	for name, ns := range m.networks {
-		if ns != nil {
-			if err := ns.run.Close(); err != nil {
-				m.log.Warn("close network", "network", name, "error", err)
-			}
-		}
-	}
-	m.mu.Unlock()
+	m.nets.Close()
 	for _, mc := range mcs {
 		mc.mu.Lock()
 		if mc.run != nil {

@@ -59,26 +59,8 @@ func (m *Manager) sweepDeleted() {
 	for id := range m.machines {
 		known[id] = true
 	}
-	nets := make([]*netState, 0, len(m.networks))
-	for _, ns := range m.networks {
-		nets = append(nets, ns)
-	}
 	m.mu.Unlock()
-	for _, ns := range nets {
-		released := 0
-		for id, ip := range ns.run.Leases() {
-			if !known[id] {
-				m.log.Warn("releasing the lease of a vm without a record (a create or delete cut short)", "network", ns.rec.GetSpec().GetName(), "vm", id, "ip", ip)
-				ns.run.Release(id)
-				released++
-			}
-		}
-		if released > 0 {
-			if err := m.persistLeases(ns); err != nil {
-				m.log.Error("persist leases", "network", ns.rec.GetSpec().GetName(), "error", err)
-			}
-		}
-	}
+	m.nets.ReleaseUnknown(func(id string) bool { return known[id] })
 	entries, err := os.ReadDir(filepath.Join(m.cfg.StateDir, "vms"))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		m.log.Warn("cannot list vm directories", "error", err)

@@ -94,11 +94,8 @@ func TestSweepDeletedAtStart(t *testing.T) {
 }
 
 func (m *Manager) networkLeases(name string) map[string]string {
-	m.mu.Lock()
-	ns := m.networks[name]
-	m.mu.Unlock()
 	out := map[string]string{}
-	for id, ip := range ns.run.Leases() {
+	for id, ip := range m.nets.Running(name).Leases() {
 		out[id] = ip.String()
 	}
 	return out
