@@ -134,7 +134,7 @@ fuzz: ## the fuzz targets, each for $(FUZZTIME) (bounded, run by make test)
 	cd services/attestation && go test -run '^$$' -fuzz '^FuzzEventLog$$' -fuzztime $(FUZZTIME) ./internal/verify/
 	cd services/hypervisor && go test -run '^$$' -fuzz '^FuzzIMDS$$' -fuzztime $(FUZZTIME) ./internal/imds/
 	cd services/hypervisor && go test -run '^$$' -fuzz '^FuzzNotify$$' -fuzztime $(FUZZTIME) ./internal/notify/
-	cd services/hypervisor && go test -run '^$$' -fuzz '^FuzzGuestReport$$' -fuzztime $(FUZZTIME) ./internal/vm/
+	cd services/hypervisor && go test -run '^$$' -fuzz '^FuzzGuestReport$$' -fuzztime $(FUZZTIME) ./internal/guest/
 	cd services/gateway && go test -run '^$$' -fuzz '^FuzzRESTBody$$' -fuzztime $(FUZZTIME) ./internal/restjson/
 
 .PHONY: test-short

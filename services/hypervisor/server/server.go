@@ -23,6 +23,7 @@ import (
 	"github.com/giantswarm/vm-manager/pkg/statedir"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/apiserver"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/catalog"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guest"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/host"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/imds"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
@@ -184,7 +185,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// The internal TelemetryService is read-only and needs no token: the
 	// gateway's metrics scrape has no caller (see its proto).
 	srv := mesh.NewServer(log, verifier.ServerOptions(hypervisorv1.TelemetryService_ServiceDesc.ServiceName)...)
-	api := apiserver.New(prober, cat, vms)
+	api := apiserver.New(prober, cat, vms, vms.Guest())
 	hypervisorv1.RegisterHypervisorServiceServer(srv, api)
 	hypervisorv1.RegisterTelemetryServiceServer(srv, api.Telemetry())
 	ln, err := mesh.Listen(cfg.Socket)
@@ -203,9 +204,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	return nil
 }
 
-// The VM manager is what each network's IMDS serves guests from (mounted in
+// The guest side is what each network's IMDS serves guests from (mounted in
 // the userspace network stack).
-var _ imds.VMs = (*vm.Manager)(nil)
+var _ imds.VMs = (*guest.NetworkView)(nil)
 
 // listenNotify binds the vsock readiness port: the one asked for, else the
 // one recorded by an earlier run (guests booted then were told it), else a

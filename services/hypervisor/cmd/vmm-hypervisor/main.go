@@ -15,8 +15,8 @@ import (
 	"github.com/giantswarm/vm-manager/pkg/logging"
 	"github.com/giantswarm/vm-manager/pkg/mesh"
 	"github.com/giantswarm/vm-manager/pkg/statedir"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guest"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/host"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vm"
 	"github.com/giantswarm/vm-manager/services/hypervisor/server"
 )
 
@@ -52,7 +52,7 @@ func serveCommand() cli.Command {
 			defaultNet := fs.String("default-network", "VM_MANAGER_DEFAULT_NETWORK", "default", "network created at start and used by VMs created without one (empty: none)")
 			subnet := fs.String("network-subnet", "VM_MANAGER_NETWORK_SUBNET", "192.168.127.0/24", "IPv4 CIDR of the default network")
 			notifyPort := fs.Int("notify-port", "VM_MANAGER_NOTIFY_PORT", 0, "AF_VSOCK port for READY=1 on hosts with /dev/vhost-vsock (0: the recorded one, else any)")
-			guestSeries := fs.Int("metrics-guest-series-limit", "VM_MANAGER_METRICS_GUEST_SERIES_LIMIT", vm.DefaultGuestSeriesLimit, "series of one guest's systemd-report exported as vm_guest_* metrics; the rest are counted as dropped (>= 1)")
+			guestSeries := fs.Int("metrics-guest-series-limit", "VM_MANAGER_METRICS_GUEST_SERIES_LIMIT", guest.DefaultGuestSeriesLimit, "series of one guest's systemd-report exported as vm_guest_* metrics; the rest are counted as dropped (>= 1)")
 			accel := fs.String("accelerator", "VM_MANAGER_ACCELERATOR", "auto", "auto (kvm where /dev/kvm is usable, else tcg) or tcg")
 			oidc := identity.Flags(fs)
 			logFormat := fs.String("log-format", "VM_MANAGER_LOG_FORMAT", "text", "log format: text or json")

@@ -32,8 +32,6 @@ type VMs interface {
 	Delete(ctx context.Context, id string) error
 	Console(id string, lines int32) (*hypervisorv1.GetVirtualMachineConsoleResponse, error)
 	Metrics(id string) (*hypervisorv1.VirtualMachineMetrics, error)
-	Report(id string) (*hypervisorv1.GetVirtualMachineReportResponse, error)
-	GuestSeries() []*hypervisorv1.VirtualMachineGuestSeries
 	Exec(ctx context.Context, id string, command []string) (*hypervisorv1.ExecVirtualMachineResponse, error)
 	Forward(ctx context.Context, id string, port int32) (*hypervisorv1.ForwardVirtualMachinePortResponse, error)
 
@@ -43,17 +41,24 @@ type VMs interface {
 	DeleteNetwork(ctx context.Context, name string) error
 }
 
+// Guests are the guests' report uploads.
+type Guests interface {
+	Report(id string) (*hypervisorv1.GetVirtualMachineReportResponse, error)
+	GuestSeries() []*hypervisorv1.VirtualMachineGuestSeries
+}
+
 // Server is the HypervisorService.
 type Server struct {
 	hypervisorv1.UnimplementedHypervisorServiceServer
 	host    HostProber
 	catalog Catalog
 	vms     VMs
+	guests  Guests
 }
 
 // New returns a HypervisorService over its dependencies.
-func New(host HostProber, catalog Catalog, vms VMs) *Server {
-	return &Server{host: host, catalog: catalog, vms: vms}
+func New(host HostProber, catalog Catalog, vms VMs, guests Guests) *Server {
+	return &Server{host: host, catalog: catalog, vms: vms, guests: guests}
 }
 
 func (s *Server) GetHost(ctx context.Context, _ *hypervisorv1.GetHostRequest) (*hypervisorv1.Host, error) {
@@ -135,7 +140,7 @@ func (s *Server) ForwardVirtualMachinePort(ctx context.Context, req *hypervisorv
 }
 
 func (s *Server) GetVirtualMachineReport(_ context.Context, req *hypervisorv1.GetVirtualMachineReportRequest) (*hypervisorv1.GetVirtualMachineReportResponse, error) {
-	return s.vms.Report(req.GetId())
+	return s.guests.Report(req.GetId())
 }
 
 // Telemetry serves the internal TelemetryService (the gateway's metrics
@@ -161,5 +166,5 @@ func (t *Telemetry) ListNetworks(ctx context.Context, req *hypervisorv1.ListNetw
 }
 
 func (t *Telemetry) ListGuestSeries(context.Context, *hypervisorv1.ListGuestSeriesRequest) (*hypervisorv1.ListGuestSeriesResponse, error) {
-	return &hypervisorv1.ListGuestSeriesResponse{Vms: t.s.vms.GuestSeries()}, nil
+	return &hypervisorv1.ListGuestSeriesResponse{Vms: t.s.guests.GuestSeries()}, nil
 }

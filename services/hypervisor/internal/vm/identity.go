@@ -81,7 +81,7 @@ func (m *Manager) beginBoot(rec *storepb.VirtualMachine) *attestationv1.Attestat
 	}
 	ctx, cancel := context.WithTimeout(m.ctx, 5*time.Second)
 	defer cancel()
-	att, err := m.verifier.BeginBoot(ctx, m.beginBootRequest(rec))
+	att, err := m.verifier.BeginBoot(ctx, m.BeginBootRequest(rec))
 	if err != nil {
 		m.log.Warn("attestation did not record the boot; the guest's first nonce request will", "vm", rec.GetId(), "error", err)
 		return local
@@ -89,7 +89,9 @@ func (m *Manager) beginBoot(rec *storepb.VirtualMachine) *attestationv1.Attestat
 	return att
 }
 
-func (m *Manager) beginBootRequest(rec *storepb.VirtualMachine) *attestationv1.BeginBootRequest {
+// BeginBootRequest registers a VM's current boot with attestation: its
+// image, the firmware, and the key the host provisioned in its vTPM.
+func (m *Manager) BeginBootRequest(rec *storepb.VirtualMachine) *attestationv1.BeginBootRequest {
 	return &attestationv1.BeginBootRequest{
 		VmId: rec.GetId(), Image: rec.GetImage(), KubernetesVersion: rec.GetKubernetesVersion(), Required: rec.GetRequireAttestation(),
 		Firmware:     &attestationv1.FirmwareBuild{Sha256: m.cfg.Firmware.GetSha256(), Package: m.cfg.Firmware.GetPackage(), Version: m.cfg.Firmware.GetVersion()},

@@ -24,6 +24,7 @@ import (
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/forward"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guest"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/imds"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/network"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
@@ -72,7 +73,7 @@ type Config struct {
 	// KillGrace is the SIGTERM→SIGKILL grace.
 	KillGrace time.Duration
 	// GuestSeriesLimit is how many series of a guest's report are exported
-	// (--metrics-guest-series-limit; DefaultGuestSeriesLimit when 0).
+	// (--metrics-guest-series-limit; guest.DefaultGuestSeriesLimit when 0).
 	GuestSeriesLimit int
 	// StopVMsOnExit powers VMs down when the hypervisor stops (a pod, whose
 	// end kills its children anyway). By default they keep running for the
@@ -92,9 +93,6 @@ func (c *Config) defaults() {
 	}
 	if c.KillGrace == 0 {
 		c.KillGrace = 5 * time.Second
-	}
-	if c.GuestSeriesLimit <= 0 {
-		c.GuestSeriesLimit = DefaultGuestSeriesLimit
 	}
 	if c.QEMUBinary == "" {
 		c.QEMUBinary = "qemu-system-x86_64"
@@ -134,6 +132,7 @@ type Manager struct {
 	mu       sync.Mutex
 	machines map[string]*machine
 	nets     *network.Registry
+	guest    *guest.Side
 	closing  bool
 	wg       sync.WaitGroup
 }
@@ -147,7 +146,6 @@ type machine struct {
 	run     *runtime
 	fwd     map[int32]*forward.Forward // guest port -> listener
 	changed chan struct{}
-	guest   guestState
 	resets  []time.Time // guest resets within GuestResetWindow
 }
 
@@ -157,8 +155,9 @@ func New(cfg Config, log *slog.Logger, st Store, images ImageResolver, verifier 
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{cfg: cfg, log: log, store: st, images: images, verifier: verifier, router: router, ctx: ctx, cancel: cancel,
 		machines: map[string]*machine{}, newID: newID}
+	m.guest = guest.New(m, verifier, guest.Config{ImageDir: cfg.ImageDir, SeriesLimit: cfg.GuestSeriesLimit}, log)
 	m.nets = network.NewRegistry(ctx, st, func(name string) http.Handler {
-		return imds.New(netVMs{Manager: m, network: name}, log.With("network", name))
+		return imds.New(m.guest.Network(name), log.With("network", name))
 	}, log)
 	// Networks first: re-adopted VMs redial their network's socket.
 	if err := m.nets.Restore(cfg.DefaultNetwork, cfg.DefaultSubnet); err != nil {
@@ -225,14 +224,27 @@ func (m *Manager) updateLocked(mc *machine, fn func(rec *storepb.VirtualMachine)
 	return proto.Clone(mc.rec).(*storepb.VirtualMachine)
 }
 
+// Update applies fn to a VM's record, persists it and wakes its waiters.
+func (m *Manager) Update(id string, fn func(*storepb.VirtualMachine)) error {
+	mc, err := m.get(id)
+	if err != nil {
+		return err
+	}
+	m.update(mc, fn)
+	return nil
+}
+
 // Get returns one VM.
 func (m *Manager) Get(id string) (*hypervisorv1.VirtualMachine, error) {
-	rec, err := m.record(id)
+	rec, err := m.Record(id)
 	return View(rec), err
 }
 
-// record returns a copy of one VM's stored record.
-func (m *Manager) record(id string) (*storepb.VirtualMachine, error) {
+// Guest is the guest-facing side: what the IMDS serves, the guests' reports.
+func (m *Manager) Guest() *guest.Side { return m.guest }
+
+// Record returns a copy of one VM's stored record.
+func (m *Manager) Record(id string) (*storepb.VirtualMachine, error) {
 	mc, err := m.get(id)
 	if err != nil {
 		return nil, err
@@ -243,7 +255,7 @@ func (m *Manager) record(id string) (*storepb.VirtualMachine, error) {
 
 // List returns every VM, oldest first.
 func (m *Manager) List() []*hypervisorv1.VirtualMachine {
-	recs := m.records()
+	recs := m.Records()
 	out := make([]*hypervisorv1.VirtualMachine, len(recs))
 	for i, r := range recs {
 		out[i] = View(r)
@@ -251,8 +263,8 @@ func (m *Manager) List() []*hypervisorv1.VirtualMachine {
 	return out
 }
 
-// records returns copies of every stored record, oldest first.
-func (m *Manager) records() []*storepb.VirtualMachine {
+// Records returns copies of every stored record, oldest first.
+func (m *Manager) Records() []*storepb.VirtualMachine {
 	m.mu.Lock()
 	mcs := make([]*machine, 0, len(m.machines))
 	for _, mc := range m.machines {

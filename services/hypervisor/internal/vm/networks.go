@@ -2,24 +2,12 @@ package vm
 
 import (
 	"context"
-	"net/netip"
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 )
 
 // The networks are the network package's Registry; the manager only says
 // which VMs are on them (the IMDS's callers, a delete's check).
-
-// netVMs is the IMDS view of one network: addresses may repeat across
-// networks, so a caller is looked up among this network's VMs only.
-type netVMs struct {
-	*Manager
-	network string
-}
-
-func (n netVMs) ByIP(ip netip.Addr) (*hypervisorv1.VirtualMachine, bool) {
-	return n.Manager.ByIPIn(n.network, ip)
-}
 
 // CreateNetwork validates and starts a network.
 func (m *Manager) CreateNetwork(_ context.Context, req *hypervisorv1.CreateNetworkRequest, createdBy string) (*hypervisorv1.Network, error) {
@@ -50,18 +38,4 @@ func (m *Manager) attachedTo(network string) (string, bool) {
 		}
 	}
 	return "", false
-}
-
-// ByIPIn finds the VM holding ip on one network; VMs being deleted are excluded.
-func (m *Manager) ByIPIn(netName string, ip netip.Addr) (*hypervisorv1.VirtualMachine, bool) {
-	ip = ip.Unmap()
-	for _, rec := range m.records() {
-		if rec.GetNetwork() != netName || rec.GetState() == hypervisorv1.State_STATE_DELETING {
-			continue
-		}
-		if a, err := netip.ParseAddr(rec.GetIp()); err == nil && a == ip {
-			return View(rec), true
-		}
-	}
-	return nil, false
 }

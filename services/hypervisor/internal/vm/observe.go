@@ -4,7 +4,6 @@ import (
 	"io/fs"
 	"path/filepath"
 	"syscall"
-	"time"
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
@@ -68,11 +67,7 @@ func (m *Manager) Metrics(id string) (*hypervisorv1.VirtualMachineMetrics, error
 		h.BootToReadySeconds = proto.Float64(ready.AsTime().Sub(booted.AsTime()).Seconds())
 	}
 	out := &hypervisorv1.VirtualMachineMetrics{Id: id, Host: h, RawReportUrl: "/api/v1/vms/" + id + "/report"}
-	if g, note := m.guestReportOf(mc); g != nil {
-		out.Guest = g.summary(time.Now())
-	} else {
-		out.Note = note
-	}
+	out.Guest, out.Note = m.guest.Summary(rec)
 	return out, nil
 }
 

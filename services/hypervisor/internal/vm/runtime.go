@@ -15,6 +15,7 @@ import (
 
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guest"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/proc"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
@@ -332,7 +333,7 @@ func (m *Manager) onNotify(mc *machine, rt *runtime, ready bool, status string) 
 			r.ReadyAt = timestamppb.Now()
 			r.Booted = true
 			// READY=1 keeps an attestation rejection: the guest is up, not trusted.
-			if !strings.HasPrefix(r.GetLastError(), rejectedPrefix) {
+			if !strings.HasPrefix(r.GetLastError(), guest.RejectedPrefix) {
 				r.LastError = ""
 			}
 		}

@@ -1,4 +1,4 @@
-package vm
+package guest
 
 import (
 	"fmt"
@@ -181,18 +181,18 @@ func TestSnakeCase(t *testing.T) {
 // Uploads count, and their drops add up, per VM; a VM's series are those of
 // its last upload, also after a restart (read back from report.json).
 func TestStoreReportCounts(t *testing.T) {
-	m, mc := newTestManager(t, nil)
-	m.cfg.GuestSeriesLimit = 2
+	s, _ := newSide(t, nil)
+	s.cfg.SeriesLimit = 2
 	report := `{"metrics":[{"name":"a","value":1},{"name":"b","value":2},{"name":"c","value":3},{"name":"a","value":1}]}`
 	for range 2 {
-		if err := m.StoreReport(mc.id, []byte(report)); err != nil {
+		if err := s.StoreReport(vmID, []byte(report)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := m.StoreReport(mc.id, []byte(`"not a report"`)); err != nil {
+	if err := s.StoreReport(vmID, []byte(`"not a report"`)); err != nil {
 		t.Fatal(err)
 	}
-	all := m.GuestSeries()
+	all := s.GuestSeries()
 	if len(all) != 1 {
 		t.Fatalf("%d vms", len(all))
 	}
@@ -203,15 +203,15 @@ func TestStoreReportCounts(t *testing.T) {
 	if want := map[string]uint64{dropLimit: 2, dropDuplicate: 2, dropUnsupported: 0}; !mapsEqual(vs.GetSeriesDroppedTotal(), want) {
 		t.Errorf("dropped %v, want %v", vs.GetSeriesDroppedTotal(), want)
 	}
-	if err := m.StoreReport(mc.id, []byte(report)); err != nil {
+	if err := s.StoreReport(vmID, []byte(report)); err != nil {
 		t.Fatal(err)
 	}
-	if vs := m.GuestSeries()[0]; len(vs.GetSeries()) != 2 || vs.GetEntries() != 4 || vs.GetReceivedAt() == nil {
+	if vs := s.GuestSeries()[0]; len(vs.GetSeries()) != 2 || vs.GetEntries() != 4 || vs.GetReceivedAt() == nil {
 		t.Errorf("after a report: %v", vs)
 	}
 	// A restarted hypervisor has no counts yet but the same series.
-	mc.guest = guestState{}
-	if vs := m.GuestSeries()[0]; len(vs.GetSeries()) != 2 || vs.GetReportsTotal() != 0 {
+	s.reports = map[string]*reportState{}
+	if vs := s.GuestSeries()[0]; len(vs.GetSeries()) != 2 || vs.GetReportsTotal() != 0 {
 		t.Errorf("after a restart: %v", vs)
 	}
 }

@@ -1,0 +1,33 @@
+package guest
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/giantswarm/vm-manager/gen/apierr"
+)
+
+// SysupdateFile opens <image-dir>/sysupdate/<component>/<file>: one level, a
+// regular file, nothing that climbs out.
+func (s *Side) SysupdateFile(component, file string) (io.ReadSeekCloser, int64, error) {
+	for _, part := range []string{component, file} {
+		if part == "" || part == "." || part == ".." || strings.ContainsAny(part, "/\\\x00") {
+			return nil, 0, apierr.Errorf(apierr.NotFound, "no such sysupdate file")
+		}
+	}
+	if s.cfg.ImageDir == "" {
+		return nil, 0, apierr.Errorf(apierr.NotFound, "no image directory")
+	}
+	f, err := os.Open(filepath.Join(s.cfg.ImageDir, "sysupdate", component, file))
+	if err != nil {
+		return nil, 0, apierr.Errorf(apierr.NotFound, "no such sysupdate file")
+	}
+	fi, err := f.Stat()
+	if err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, 0, apierr.Errorf(apierr.NotFound, "no such sysupdate file")
+	}
+	return f, fi.Size(), nil
+}
