@@ -23,6 +23,7 @@ import (
 	"github.com/giantswarm/vm-manager/pkg/statedir"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/apiserver"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/catalog"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/driver"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guest"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/host"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/imds"
@@ -156,27 +157,32 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}()
 		log.Info("readiness over AF_VSOCK", "port", port)
 	}
+	drv := driver.New(driver.Config{
+		StateDir:        cfg.StateDir,
+		QEMUBinary:      qemuBin,
+		SwtpmBinary:     cfg.Host.SwtpmBinary,
+		OVMFCode:        report.GetOvmfCode(),
+		OVMFVars:        report.GetOvmfVars(),
+		Accelerator:     report.GetAccelerator(),
+		QEMUVersion:     version,
+		CPU:             cpu,
+		NotifyVsockPort: vsockPort,
+		VTPMCA:          ca,
+	}, log)
 	vms, err := vm.New(vm.Config{
 		StateDir:         cfg.StateDir,
-		QEMUBinary:       qemuBin,
-		SwtpmBinary:      cfg.Host.SwtpmBinary,
-		OVMFCode:         report.GetOvmfCode(),
-		OVMFVars:         report.GetOvmfVars(),
+		ImageDir:         cfg.ImageDir,
 		Accelerator:      report.GetAccelerator(),
-		QEMUVersion:      version,
-		CPU:              cpu,
 		Region:           hostname,
 		Firmware:         report.GetFirmware(),
 		DefaultNetwork:   cfg.DefaultNetwork,
 		DefaultSubnet:    cfg.DefaultSubnet,
-		NotifyVsockPort:  vsockPort,
-		VTPMCA:           ca,
 		InstallTimeout:   cfg.InstallTimeout,
 		BootTimeout:      cfg.BootTimeout,
 		StopTimeout:      cfg.StopTimeout,
 		StopVMsOnExit:    cfg.StopVMsOnExit,
 		GuestSeriesLimit: cfg.GuestSeriesLimit,
-	}, log, st, cat, attestationv1.NewVerifierServiceClient(aconn), router)
+	}, log, st, cat, attestationv1.NewVerifierServiceClient(aconn), router, drv)
 	if err != nil {
 		return err
 	}

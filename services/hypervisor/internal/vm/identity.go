@@ -1,17 +1,13 @@
 package vm
 
 import (
-	"bytes"
 	"context"
-	"fmt"
 	"time"
 
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/gen/vtpm"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/swtpm"
-	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 // This file is the VM's vTPM identity: the keys the host provisions in the
@@ -19,44 +15,23 @@ import (
 // attestation which key's quotes count. Nothing the guest sends decides
 // which key that is.
 
-// provisionTPM reads the VM's EK and AK from its vTPM, making whatever is
-// missing or does not match its template, before a launch: no QEMU holds the
-// state then. It returns the record's keys, updated where a key changed.
+// provisionTPM has the driver read the VM's EK and AK from its vTPM before a
+// launch (making whatever is missing or does not match its template) and
+// returns the record's keys.
 func (m *Manager) provisionTPM(ctx context.Context, rec *storepb.VirtualMachine) (*storepb.TpmKeys, error) {
-	id, err := swtpm.Provision(ctx, swtpm.Config{Binary: m.cfg.SwtpmBinary, StateDir: rec.GetPaths().GetTpmState()}, m.cfg.VTPMCA, rec.GetId())
+	keys, created, err := m.driver.Provision(ctx, rec)
 	if err != nil {
-		return nil, fmt.Errorf("provision the vTPM: %w", err)
+		return nil, err
 	}
-	next := keysRecord(rec.GetTpm(), id, time.Now())
-	if len(id.Created) > 0 {
+	if len(created) > 0 {
 		level := m.log.Info
 		if rec.GetTpm() != nil {
 			// The keys were there at the last boot: the guest removed or replaced them.
 			level = m.log.Warn
 		}
-		level("vTPM provisioned", "vm", rec.GetId(), "created", id.Created, "ak", vtpm.Fingerprint(next.GetAkPublic())[:16])
+		level("vTPM provisioned", "vm", rec.GetId(), "created", created, "ak", vtpm.Fingerprint(keys.GetAkPublic())[:16])
 	}
-	return next, nil
-}
-
-// keysRecord is what the record keeps of a provisioned identity; the times
-// say when it was first made and when it last changed.
-func keysRecord(old *storepb.TpmKeys, id *swtpm.Identity, now time.Time) *storepb.TpmKeys {
-	out := &storepb.TpmKeys{
-		AkPublic:      bytes.Clone(id.AK.Public),
-		EkPublic:      bytes.Clone(id.EK.Public),
-		AkName:        bytes.Clone(id.AK.Name.Buffer),
-		EkCertificate: bytes.Clone(id.EKCertificate),
-		ProvisionTime: old.GetProvisionTime(),
-		UpdateTime:    old.GetUpdateTime(),
-	}
-	if out.ProvisionTime == nil {
-		out.ProvisionTime = timestamppb.New(now)
-	}
-	if old == nil || !bytes.Equal(old.GetAkPublic(), out.AkPublic) || !bytes.Equal(old.GetEkPublic(), out.EkPublic) || !bytes.Equal(old.GetEkCertificate(), out.EkCertificate) {
-		out.UpdateTime = timestamppb.New(now)
-	}
-	return out
+	return keys, nil
 }
 
 // directKernel says whether the VM's image boots a kernel directly (PCR 9

@@ -28,10 +28,8 @@ import (
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/imds"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/network"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/sshexec"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/swtpm"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
@@ -41,16 +39,10 @@ type Config struct {
 	// StateDir holds vms/<id>/.
 	StateDir string
 	// ImageDir is the catalog, whose sysupdate/ tree guests may fetch.
-	ImageDir    string
-	QEMUBinary  string
-	SwtpmBinary string
-	OVMFCode    string
-	OVMFVars    string
-	// Accelerator is what the host report chose (kvm or tcg).
+	ImageDir string
+	// Accelerator is what the host report chose (kvm or tcg), recorded on
+	// every VM the driver runs with it.
 	Accelerator hypervisorv1.Accelerator
-	QEMUVersion qemu.Version
-	// CPU is QEMU's -cpu model; empty takes qemu.Spec's default for the accelerator.
-	CPU string
 	// Region is reported to guests; the host name by default.
 	Region string
 	// Firmware is the OVMF build VMs boot (from the host report), handed to
@@ -60,12 +52,6 @@ type Config struct {
 	// and is the network of a VM created without one. Empty: no default.
 	DefaultNetwork string
 	DefaultSubnet  string
-	// NotifyVsockPort is the host's AF_VSOCK readiness port on hosts with
-	// /dev/vhost-vsock; 0 means readiness travels over virtio-serial.
-	NotifyVsockPort uint32
-	// VTPMCA signs the EK certificate of every vTPM the hypervisor
-	// provisions; nil provisions the keys without one.
-	VTPMCA *swtpm.CA
 
 	InstallTimeout time.Duration
 	BootTimeout    time.Duration
@@ -94,12 +80,6 @@ func (c *Config) defaults() {
 	if c.KillGrace == 0 {
 		c.KillGrace = 5 * time.Second
 	}
-	if c.QEMUBinary == "" {
-		c.QEMUBinary = "qemu-system-x86_64"
-	}
-	if c.SwtpmBinary == "" {
-		c.SwtpmBinary = "swtpm"
-	}
 }
 
 // Store persists VM records.
@@ -124,6 +104,7 @@ type Manager struct {
 	images   ImageResolver
 	verifier attestationv1.VerifierServiceClient
 	router   *notify.Router
+	driver   Driver
 	newID    func() string // random VM ids; tests pick their own
 
 	ctx    context.Context // ends when the hypervisor stops
@@ -150,10 +131,10 @@ type machine struct {
 }
 
 // New loads the records and re-adopts the VMs whose processes still run.
-func New(cfg Config, log *slog.Logger, st Store, images ImageResolver, verifier attestationv1.VerifierServiceClient, router *notify.Router) (*Manager, error) {
+func New(cfg Config, log *slog.Logger, st Store, images ImageResolver, verifier attestationv1.VerifierServiceClient, router *notify.Router, driver Driver) (*Manager, error) {
 	cfg.defaults()
 	ctx, cancel := context.WithCancel(context.Background())
-	m := &Manager{cfg: cfg, log: log, store: st, images: images, verifier: verifier, router: router, ctx: ctx, cancel: cancel,
+	m := &Manager{cfg: cfg, log: log, store: st, images: images, verifier: verifier, router: router, driver: driver, ctx: ctx, cancel: cancel,
 		machines: map[string]*machine{}, newID: newID}
 	m.guest = guest.New(m, verifier, guest.Config{ImageDir: cfg.ImageDir, SeriesLimit: cfg.GuestSeriesLimit}, log)
 	m.nets = network.NewRegistry(ctx, st, func(name string) http.Handler {
@@ -169,7 +150,7 @@ func New(cfg Config, log *slog.Logger, st Store, images ImageResolver, verifier 
 		cancel()
 		return nil, fmt.Errorf("load vm records: %w", err)
 	}
-	strays := m.findStrays()
+	strays := m.driver.Strays()
 	for _, rec := range recs {
 		mc := &machine{id: rec.GetId(), rec: rec, changed: make(chan struct{})}
 		m.machines[mc.id] = mc
@@ -435,44 +416,22 @@ func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMac
 	return View(rec), err
 }
 
-// prepare writes the VM's directory: SSH key, OVMF vars copy, user-data, disk.
+// prepare writes the VM's directory: SSH key, user-data, and what the driver
+// needs (firmware variables, disk).
 func (m *Manager) prepare(rec *storepb.VirtualMachine, r *request, sshKey []byte) error {
 	p := rec.GetPaths()
-	if err := os.MkdirAll(p.GetTpmState(), 0o700); err != nil {
-		return err
-	}
 	if err := os.Chmod(p.GetDir(), 0o700); err != nil {
 		return err
 	}
 	if err := sshexec.WriteKey(p.GetSshKey(), sshKey); err != nil {
 		return fmt.Errorf("per-VM SSH key: %w", err)
 	}
-	vars, err := os.ReadFile(m.cfg.OVMFVars)
-	if err != nil {
-		return fmt.Errorf("OVMF vars template: %w", err)
-	}
-	if err := os.WriteFile(p.GetOvmfVars(), vars, 0o600); err != nil {
-		return err
-	}
 	if p.GetUserData() != "" {
 		if err := os.WriteFile(p.GetUserData(), []byte(r.userData), 0o600); err != nil {
 			return err
 		}
 	}
-	if p.GetVolume() != "" {
-		f, err := os.OpenFile(p.GetVolume(), os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o600)
-		if err != nil {
-			return err
-		}
-		err = f.Truncate(int64(r.diskGiB) << 30) // sparse
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	return m.driver.Prepare(rec)
 }
 
 // discard drops a VM that never ran: record, lease, files, map entry, in
@@ -652,18 +611,16 @@ func (m *Manager) stopLocked(mc *machine) error {
 // powerOff asks the guest to power down, escalates after the stop timeout and
 // waits until the supervisor has settled the record.
 func (m *Manager) powerOff(mc *machine, rt *runtime) {
-	if rt.mon != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if err := rt.mon.Powerdown(ctx); err != nil {
-			m.log.Warn("system_powerdown failed", "vm", mc.id, "error", err)
-		}
-		cancel()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	if err := rt.proc.PowerDown(ctx); err != nil {
+		m.log.Warn("power-down failed", "vm", mc.id, "error", err)
 	}
+	cancel()
 	select {
-	case <-rt.qemu.Done():
+	case <-rt.proc.Done():
 	case <-time.After(m.cfg.StopTimeout):
-		m.log.Warn("guest did not power off within the stop timeout; terminating qemu", "vm", mc.id, "timeout", m.cfg.StopTimeout)
-		rt.qemu.Terminate(m.cfg.KillGrace)
+		m.log.Warn("guest did not power off within the stop timeout; terminating it", "vm", mc.id, "timeout", m.cfg.StopTimeout)
+		rt.proc.Terminate(m.cfg.KillGrace)
 	}
 	<-rt.settled
 }
@@ -786,7 +743,7 @@ func (m *Manager) Close() {
 	for _, mc := range mcs {
 		mc.mu.Lock()
 		if mc.run != nil {
-			m.log.Info("vm left running; the next hypervisor re-adopts it", "vm", mc.id, "pid", mc.run.qemu.PID)
+			m.log.Info("vm left running; the next hypervisor re-adopts it", "vm", mc.id, "pid", mc.run.proc.Processes().GetQemu().GetPid())
 		}
 		mc.mu.Unlock()
 	}

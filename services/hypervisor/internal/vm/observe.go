@@ -7,6 +7,7 @@ import (
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/logtail"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/proc"
 	"google.golang.org/protobuf/proto"
 )
@@ -31,7 +32,7 @@ func (m *Manager) Console(id string, lines int32) (*hypervisorv1.GetVirtualMachi
 		return nil, apierr.Invalidf("lines", "lines %d is above the maximum of %d", n, MaxConsoleLines)
 	}
 	rec, _ := mc.snapshot()
-	return &hypervisorv1.GetVirtualMachineConsoleResponse{Id: id, Lines: int32(n), Console: tail(rec.GetPaths().GetConsole(), n)}, nil
+	return &hypervisorv1.GetVirtualMachineConsoleResponse{Id: id, Lines: int32(n), Console: logtail.Lines(rec.GetPaths().GetConsole(), n)}, nil
 }
 
 // Metrics summarises what the host sees of a VM.

@@ -4,14 +4,13 @@ import (
 	"time"
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
 )
 
-// Every boot is a new boot. QEMU runs an installed boot with
-// -action reboot=shutdown, so a reset the guest causes (a reboot, a panic
-// with panic=, a triple fault) ends the process with QMP SHUTDOWN reason
-// guest-reset, and the hypervisor launches the next boot as reboot_vm would:
+// Every boot is a new boot. A reset the guest causes (a reboot, a panic with
+// panic=, a triple fault) ends its run (the QEMU driver runs installed boots
+// with -action reboot=shutdown and reports reason guest-reset), and the
+// manager launches the next boot as reboot_vm would:
 // the vTPM's keys are read again, attestation registers the boot before it
 // runs, and the user-data gate is closed until that boot's own initrd quote
 // verifies.
@@ -69,26 +68,18 @@ func (m *Manager) relaunch(mc *machine) {
 	}
 }
 
-// observe notes why QEMU is about to exit: QMP SHUTDOWN says whether the
-// guest asked, and whether for a reset (-action reboot=shutdown turns a
-// reboot, a panic with panic=, a triple fault into an exit).
-func (rt *runtime) observe(ev qemu.Event) {
-	if ev.Name != "SHUTDOWN" {
-		return
-	}
-	if guest, _ := ev.Data["guest"].(bool); guest {
+// observe notes why the run is about to end.
+func (rt *runtime) observe(ev Shutdown) {
+	if ev.Guest {
 		rt.guestShutdown.Store(true)
-		if reason, _ := ev.Data["reason"].(string); reason == "guest-reset" {
-			rt.guestReset.Store(true)
-		}
+	}
+	if ev.Reset {
+		rt.guestReset.Store(true)
 	}
 }
 
-// drainEvents reads the events left once QEMU exited, until QMP closes.
-func (rt *runtime) drainEvents(events <-chan qemu.Event, d time.Duration) {
-	if events == nil {
-		return
-	}
+// drainEvents reads what is left once the run ended, until the channel closes.
+func (rt *runtime) drainEvents(events <-chan Shutdown, d time.Duration) {
 	timeout := time.After(d)
 	for {
 		select {

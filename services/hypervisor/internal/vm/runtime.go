@@ -1,14 +1,8 @@
 package vm
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"hash/fnv"
-	"os"
-	"os/exec"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -16,23 +10,19 @@ import (
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guest"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/proc"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/logtail"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/swtpm"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
-// runtime is a VM's live processes and the goroutine watching them.
+// runtime is a VM's live run and the goroutine watching it.
 type runtime struct {
 	phase hypervisorv1.Phase
-	qemu  *proc.Process
-	tpm   *proc.Process
-	mon   *qemu.Monitor
+	proc  Run
 
 	stopping      atomic.Bool // stop, reboot or delete asked for the power-down
-	guestShutdown atomic.Bool // QMP SHUTDOWN said the guest powered off or reset
-	guestReset    atomic.Bool // QMP SHUTDOWN's reason was guest-reset
+	guestShutdown atomic.Bool // the guest powered off or reset
+	guestReset    atomic.Bool // the guest reset
 	// stopReason, set under the machine's lock before the power-down,
 	// becomes lastError of the stopped record (the hypervisor's exit).
 	stopReason string
@@ -49,7 +39,6 @@ const consoleTailLines = 40
 // the op lock held.
 func (m *Manager) launch(mc *machine, phase hypervisorv1.Phase) error {
 	rec, _ := mc.snapshot()
-	p := rec.GetPaths()
 	img, err := m.images.Get(rec.GetImage())
 	if err != nil {
 		return fmt.Errorf("image %s: %w", rec.GetImage(), err)
@@ -72,50 +61,16 @@ func (m *Manager) launch(mc *machine, phase hypervisorv1.Phase) error {
 		att = m.beginBoot(rec)
 		m.update(mc, func(r *storepb.VirtualMachine) { r.Attestation = att })
 	}
-	tpm, err := swtpm.Start(ctx, swtpm.Config{Binary: m.cfg.SwtpmBinary, StateDir: p.GetTpmState()})
+	run, err := m.driver.Launch(ctx, Launch{Record: rec, Image: img, Phase: phase, CIDTaken: m.cidTaken(mc.id)})
 	if err != nil {
 		return err
 	}
-	spec := m.spec(rec, img, phase)
-	if m.cfg.NotifyVsockPort != 0 {
-		spec.NotifySocket = ""
-		spec.VsockCID = m.allocateCID(mc.id, rec.GetCid())
-		spec.Credentials["vmm.notify_socket"] = fmt.Sprintf("vsock-stream:2:%d", m.cfg.NotifyVsockPort)
-	}
-	args, err := spec.Args()
-	if err != nil {
-		tpm.Terminate(m.cfg.KillGrace)
-		return err
-	}
-	var (
-		qp  *proc.Process
-		mon *qemu.Monitor
-	)
-	for attempt := 0; ; attempt++ {
-		qp, mon, err = m.startQEMU(ctx, p, args)
-		if err == nil {
-			break
-		}
-		// QEMU refuses a vsock CID another VM on the host holds: take the next.
-		if spec.VsockCID == 0 || attempt >= 16 || !strings.Contains(err.Error(), "guest cid") {
-			tpm.Terminate(m.cfg.KillGrace)
-			return err
-		}
-		spec.VsockCID++
-		if args, err = spec.Args(); err != nil {
-			tpm.Terminate(m.cfg.KillGrace)
-			return err
-		}
-	}
-	rt := &runtime{phase: phase, qemu: qp, tpm: tpm, mon: mon, settled: make(chan struct{})}
+	rt := &runtime{phase: phase, proc: run, settled: make(chan struct{})}
 	m.update(mc, func(r *storepb.VirtualMachine) {
 		r.Phase = phase
-		r.Cid = spec.VsockCID
+		r.Cid = run.CID()
 		r.Accelerator = m.cfg.Accelerator
-		r.Processes = &storepb.Processes{
-			Qemu: &storepb.Process{Pid: int32(qp.PID), StartTicks: qp.StartTicks},
-			Tpm:  &storepb.Process{Pid: int32(tpm.PID), StartTicks: tpm.StartTicks},
-		}
+		r.Processes = run.Processes()
 		r.Status, r.LastError, r.ReadyAt = "", "", nil
 		if phase == hypervisorv1.Phase_PHASE_INSTALL {
 			r.State = hypervisorv1.State_STATE_INSTALLING
@@ -130,91 +85,9 @@ func (m *Manager) launch(mc *machine, phase hypervisorv1.Phase) error {
 	return nil
 }
 
-// startQEMU starts QEMU and connects QMP; a QEMU that does not come up is
-// ended and its log tail returned.
-func (m *Manager) startQEMU(ctx context.Context, p *hypervisorv1.Paths, args []string) (*proc.Process, *qemu.Monitor, error) {
-	log, err := os.OpenFile(p.GetQemuLog(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return nil, nil, err
-	}
-	// The exact argv, as JSON, so a run can be reproduced by hand (make bench does).
-	argv, _ := json.Marshal(append([]string{m.cfg.QEMUBinary}, args...))
-	fmt.Fprintf(log, "--- %s %s\n", time.Now().UTC().Format(time.RFC3339), argv)
-	cmd := exec.Command(m.cfg.QEMUBinary, args...)
-	cmd.Stdout, cmd.Stderr = log, log
-	qp, err := proc.Start(cmd)
-	log.Close() // the child holds its own descriptor
-	if err != nil {
-		return nil, nil, err
-	}
-	// Stop waiting for QMP as soon as QEMU exits (a bad argument, a CID in use).
-	qctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		select {
-		case <-qp.Done():
-			cancel()
-		case <-qctx.Done():
-		}
-	}()
-	mon, err := qemu.Connect(qctx, p.GetQmpSocket())
-	if err != nil {
-		qp.Terminate(m.cfg.KillGrace)
-		return nil, nil, fmt.Errorf("qemu did not come up: %v%s", err, tailFile(p.GetQemuLog(), 10, "\nqemu.log:\n"))
-	}
-	return qp, mon, nil
-}
-
-// spec is the QEMU command of one phase.
-func (m *Manager) spec(rec *storepb.VirtualMachine, img *hypervisorv1.Image, phase hypervisorv1.Phase) qemu.Spec {
-	p := rec.GetPaths()
-	accel := qemu.AccelTCG
-	if m.cfg.Accelerator == hypervisorv1.Accelerator_ACCELERATOR_KVM {
-		accel = qemu.AccelKVM
-	}
-	s := qemu.Spec{
-		ID:           rec.GetId(),
-		QEMUVersion:  m.cfg.QEMUVersion,
-		Accel:        accel,
-		CPU:          m.cfg.CPU,
-		CPUs:         int(rec.GetCpus()),
-		MemoryMiB:    int(rec.GetMemoryMib()),
-		ConsoleLog:   p.GetConsole(),
-		QMPSocket:    p.GetQmpSocket(),
-		OVMFCode:     m.cfg.OVMFCode,
-		OVMFVars:     p.GetOvmfVars(),
-		SwtpmSocket:  tpmSocket(p.GetTpmState()),
-		NotifySocket: p.GetNotifySocket(),
-		Credentials: map[string]string{
-			"system.machine_id":  rec.GetMachineId(),
-			"firstboot.hostname": rec.GetHostname(),
-		},
-	}
-	if rec.GetNetwork() != "" && netSocket(rec) != "" {
-		s.NetdevSocket, s.MAC = netSocket(rec), rec.GetMac()
-	}
-	switch {
-	case img.GetKind() == hypervisorv1.ImageKind_IMAGE_KIND_KERNEL:
-		s.Boot = qemu.BootKernel
-		s.Kernel, s.Initrd, s.Cmdline = img.GetKernel(), img.GetInitrd(), img.GetCmdline()
-	case phase == hypervisorv1.Phase_PHASE_INSTALL:
-		s.Boot = qemu.BootInstall
-		s.UKI, s.Installer, s.Volume = img.GetUki(), img.GetDisk(), p.GetVolume()
-		s.Credentials["vm.install-target"] = "/dev/disk/by-id/virtio-" + qemu.DefaultTargetSerial
-	default:
-		s.Boot = qemu.BootDisk
-		s.Volume = p.GetVolume()
-		s.FirstBoot = !rec.GetBooted()
-	}
-	return s
-}
-
-// allocateCID picks the VM's vsock CID: the one it had, else the first free
-// one from a start that depends on the state directory, so two hypervisors on
-// one host rarely collide (QEMU refuses a CID in use, and launch retries).
-func (m *Manager) allocateCID(id string, had uint32) uint32 {
+// cidTaken says whether a VM other than id holds a vsock CID.
+func (m *Manager) cidTaken(id string) func(uint32) bool {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	used := map[uint32]bool{}
 	for _, other := range m.machines {
 		if other.id == id {
@@ -224,21 +97,8 @@ func (m *Manager) allocateCID(id string, had uint32) uint32 {
 		used[other.rec.GetCid()] = true
 		other.mu.Unlock()
 	}
-	if had >= qemu.MinCID && !used[had] {
-		return had
-	}
-	h := fnv.New32a()
-	h.Write([]byte(m.cfg.StateDir))
-	cid := qemu.MinCID + h.Sum32()%(1<<20)
-	for used[cid] {
-		cid++
-	}
-	return cid
-}
-
-// tpmSocket is swtpm's control socket in a VM's tpm/ directory.
-func tpmSocket(stateDir string) string {
-	return swtpm.Config{StateDir: stateDir}.WithDefaults().CtrlSocket
+	m.mu.Unlock()
+	return func(cid uint32) bool { return used[cid] }
 }
 
 // supervise watches one run: readiness messages, QMP events, the boot
@@ -267,10 +127,7 @@ func (m *Manager) supervise(mc *machine, rt *runtime) {
 	if rt.phase == hypervisorv1.Phase_PHASE_INSTALL {
 		installTimer = time.After(m.cfg.InstallTimeout)
 	}
-	var events <-chan qemu.Event
-	if rt.mon != nil {
-		events = rt.mon.Events()
-	}
+	events := rt.proc.Shutdowns()
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
@@ -297,8 +154,8 @@ func (m *Manager) supervise(mc *machine, rt *runtime) {
 				})
 			case <-installTimer:
 				m.log.Warn("installer did not finish in time; killing it", "vm", mc.id)
-				rt.qemu.Terminate(m.cfg.KillGrace)
-			case <-rt.qemu.Done():
+				rt.proc.Terminate(m.cfg.KillGrace)
+			case <-rt.proc.Done():
 				// The SHUTDOWN event that says why may still be on its way.
 				rt.drainEvents(events, time.Second)
 				cancel()
@@ -306,9 +163,7 @@ func (m *Manager) supervise(mc *machine, rt *runtime) {
 				return
 			case <-ctx.Done():
 				// Detach: leave the processes running for the next hypervisor.
-				if rt.mon != nil {
-					_ = rt.mon.Close()
-				}
+				rt.proc.Detach()
 				close(rt.settled)
 				return
 			}
@@ -343,11 +198,8 @@ func (m *Manager) onNotify(mc *machine, rt *runtime, ready bool, status string) 
 // exited settles the record after QEMU ended, and starts the installed boot
 // after a successful installer.
 func (m *Manager) exited(mc *machine, rt *runtime) {
-	if rt.mon != nil {
-		_ = rt.mon.Close()
-	}
-	rt.tpm.Terminate(m.cfg.KillGrace) // --terminate ends it with QEMU; this reaps a straggler
-	code, known := rt.qemu.ExitCode()
+	rt.proc.Reap()
+	code, known := rt.proc.ExitCode()
 	clean := (known && code == 0) || (!known && rt.guestShutdown.Load())
 	rec, _ := mc.snapshot()
 	m.mu.Lock()
@@ -376,7 +228,7 @@ func (m *Manager) exited(mc *machine, rt *runtime) {
 		case reset && resets > MaxGuestResets:
 			r.State = hypervisorv1.State_STATE_FAILED
 			r.LastError = fmt.Sprintf("the guest reset %d times within %s; it is not booted again (start the VM to try again)", resets, fmtDuration(GuestResetWindow)) +
-				tailFile(rec.GetPaths().GetConsole(), consoleTailLines, "\nconsole:\n")
+				logtail.WithHeader(rec.GetPaths().GetConsole(), consoleTailLines, "\nconsole:\n")
 		case reset:
 			// A reboot inside the guest: its next boot is a new one, which
 			// provisions, registers with attestation and closes the gate
@@ -394,13 +246,13 @@ func (m *Manager) exited(mc *machine, rt *runtime) {
 			installNext = true
 		case rt.phase == hypervisorv1.Phase_PHASE_INSTALL:
 			r.State = hypervisorv1.State_STATE_FAILED
-			r.LastError = "installer exited: " + exitText(code, known) + tailFile(rec.GetPaths().GetConsole(), consoleTailLines, "\nconsole:\n")
+			r.LastError = "installer exited: " + exitText(code, known) + logtail.WithHeader(rec.GetPaths().GetConsole(), consoleTailLines, "\nconsole:\n")
 		case clean:
 			r.State = hypervisorv1.State_STATE_STOPPED
 			r.LastError = "guest shut down"
 		default:
 			r.State = hypervisorv1.State_STATE_FAILED
-			r.LastError = "qemu exited: " + exitText(code, known) + tailFile(rec.GetPaths().GetConsole(), consoleTailLines, "\nconsole:\n")
+			r.LastError = "qemu exited: " + exitText(code, known) + logtail.WithHeader(rec.GetPaths().GetConsole(), consoleTailLines, "\nconsole:\n")
 		}
 	})
 	close(rt.settled)
@@ -431,41 +283,4 @@ func exitText(code int, known bool) string {
 	default:
 		return fmt.Sprintf("exit status %d", code)
 	}
-}
-
-// tailFile returns the last n lines of a file behind a header, or "".
-func tailFile(path string, n int, header string) string {
-	t := tail(path, n)
-	if t == "" {
-		return ""
-	}
-	return header + t
-}
-
-// tail returns the last n lines of a file (without reading all of a huge one).
-func tail(path string, n int) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return ""
-	}
-	const maxRead = 4 << 20
-	off := max(fi.Size()-maxRead, 0)
-	buf := make([]byte, fi.Size()-off)
-	if _, err := f.ReadAt(buf, off); err != nil && !errors.Is(err, os.ErrClosed) && len(buf) == 0 {
-		return ""
-	}
-	buf = bytes.TrimRight(buf, "\n")
-	lines := bytes.Split(buf, []byte("\n"))
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	for i, l := range lines {
-		lines[i] = bytes.TrimSuffix(l, []byte("\r")) // the serial console ends lines in CRLF
-	}
-	return string(bytes.Join(lines, []byte("\n")))
 }

@@ -49,7 +49,7 @@ func TestSweepDeletedAtStart(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	m, err := New(Config{StateDir: dir}, slog.New(slog.DiscardHandler), st, images2{}, nil, notify.NewRouter())
+	m, err := New(Config{StateDir: dir}, slog.New(slog.DiscardHandler), st, images2{}, nil, notify.NewRouter(), newFakeDriver())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,7 +29,7 @@ func newTestManager(t *testing.T, v attestationv1.VerifierServiceClient) (*Manag
 	if err := os.WriteFile(filepath.Join(images, "sysupdate", "kubernetes", "SHA256SUMS"), []byte("aa  k.raw\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	m, err := New(Config{StateDir: dir, ImageDir: images}, slog.New(slog.DiscardHandler), st, images2{}, v, notify.NewRouter())
+	m, err := New(Config{StateDir: dir, ImageDir: images}, slog.New(slog.DiscardHandler), st, images2{}, v, notify.NewRouter(), newFakeDriver())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -172,3 +172,6 @@ func stateName(s hypervisorv1.State) string {
 }
 
 func fmtDuration(d time.Duration) string { return fmt.Sprint(d.Round(time.Second)) }
+
+// ValidID says whether id is a VM id: 8 hex characters.
+func ValidID(id string) bool { return vmID.MatchString(id) }

@@ -100,21 +100,4 @@ func TestValidateMetadataLimits(t *testing.T) {
 	}
 }
 
-func TestTail(t *testing.T) {
-	p := t.TempDir() + "/console.log"
-	if got := tail(p, 3); got != "" {
-		t.Errorf("missing file: %q", got)
-	}
-	var b strings.Builder
-	for i := 1; i <= 10; i++ {
-		b.WriteString(strings.Repeat("x", i) + "\n")
-	}
-	if err := writeFile(p, b.String()); err != nil {
-		t.Fatal(err)
-	}
-	if got := tail(p, 3); got != "xxxxxxxx\nxxxxxxxxx\nxxxxxxxxxx" {
-		t.Errorf("tail 3: %q", got)
-	}
-}
-
 func writeFile(p, s string) error { return os.WriteFile(p, []byte(s), 0o600) }

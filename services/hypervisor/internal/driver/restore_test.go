@@ -1,4 +1,4 @@
-package vm
+package driver_test
 
 import (
 	"log/slog"
@@ -9,13 +9,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/giantswarm/vm-manager/gen/apierr"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/driver"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vm"
 )
 
-// A hypervisor SIGKILLed between starting swtpm and QEMU and recording them
+type noImages struct{}
+
+func (noImages) Get(string) (*hypervisorv1.Image, error) { return nil, apierr.ErrNotFound }
+func (noImages) Default() (*hypervisorv1.Image, error)   { return nil, apierr.ErrNotFound }
+
+// The manager restarted over the real driver: a hypervisor SIGKILLed between starting swtpm and QEMU and recording them
 // (a create, start or reboot in flight; found by the fault suite) left both
 // running under a record that lists no processes. The next hypervisor ends
 // every QEMU or swtpm that names a VM directory of its state directory and
@@ -71,8 +79,9 @@ func TestRestoreEndsStrayProcesses(t *testing.T) {
 	}
 	time.Sleep(100 * time.Millisecond) // let sh start
 
-	m, err := New(Config{StateDir: dir, QEMUBinary: qemuBin, SwtpmBinary: swtpmBin, KillGrace: time.Second},
-		slog.New(slog.DiscardHandler), st, images2{}, nil, notify.NewRouter())
+	log := slog.New(slog.DiscardHandler)
+	drv := driver.New(driver.Config{StateDir: dir, QEMUBinary: qemuBin, SwtpmBinary: swtpmBin, KillGrace: time.Second}, log)
+	m, err := vm.New(vm.Config{StateDir: dir, KillGrace: time.Second}, log, st, noImages{}, nil, notify.NewRouter(), drv)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,22 +105,5 @@ func TestRestoreEndsStrayProcesses(t *testing.T) {
 	}
 	if rec, _ := m.Get("0a0b0c02"); rec.GetState() != hypervisorv1.State_STATE_STOPPED || rec.GetLastError() != "vm-manager restarted while the VM was starting; start the VM again" {
 		t.Errorf("stopped record whose start was interrupted: %v", rec)
-	}
-}
-
-func TestVMOfArgv(t *testing.T) {
-	prefixes := []string{"/s/vms/"}
-	for arg, want := range map[string]string{
-		"dir=/s/vms/0a0b0c0d/tpm":             "0a0b0c0d",
-		"file:/s/vms/0a0b0c0d/console.log":    "0a0b0c0d",
-		"/s/vms/0a0b0c0d/ovmf_vars.fd":        "0a0b0c0d",
-		"if=pflash,file=/s/vms/0a0b0c0d/x.fd": "0a0b0c0d",
-		"path=/t/s/vms/0a0b0c0d/qmp.sock":     "", // another state directory
-		"dir=/s/vms/../etc":                   "",
-		"dir=/s/vms/0a0b0c0dd/tpm":            "",
-	} {
-		if got := vmOfArgv([]string{"qemu", arg}, prefixes); got != want {
-			t.Errorf("vmOfArgv(%q) = %q, want %q", arg, got, want)
-		}
 	}
 }
