@@ -10,17 +10,16 @@ import (
 // The stores keep protobuf records, one per key of a bucket. These are the
 // reads and writes they share.
 
-// GetProto decodes bucket/key into m; found is false when there is no such key.
-func GetProto(db *bolt.DB, bucket []byte, key string, m proto.Message) (found bool, err error) {
-	err = db.View(func(tx *bolt.Tx) error {
+// GetProto decodes bucket/key into m, or returns missing when there is no
+// such key.
+func GetProto(db *bolt.DB, bucket []byte, key string, m proto.Message, missing error) error {
+	return db.View(func(tx *bolt.Tx) error {
 		raw := tx.Bucket(bucket).Get([]byte(key))
 		if raw == nil {
-			return nil
+			return missing
 		}
-		found = true
 		return proto.Unmarshal(raw, m)
 	})
-	return found, err
 }
 
 // PutProto writes m at bucket/key.

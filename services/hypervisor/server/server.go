@@ -5,8 +5,6 @@ package server
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"os"
@@ -15,7 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/pkg/identity"
@@ -28,11 +25,11 @@ import (
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/host"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/imds"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/policysync"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/swtpm"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vm"
-	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // Config is what the hypervisor needs.
@@ -201,7 +198,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	srv.SetServing()
 	log.Info("hypervisor serving", "socket", cfg.Socket, "state", cfg.StateDir, "oidc_issuer", verifier.Issuer())
 
-	go syncPolicies(ctx, log, cat, st, attestationv1.NewVerifierServiceClient(aconn))
+	go policysync.Run(ctx, log, cat, st, attestationv1.NewVerifierServiceClient(aconn))
 
 	if err := srv.ServeUntil(ctx, ln); err != nil {
 		return err
@@ -235,52 +232,4 @@ func listenNotify(stateDir string, port uint32) (notify.Listener, uint32, error)
 		return nil, 0, err
 	}
 	return l, bound, nil
-}
-
-// syncPolicies hands every catalog image's policy.json to attestation, which
-// owns policy. A document is imported when it is new or changed since the last
-// hand-over, so an operator's own import is not overwritten on every start.
-// Attestation may be down or restarting: retry until everything is synced.
-func syncPolicies(ctx context.Context, log *slog.Logger, cat *catalog.Catalog, st *store.Store, client attestationv1.VerifierServiceClient) {
-	for delay := 500 * time.Millisecond; ; delay = min(delay*2, 10*time.Second) {
-		pending := 0
-		for _, img := range cat.List() {
-			doc, ok := cat.PolicyDocument(img.GetRef())
-			if !ok {
-				continue
-			}
-			sum := sha256.Sum256(doc)
-			digest := hex.EncodeToString(sum[:])
-			if prev, _ := st.PolicySynced(img.GetRef()); prev == digest {
-				continue
-			}
-			s := &structpb.Struct{}
-			if err := s.UnmarshalJSON(doc); err != nil {
-				log.Warn("image policy is not a JSON object; not imported", "image", img.GetRef(), "error", err)
-				continue
-			}
-			callCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			_, err := client.SyncImagePolicy(callCtx, &attestationv1.SyncImagePolicyRequest{Image: img.GetRef(), Document: s})
-			cancel()
-			switch {
-			case err == nil:
-				log.Info("image policy imported into attestation", "image", img.GetRef(), "sha256", digest)
-				_ = st.SetPolicySynced(img.GetRef(), digest)
-			case apierr.CodeOf(err) == apierr.InvalidRequest:
-				log.Warn("image policy rejected by attestation", "image", img.GetRef(), "error", apierr.MessageOf(err))
-				_ = st.SetPolicySynced(img.GetRef(), digest) // the same bytes will not pass next time either
-			default:
-				pending++
-				log.Debug("image policy import pending", "image", img.GetRef(), "error", err)
-			}
-		}
-		if pending == 0 {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(delay):
-		}
-	}
 }

@@ -147,11 +147,7 @@ func (s *Store) Close() error { return s.db.Close() }
 // GetPolicy returns one image's policy.
 func (s *Store) GetPolicy(image string) (*attestationv1.ImagePolicy, error) {
 	p := &attestationv1.ImagePolicy{}
-	found, err := boltdb.GetProto(s.db, bucketPolicies, image, p)
-	if err == nil && !found {
-		err = apierr.Errorf(apierr.NotFound, "no policy for image %q", image)
-	}
-	if err != nil {
+	if err := boltdb.GetProto(s.db, bucketPolicies, image, p, apierr.Errorf(apierr.NotFound, "no policy for image %q", image)); err != nil {
 		return nil, err
 	}
 	return p, nil

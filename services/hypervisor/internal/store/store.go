@@ -91,10 +91,7 @@ type Store struct{ db *bolt.DB }
 // Open opens (and migrates) the database at path.
 func Open(path string) (*Store, error) {
 	db, err := boltdb.Open(path, Schema, 2*time.Second)
-	if err != nil {
-		return nil, err
-	}
-	return &Store{db: db}, nil
+	return &Store{db: db}, err
 }
 
 // Close closes the database.
@@ -103,11 +100,7 @@ func (s *Store) Close() error { return s.db.Close() }
 // GetVM returns one VM record.
 func (s *Store) GetVM(id string) (*storepb.VirtualMachine, error) {
 	vm := &storepb.VirtualMachine{}
-	found, err := boltdb.GetProto(s.db, bucketVMs, id, vm)
-	if err == nil && !found {
-		err = apierr.Errorf(apierr.NotFound, "vm %s not found", id)
-	}
-	if err != nil {
+	if err := boltdb.GetProto(s.db, bucketVMs, id, vm, apierr.Errorf(apierr.NotFound, "vm %s not found", id)); err != nil {
 		return nil, err
 	}
 	return vm, nil
@@ -163,11 +156,7 @@ func (s *Store) ListVMs() ([]*storepb.VirtualMachine, error) {
 // GetNetwork returns one network.
 func (s *Store) GetNetwork(name string) (*hypervisorv1.Network, error) {
 	n := &hypervisorv1.Network{}
-	found, err := boltdb.GetProto(s.db, bucketNetworks, name, n)
-	if err == nil && !found {
-		err = apierr.Errorf(apierr.NotFound, "network %q not found", name)
-	}
-	if err != nil {
+	if err := boltdb.GetProto(s.db, bucketNetworks, name, n, apierr.Errorf(apierr.NotFound, "network %q not found", name)); err != nil {
 		return nil, err
 	}
 	return n, nil

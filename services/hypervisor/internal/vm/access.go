@@ -17,6 +17,7 @@ import (
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/forward"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/network"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/sshexec"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/lifecycle"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
 )
 
@@ -86,7 +87,7 @@ func (m *Manager) Exec(ctx context.Context, id string, argv []string) (*hypervis
 	rec, live := mc.rec, mc.run != nil
 	mc.mu.Unlock()
 	if !live || rec.GetState() == hypervisorv1.State_STATE_DELETING {
-		return nil, apierr.Errorf(apierr.Conflict, "vm %s is %s and has no running process; start it first", id, stateName(rec.GetState()))
+		return nil, apierr.Errorf(apierr.Conflict, "vm %s is %s and has no running process; start it first", id, lifecycle.Name(rec.GetState()))
 	}
 	ns, ip, err := m.guestAddr(rec)
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
@@ -26,6 +27,7 @@ import (
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/forward"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guest"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/imds"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/lifecycle"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/network"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/sshexec"
@@ -113,6 +115,8 @@ type Manager struct {
 	mu       sync.Mutex
 	machines map[string]*machine
 	nets     *network.Registry
+	events   *lifecycle.Broker
+	illegal  atomic.Uint64
 	guest    *guest.Side
 	closing  bool
 	wg       sync.WaitGroup
@@ -135,7 +139,7 @@ func New(cfg Config, log *slog.Logger, st Store, images ImageResolver, verifier 
 	cfg.defaults()
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{cfg: cfg, log: log, store: st, images: images, verifier: verifier, router: router, driver: driver, ctx: ctx, cancel: cancel,
-		machines: map[string]*machine{}, newID: newID}
+		machines: map[string]*machine{}, newID: newID, events: lifecycle.NewBroker(0)}
 	m.guest = guest.New(m, verifier, guest.Config{ImageDir: cfg.ImageDir, SeriesLimit: cfg.GuestSeriesLimit}, log)
 	m.nets = network.NewRegistry(ctx, st, func(name string) http.Handler {
 		return imds.New(m.guest.Network(name), log.With("network", name))
@@ -191,18 +195,43 @@ func (m *Manager) update(mc *machine, fn func(rec *storepb.VirtualMachine)) *sto
 	return m.updateLocked(mc, fn)
 }
 
+//
+// Every change goes through the lifecycle's table: a state change it does
+// not allow is a bug, and the record stays as it was (logged and counted).
+// Every accepted change is persisted and published as an event.
 func (m *Manager) updateLocked(mc *machine, fn func(rec *storepb.VirtualMachine)) *storepb.VirtualMachine {
+	prev := proto.Clone(mc.rec).(*storepb.VirtualMachine)
 	before := mc.rec.GetState()
 	fn(mc.rec)
+	after := mc.rec.GetState()
+	if err := lifecycle.Check(before, after); err != nil {
+		m.illegal.Add(1)
+		m.log.Error("vm record change refused", "vm", mc.id, "error", err)
+		mc.rec = prev
+		return proto.Clone(prev).(*storepb.VirtualMachine)
+	}
 	if err := m.store.PutVM(mc.rec); err != nil {
 		m.log.Error("persist vm record", "vm", mc.id, "error", err)
 	}
-	if after := mc.rec.GetState(); after != before {
-		m.log.Info("vm state", "vm", mc.id, "name", mc.rec.GetName(), "from", stateName(before), "to", stateName(after), "last_error", firstLine(mc.rec.GetLastError()))
+	if after != before {
+		m.log.Info("vm state", "vm", mc.id, "name", mc.rec.GetName(), "from", lifecycle.Name(before), "to", lifecycle.Name(after), "last_error", firstLine(mc.rec.GetLastError()))
 	}
+	out := proto.Clone(mc.rec).(*storepb.VirtualMachine)
+	m.events.Publish(lifecycle.Event{VMID: mc.id, From: before, To: after, Record: out})
 	close(mc.changed)
 	mc.changed = make(chan struct{})
-	return proto.Clone(mc.rec).(*storepb.VirtualMachine)
+	return proto.Clone(out).(*storepb.VirtualMachine)
+}
+
+// Events are the VMs' record changes, numbered.
+func (m *Manager) Events() *lifecycle.Broker { return m.events }
+
+// IllegalTransitions counts the state changes the lifecycle refused (bugs).
+func (m *Manager) IllegalTransitions() uint64 { return m.illegal.Load() }
+
+// gone publishes a VM's deletion.
+func (m *Manager) gone(id string, last hypervisorv1.State) {
+	m.events.Publish(lifecycle.Event{VMID: id, From: last, To: last, Deleted: true})
 }
 
 // Update applies fn to a VM's record, persists it and wakes its waiters.
@@ -397,6 +426,7 @@ func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMac
 		mc.op.Unlock()
 		return nil, err
 	}
+	m.events.Publish(lifecycle.Event{VMID: id, To: hypervisorv1.State_STATE_CREATING, Record: proto.Clone(rec).(*storepb.VirtualMachine)})
 	m.unmark(id)
 	err = m.prepare(rec, r, sshKey)
 	if err == nil {
@@ -434,14 +464,25 @@ func (m *Manager) prepare(rec *storepb.VirtualMachine, r *request, sshKey []byte
 	return m.driver.Prepare(rec)
 }
 
-// discard drops a VM that never ran: record, lease, files, map entry, in
-// Delete's order.
+// discard drops a VM that never ran.
 func (m *Manager) discard(mc *machine) {
+	if err := m.drop(mc); err != nil {
+		m.log.Error("discard vm", "vm", mc.id, "error", err)
+	}
+}
+
+// drop removes a VM: its record first, then its lease and files (a restart
+// in between finds a lease or a marked directory without a record and
+// removes them: sweepDeleted; never a record without its lease or files).
+// Waiters wake, and the deletion is published. A record that cannot be
+// deleted leaves everything in place.
+func (m *Manager) drop(mc *machine) error {
 	if err := m.markDeleted(mc.id); err != nil {
-		m.log.Error("mark vm directory deleted", "vm", mc.id, "error", err)
+		return apierr.Errorf(apierr.Internal, "delete vm %s: %v", mc.id, err)
 	}
 	if err := m.store.DeleteVM(mc.id); err != nil {
-		m.log.Error("delete vm record", "vm", mc.id, "error", err)
+		m.unmark(mc.id)
+		return err
 	}
 	m.mu.Lock()
 	delete(m.machines, mc.id)
@@ -451,9 +492,12 @@ func (m *Manager) discard(mc *machine) {
 	}
 	m.removeDir(mc.id)
 	mc.mu.Lock()
+	last := mc.rec.GetState()
 	close(mc.changed)
 	mc.changed = make(chan struct{})
 	mc.mu.Unlock()
+	m.gone(mc.id, last)
+	return nil
 }
 
 func (m *Manager) deadline(w hypervisorv1.WaitFor) time.Duration {
@@ -494,12 +538,12 @@ func (m *Manager) wait(ctx context.Context, mc *machine, w hypervisorv1.WaitFor,
 		case hypervisorv1.State_STATE_FAILED:
 			return nil, failedErr(rec, fmt.Sprintf("vm %s failed before %s", rec.GetId(), waitName(w)))
 		case hypervisorv1.State_STATE_STOPPING, hypervisorv1.State_STATE_STOPPED, hypervisorv1.State_STATE_DELETING:
-			return nil, failedErr(rec, fmt.Sprintf("vm is %s", stateName(s)))
+			return nil, failedErr(rec, fmt.Sprintf("vm is %s", lifecycle.Name(s)))
 		}
 		select {
 		case <-changed:
 		case <-timer.C:
-			return nil, apierr.Errorf(apierr.Timeout, "vm %s did not reach %s within %s (state %s)", rec.GetId(), waitName(w), fmtDuration(d), stateName(rec.GetState()))
+			return nil, apierr.Errorf(apierr.Timeout, "vm %s did not reach %s within %s (state %s)", rec.GetId(), waitName(w), fmtDuration(d), lifecycle.Name(rec.GetState()))
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
@@ -508,7 +552,7 @@ func (m *Manager) wait(ctx context.Context, mc *machine, w hypervisorv1.WaitFor,
 
 // failedErr is the contract's message for a create that did not reach its milestone.
 func failedErr(rec *storepb.VirtualMachine, cause string) error {
-	state := stateName(rec.GetState())
+	state := lifecycle.Name(rec.GetState())
 	if le := rec.GetLastError(); le != "" {
 		state += ": " + le
 	}
@@ -550,7 +594,7 @@ func (m *Manager) startLocked(mc *machine) error {
 	switch rec.GetState() {
 	case hypervisorv1.State_STATE_STOPPED, hypervisorv1.State_STATE_FAILED:
 	default:
-		return apierr.Errorf(apierr.Conflict, "vm %s is %s; only a stopped or failed vm can be started", mc.id, stateName(rec.GetState()))
+		return apierr.Errorf(apierr.Conflict, "vm %s is %s; only a stopped or failed vm can be started", mc.id, lifecycle.Name(rec.GetState()))
 	}
 	img, err := m.images.Get(rec.GetImage())
 	if err != nil {
@@ -599,7 +643,7 @@ func (m *Manager) stopLocked(mc *machine) error {
 	}
 	if rt == nil || !isLive(state) {
 		mc.mu.Unlock()
-		return apierr.Errorf(apierr.Conflict, "vm %s is not running (state %s)", mc.id, stateName(state))
+		return apierr.Errorf(apierr.Conflict, "vm %s is not running (state %s)", mc.id, lifecycle.Name(state))
 	}
 	rt.stopping.Store(true)
 	m.updateLocked(mc, func(rec *storepb.VirtualMachine) { rec.State = hypervisorv1.State_STATE_STOPPING })
@@ -674,27 +718,9 @@ func (m *Manager) Delete(_ context.Context, id string) error {
 		m.powerOff(mc, rt)
 	}
 	m.closeForwards(mc, false)
-	// The record goes first, then the lease and the files: a restart in
-	// between finds a lease or a marked directory without a record and
-	// removes them (sweepDeleted), never a record without its lease or files.
-	if err := m.markDeleted(id); err != nil {
-		return apierr.Errorf(apierr.Internal, "delete vm %s: %v", id, err)
-	}
-	if err := m.store.DeleteVM(id); err != nil {
-		m.unmark(id)
+	if err := m.drop(mc); err != nil {
 		return err
 	}
-	m.mu.Lock()
-	delete(m.machines, id)
-	m.mu.Unlock()
-	if n := mc.rec.GetNetwork(); n != "" {
-		m.nets.Detach(n, id)
-	}
-	m.removeDir(id)
-	mc.mu.Lock()
-	close(mc.changed)
-	mc.changed = make(chan struct{})
-	mc.mu.Unlock()
 	if m.verifier != nil {
 		if err := m.forget(id); err != nil {
 			m.log.Warn("attestation could not forget the vm yet; retrying in the background", "vm", id, "error", err)

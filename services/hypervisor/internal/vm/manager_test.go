@@ -18,6 +18,7 @@ import (
 	"github.com/giantswarm/vm-manager/gen/vtpm"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
 	"google.golang.org/grpc"
 )
 
@@ -98,7 +99,12 @@ func (h *harness) start() {
 		h.t.Fatal(err)
 	}
 	h.m = m
-	h.t.Cleanup(m.Close)
+	h.t.Cleanup(func() {
+		m.Close()
+		if n := m.IllegalTransitions(); n != 0 {
+			h.t.Errorf("%d state changes refused by the lifecycle", n)
+		}
+	})
 }
 
 // ready delivers the guest's READY=1 once the VM's current boot listens.
@@ -360,4 +366,51 @@ func TestGuestPowerOff(t *testing.T) {
 	if v.GetLastError() != "qemu exited: exit status 1" {
 		t.Errorf("lastError %q", v.GetLastError())
 	}
+}
+
+// Every change is an event, numbered; a create's states come in order, and
+// a delete ends them. A change the lifecycle does not allow is refused.
+func TestEvents(t *testing.T) {
+	h := newHarness(t)
+	events, cancel, _ := h.m.Events().Subscribe(0, 64)
+	defer cancel()
+	v := h.create("web")
+	if err := h.m.Delete(context.Background(), v.GetId()); err != nil {
+		t.Fatal(err)
+	}
+	var states []hypervisorv1.State
+	var last uint64
+	deleted := false
+	for !deleted {
+		select {
+		case e := <-events:
+			if e.VMID != v.GetId() || e.Revision <= last {
+				t.Fatalf("event %+v after revision %d", e, last)
+			}
+			last, deleted = e.Revision, e.Deleted
+			if len(states) == 0 || states[len(states)-1] != e.To {
+				states = append(states, e.To)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no deletion event; states %v", states)
+		}
+	}
+	want := []hypervisorv1.State{hypervisorv1.State_STATE_CREATING, hypervisorv1.State_STATE_BOOTING, hypervisorv1.State_STATE_READY,
+		hypervisorv1.State_STATE_DELETING}
+	if !slices.Equal(states, want) {
+		t.Errorf("states %v, want %v", states, want)
+	}
+
+	// A bug asking for stopped → ready is refused, and nothing changes.
+	w := h.create("other")
+	if _, err := h.m.Stop(context.Background(), w.GetId()); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.m.Update(w.GetId(), func(r *storepb.VirtualMachine) { r.State, r.Status = hypervisorv1.State_STATE_READY, "x" }); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := h.m.Get(w.GetId()); got.GetState() != hypervisorv1.State_STATE_STOPPED || got.GetStatus() == "x" || h.m.IllegalTransitions() != 1 {
+		t.Errorf("after an illegal change: %v, refused %d", got, h.m.IllegalTransitions())
+	}
+	h.m.illegal.Store(0) // seen
 }

@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/lifecycle"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
 )
 
@@ -40,7 +41,7 @@ func (m *Manager) restoreRecord(mc *machine) {
 		m.update(mc, func(r *storepb.VirtualMachine) {
 			r.State = hypervisorv1.State_STATE_FAILED
 			r.Processes = nil
-			r.LastError = fmt.Sprintf("vm-manager restarted while the VM was %s; delete it", stateName(state))
+			r.LastError = fmt.Sprintf("vm-manager restarted while the VM was %s; delete it", lifecycle.Name(state))
 		})
 	case isLive(state):
 		run, err := m.driver.Adopt(m.ctx, rec)
@@ -49,12 +50,12 @@ func (m *Manager) restoreRecord(mc *machine) {
 			m.update(mc, func(r *storepb.VirtualMachine) {
 				r.State = hypervisorv1.State_STATE_STOPPED
 				r.Processes = nil
-				r.LastError = fmt.Sprintf("vm-manager restarted while the VM was %s and could not reattach to its QEMU (%v); start the VM again", stateName(state), err)
+				r.LastError = fmt.Sprintf("vm-manager restarted while the VM was %s and could not reattach to its QEMU (%v); start the VM again", lifecycle.Name(state), err)
 			})
 			return
 		}
 		rt := &runtime{phase: rec.GetPhase(), proc: run, settled: make(chan struct{})}
-		m.log.Info("vm re-adopted", "vm", mc.id, "state", stateName(state), "qemu_pid", run.Processes().GetQemu().GetPid())
+		m.log.Info("vm re-adopted", "vm", mc.id, "state", lifecycle.Name(state), "qemu_pid", run.Processes().GetQemu().GetPid())
 		mc.mu.Lock()
 		mc.run = rt
 		mc.mu.Unlock()

@@ -167,9 +167,6 @@ func waitName(w hypervisorv1.WaitFor) string {
 	return strings.ToLower(strings.TrimPrefix(w.String(), "WAIT_FOR_"))
 }
 
-func stateName(s hypervisorv1.State) string {
-	return strings.ToLower(strings.TrimPrefix(s.String(), "STATE_"))
-}
 
 func fmtDuration(d time.Duration) string { return fmt.Sprint(d.Round(time.Second)) }
 
