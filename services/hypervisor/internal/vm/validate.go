@@ -167,7 +167,6 @@ func waitName(w hypervisorv1.WaitFor) string {
 	return strings.ToLower(strings.TrimPrefix(w.String(), "WAIT_FOR_"))
 }
 
-
 func fmtDuration(d time.Duration) string { return fmt.Sprint(d.Round(time.Second)) }
 
 // ValidID says whether id is a VM id: 8 hex characters.

@@ -1,0 +1,214 @@
+package vm
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/giantswarm/vm-manager/gen/apierr"
+	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/lifecycle"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/sshexec"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+func newID() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// freeIDLocked picks an id no VM has, no deleted VM's forget still waits on
+// (attestation would forget the new VM's pin with the old one's) and no
+// directory left in place uses. Called with m.mu held.
+func (m *Manager) freeIDLocked() string {
+	pending, err := m.store.PendingForgets()
+	if err != nil {
+		m.log.Warn("list vms attestation has to forget", "error", err)
+	}
+	for {
+		id := m.newID()
+		if m.machines[id] != nil || slices.Contains(pending, id) {
+			continue
+		}
+		if _, err := os.Lstat(m.vmDir(id)); err == nil {
+			continue
+		}
+		return id
+	}
+}
+
+// Create validates, allocates and boots a VM, then waits per wait_for.
+func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMachineRequest, createdBy string) (*hypervisorv1.VirtualMachine, error) {
+	r, err := validate(req, m.images)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	if m.closing {
+		m.mu.Unlock()
+		return nil, apierr.Errorf(apierr.Conflict, "vm-manager is shutting down")
+	}
+	for _, other := range m.machines {
+		other.mu.Lock()
+		name, id := other.rec.GetName(), other.id
+		other.mu.Unlock()
+		if name == r.name {
+			m.mu.Unlock()
+			return nil, apierr.Errorf(apierr.Conflict, "vm name %q is in use by %s", r.name, id)
+		}
+	}
+	id := m.freeIDLocked()
+	netName := req.GetNetwork()
+	if netName == "" {
+		netName = m.cfg.DefaultNetwork
+	}
+	machineID := make([]byte, 16)
+	_, _ = rand.Read(machineID)
+	dir := m.vmDir(id)
+	rec := &storepb.VirtualMachine{
+		Id:                 id,
+		Name:               r.name,
+		Image:              r.image.GetRef(),
+		KubernetesVersion:  r.kubernetesVersion,
+		Cpus:               r.cpus,
+		MemoryMib:          r.memoryMiB,
+		DiskGib:            r.diskGiB,
+		SshAuthorizedKeys:  r.sshKeys,
+		Hostname:           r.hostname,
+		Metadata:           r.metadata,
+		Region:             m.cfg.Region,
+		RequireAttestation: r.requireAttestation,
+		State:              hypervisorv1.State_STATE_CREATING,
+		MachineId:          hex.EncodeToString(machineID),
+		Accelerator:        m.cfg.Accelerator,
+		CreatedAt:          timestamppb.Now(),
+		CreatedBy:          createdBy,
+		Paths: &hypervisorv1.Paths{
+			Dir:          dir,
+			Console:      filepath.Join(dir, "console.log"),
+			TpmState:     filepath.Join(dir, "tpm"),
+			OvmfVars:     filepath.Join(dir, "ovmf_vars.fd"),
+			QmpSocket:    filepath.Join(dir, "qmp.sock"),
+			QemuLog:      filepath.Join(dir, "qemu.log"),
+			NotifySocket: filepath.Join(dir, "notify.sock"),
+			NetSocket:    filepath.Join(dir, "net.sock"),
+			SshKey:       filepath.Join(dir, "ssh_key"),
+			SshHostKey:   filepath.Join(dir, "ssh_host_key"),
+		},
+	}
+	sshKey, err := newSSHKey(rec)
+	if err != nil {
+		m.mu.Unlock()
+		return nil, apierr.Errorf(apierr.Internal, "per-VM SSH key: %v", err)
+	}
+	if r.userData != "" {
+		rec.Paths.UserData = filepath.Join(dir, "user-data")
+	}
+	if r.image.GetKind() == hypervisorv1.ImageKind_IMAGE_KIND_UKI {
+		rec.Paths.Volume = filepath.Join(dir, "disk.raw")
+	}
+	mc := &machine{id: id, rec: rec, changed: make(chan struct{})}
+	mc.op.Lock()
+	m.machines[id] = mc
+	m.mu.Unlock()
+	if netName != "" {
+		ip, mac, err := m.nets.Attach(netName, id)
+		if err != nil {
+			m.discard(mc)
+			mc.op.Unlock()
+			return nil, err
+		}
+		rec.Network, rec.Ip, rec.Mac, rec.Zone = netName, ip.String(), mac, netName
+	}
+
+	// The directory, marked, before the record: a restart in between sweeps it.
+	if err := m.makeDir(id); err != nil {
+		m.discard(mc)
+		mc.op.Unlock()
+		return nil, apierr.Errorf(apierr.Internal, "vm directory: %v", err)
+	}
+	if err := m.store.PutVM(rec); err != nil {
+		m.discard(mc)
+		mc.op.Unlock()
+		return nil, err
+	}
+	m.events.Publish(lifecycle.Event{VMID: id, To: hypervisorv1.State_STATE_CREATING, Record: proto.Clone(rec).(*storepb.VirtualMachine)})
+	m.unmark(id)
+	err = m.prepare(rec, r, sshKey)
+	if err == nil {
+		phase := hypervisorv1.Phase_PHASE_BOOT
+		if r.image.GetKind() == hypervisorv1.ImageKind_IMAGE_KIND_UKI {
+			phase = hypervisorv1.Phase_PHASE_INSTALL
+		}
+		err = m.launch(mc, phase)
+	}
+	mc.op.Unlock()
+	if err != nil {
+		// Nothing ran: the contract discards a VM whose first boot did not start.
+		m.discard(mc)
+		return nil, apierr.Errorf(apierr.VMFailed, "vm %s could not start: %v", id, err)
+	}
+	rec, err = m.wait(ctx, mc, r.waitFor, m.deadline(r.waitFor))
+	return View(rec), err
+}
+
+// prepare writes the VM's directory: SSH key, user-data, and what the driver
+// needs (firmware variables, disk).
+func (m *Manager) prepare(rec *storepb.VirtualMachine, r *request, sshKey []byte) error {
+	p := rec.GetPaths()
+	if err := os.Chmod(p.GetDir(), 0o700); err != nil {
+		return err
+	}
+	if err := sshexec.WriteKey(p.GetSshKey(), sshKey); err != nil {
+		return fmt.Errorf("per-VM SSH key: %w", err)
+	}
+	if p.GetUserData() != "" {
+		if err := os.WriteFile(p.GetUserData(), []byte(r.userData), 0o600); err != nil {
+			return err
+		}
+	}
+	return m.driver.Prepare(rec)
+}
+
+// discard drops a VM that never ran.
+func (m *Manager) discard(mc *machine) {
+	if err := m.drop(mc); err != nil {
+		m.log.Error("discard vm", "vm", mc.id, "error", err)
+	}
+}
+
+// drop removes a VM: its record first, then its lease and files (a restart
+// in between finds a lease or a marked directory without a record and
+// removes them: sweepDeleted; never a record without its lease or files).
+// Waiters wake, and the deletion is published. A record that cannot be
+// deleted leaves everything in place.
+func (m *Manager) drop(mc *machine) error {
+	if err := m.markDeleted(mc.id); err != nil {
+		return apierr.Errorf(apierr.Internal, "delete vm %s: %v", mc.id, err)
+	}
+	if err := m.store.DeleteVM(mc.id); err != nil {
+		m.unmark(mc.id)
+		return err
+	}
+	m.mu.Lock()
+	delete(m.machines, mc.id)
+	m.mu.Unlock()
+	if n := mc.rec.GetNetwork(); n != "" {
+		m.nets.Detach(n, mc.id)
+	}
+	m.removeDir(mc.id)
+	mc.mu.Lock()
+	last := mc.rec.GetState()
+	close(mc.changed)
+	mc.changed = make(chan struct{})
+	mc.mu.Unlock()
+	m.gone(mc.id, last)
+	return nil
+}

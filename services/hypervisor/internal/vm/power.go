@@ -1,0 +1,169 @@
+package vm
+
+import (
+	"context"
+	"time"
+
+	"github.com/giantswarm/vm-manager/gen/apierr"
+	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/lifecycle"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
+)
+
+func isLive(s hypervisorv1.State) bool {
+	switch s {
+	case hypervisorv1.State_STATE_INSTALLING, hypervisorv1.State_STATE_BOOTING, hypervisorv1.State_STATE_ATTESTING,
+		hypervisorv1.State_STATE_READY, hypervisorv1.State_STATE_RUNNING, hypervisorv1.State_STATE_STOPPING:
+		return true
+	}
+	return false
+}
+
+// Start boots a stopped or failed VM from its disk (phase boot).
+func (m *Manager) Start(_ context.Context, id string) (*hypervisorv1.VirtualMachine, error) {
+	return m.locked(id, m.startLocked)
+}
+
+// locked runs op on a VM under its operation lock and returns the record op
+// left.
+func (m *Manager) locked(id string, op func(*machine) error) (*hypervisorv1.VirtualMachine, error) {
+	mc, err := m.get(id)
+	if err != nil {
+		return nil, err
+	}
+	mc.op.Lock()
+	defer mc.op.Unlock()
+	if err := op(mc); err != nil {
+		return nil, err
+	}
+	rec, _ := mc.snapshot()
+	return View(rec), nil
+}
+
+func (m *Manager) startLocked(mc *machine) error {
+	m.mu.Lock()
+	closing := m.closing
+	m.mu.Unlock()
+	if closing {
+		return apierr.Errorf(apierr.Conflict, "vm-manager is shutting down")
+	}
+	rec, _ := mc.snapshot()
+	switch rec.GetState() {
+	case hypervisorv1.State_STATE_STOPPED, hypervisorv1.State_STATE_FAILED:
+	default:
+		return apierr.Errorf(apierr.Conflict, "vm %s is %s; only a stopped or failed vm can be started", mc.id, lifecycle.Name(rec.GetState()))
+	}
+	img, err := m.images.Get(rec.GetImage())
+	if err != nil {
+		return apierr.Errorf(apierr.Conflict, "vm %s: its image %s is no longer in the catalog", mc.id, rec.GetImage())
+	}
+	if img.GetKind() == hypervisorv1.ImageKind_IMAGE_KIND_UKI && rec.GetInstalledAt() == nil {
+		return apierr.Errorf(apierr.Conflict, "vm %s was never installed; delete it and create it again", mc.id)
+	}
+	mc.mu.Lock()
+	mc.resets = nil // a boot loop's count starts again with the caller's start
+	mc.mu.Unlock()
+	if err := m.launch(mc, hypervisorv1.Phase_PHASE_BOOT); err != nil {
+		return apierr.Errorf(apierr.VMFailed, "vm %s could not start: %v", mc.id, err)
+	}
+	return nil
+}
+
+// Stop powers the VM down (ACPI, then SIGTERM, then SIGKILL) and returns the
+// settled record. The caller going away does not cut the stop short.
+func (m *Manager) Stop(_ context.Context, id string) (*hypervisorv1.VirtualMachine, error) {
+	return m.locked(id, m.stopLocked)
+}
+
+func (m *Manager) stopLocked(mc *machine) error {
+	mc.mu.Lock()
+	rt, state := mc.run, mc.rec.GetState()
+	if state == hypervisorv1.State_STATE_DELETING {
+		mc.mu.Unlock()
+		return apierr.Errorf(apierr.Conflict, "vm %s is being deleted", mc.id)
+	}
+	if rt == nil && state == hypervisorv1.State_STATE_BOOTING {
+		// Between a guest reset and its next boot: that boot will not start.
+		m.updateLocked(mc, func(rec *storepb.VirtualMachine) { rec.State = hypervisorv1.State_STATE_STOPPED })
+		mc.mu.Unlock()
+		return nil
+	}
+	if rt == nil || !isLive(state) {
+		mc.mu.Unlock()
+		return apierr.Errorf(apierr.Conflict, "vm %s is not running (state %s)", mc.id, lifecycle.Name(state))
+	}
+	rt.stopping.Store(true)
+	m.updateLocked(mc, func(rec *storepb.VirtualMachine) { rec.State = hypervisorv1.State_STATE_STOPPING })
+	mc.mu.Unlock()
+	m.powerOff(mc, rt)
+	return nil
+}
+
+// powerOff asks the guest to power down, escalates after the stop timeout and
+// waits until the supervisor has settled the record.
+func (m *Manager) powerOff(mc *machine, rt *runtime) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	if err := rt.proc.PowerDown(ctx); err != nil {
+		m.log.Warn("power-down failed", "vm", mc.id, "error", err)
+	}
+	cancel()
+	select {
+	case <-rt.proc.Done():
+	case <-time.After(m.cfg.StopTimeout):
+		m.log.Warn("guest did not power off within the stop timeout; terminating it", "vm", mc.id, "timeout", m.cfg.StopTimeout)
+		rt.proc.Terminate(m.cfg.KillGrace)
+	}
+	<-rt.settled
+}
+
+// Reboot is Stop followed by Start.
+func (m *Manager) Reboot(_ context.Context, id string) (*hypervisorv1.VirtualMachine, error) {
+	return m.locked(id, func(mc *machine) error {
+		if rec, _ := mc.snapshot(); isLive(rec.GetState()) {
+			if err := m.stopLocked(mc); err != nil {
+				return err
+			}
+		}
+		return m.startLocked(mc)
+	})
+}
+
+// Delete stops the VM and removes its files and record. Not undoable.
+func (m *Manager) Delete(_ context.Context, id string) error {
+	mc, err := m.get(id)
+	if err != nil {
+		return err
+	}
+	mc.mu.Lock()
+	if mc.rec.GetState() == hypervisorv1.State_STATE_DELETING && mc.run != nil {
+		mc.mu.Unlock()
+		return apierr.Errorf(apierr.Conflict, "vm %s is already being deleted", id)
+	}
+	mc.mu.Unlock()
+	mc.op.Lock()
+	defer mc.op.Unlock()
+	if _, err := m.get(id); err != nil {
+		return err // deleted while we waited for the op lock
+	}
+	mc.mu.Lock()
+	rt := mc.run
+	if rt != nil {
+		rt.stopping.Store(true)
+	}
+	m.updateLocked(mc, func(rec *storepb.VirtualMachine) { rec.State = hypervisorv1.State_STATE_DELETING })
+	mc.mu.Unlock()
+	if rt != nil {
+		m.powerOff(mc, rt)
+	}
+	m.closeForwards(mc, false)
+	if err := m.drop(mc); err != nil {
+		return err
+	}
+	if m.verifier != nil {
+		if err := m.forget(id); err != nil {
+			m.log.Warn("attestation could not forget the vm yet; retrying in the background", "vm", id, "error", err)
+		}
+	}
+	m.log.Info("vm deleted", "vm", id)
+	return nil
+}
