@@ -12,13 +12,6 @@ import (
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 )
 
-// Defaults of CreateVirtualMachine (contract §1.3).
-const (
-	DefaultCPUs      = 2
-	DefaultMemoryMiB = 2048
-	DefaultDiskGiB   = 20
-)
-
 // Limits of a VM's metadata: it lives in the VM record and is served key by
 // key at /metadata/<key> (one path segment).
 const (
@@ -99,21 +92,21 @@ func validate(req *hypervisorv1.CreateVirtualMachineRequest, images ImageResolve
 	default:
 		r.kubernetesVersion = kv
 	}
-	r.cpus = DefaultCPUs
+	r.cpus = hypervisorv1.DefaultCPUs
 	if req.Cpus != nil {
 		r.cpus = req.GetCpus()
 	}
 	if r.cpus < 1 || r.cpus > 256 {
 		return nil, apierr.Invalidf("cpus", "cpus %d is not within 1..256", r.cpus)
 	}
-	r.memoryMiB = DefaultMemoryMiB
+	r.memoryMiB = hypervisorv1.DefaultMemoryMiB
 	if req.MemoryMib != nil {
 		r.memoryMiB = req.GetMemoryMib()
 	}
 	if r.memoryMiB < 256 {
 		return nil, apierr.Invalidf("memory_mib", "memory_mib %d is below 256", r.memoryMiB)
 	}
-	r.diskGiB = DefaultDiskGiB
+	r.diskGiB = hypervisorv1.DefaultDiskGiB
 	if req.DiskGib != nil {
 		r.diskGiB = req.GetDiskGib()
 	}
