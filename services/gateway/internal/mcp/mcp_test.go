@@ -19,6 +19,7 @@ import (
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/pkg/buildinfo"
 	"github.com/giantswarm/vm-manager/pkg/logging/logtest"
+	"github.com/giantswarm/vm-manager/pkg/mesh"
 	"github.com/giantswarm/vm-manager/services/gateway/internal/restjson"
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -666,15 +667,18 @@ func TestCreateVMWithoutProgressToken(t *testing.T) {
 }
 
 // noBackendSession is an MCP client session with a server whose backends'
-// socket does not exist.
+// sockets do not exist, dialled as the gateway dials them.
 func noBackendSession(t *testing.T, log *slog.Logger) *mcp.ClientSession {
 	t.Helper()
-	conn, err := grpc.NewClient("unix://"+t.TempDir()+"/nothing.sock", grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
+	dial := func(name string) *grpc.ClientConn {
+		conn, err := mesh.DialBackend(t.TempDir()+"/nothing.sock", name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = conn.Close() })
+		return conn
 	}
-	t.Cleanup(func() { _ = conn.Close() })
-	ts := httptest.NewServer(New(hypervisorv1.NewHypervisorServiceClient(conn), attestationv1.NewAttestationServiceClient(conn), log, nil))
+	ts := httptest.NewServer(New(hypervisorv1.NewHypervisorServiceClient(dial("hypervisor")), attestationv1.NewAttestationServiceClient(dial("attestation")), log, nil))
 	t.Cleanup(ts.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
