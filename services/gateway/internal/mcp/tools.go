@@ -3,6 +3,7 @@ package mcp
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"log/slog"
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
@@ -10,6 +11,8 @@ import (
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // ToolNames are the tools in registration order (toolDefs): the reads, then
@@ -124,21 +127,15 @@ var toolDefs = []toolDef{
 	{"list_vms", hintRead, "Read-only. Every VM record, oldest first.",
 		list(hv, hvc.ListVirtualMachines, none[hypervisorv1.ListVirtualMachinesRequest], (*hypervisorv1.ListVirtualMachinesResponse).GetVms)},
 	{"get_vm", hintRead, "Read-only. One VM record. States: creating, installing (the installer copies the OS), booting (the installed boot), attesting (the guest fetched its first nonce), ready (READY=1), running (up, but no READY=1 within the boot timeout), stopping, stopped, failed (lastError says why), deleting. Poll it after create_vm with wait_for none, start_vm or reboot_vm.",
-		call(hv, hvc.GetVirtualMachine, func(in *vmArgs) *hypervisorv1.GetVirtualMachineRequest {
-			return &hypervisorv1.GetVirtualMachineRequest{Id: in.ID}
-		})},
+		call(hv, hvc.GetVirtualMachine, vmRequest[hypervisorv1.GetVirtualMachineRequest])},
 	{"get_vm_console", hintRead, "Read-only. The last lines of the VM's serial console (default 100, at most 10000); empty before any output. The first place to look when a VM is failed or stuck.",
 		call(hv, hvc.GetVirtualMachineConsole, func(in *consoleArgs) *hypervisorv1.GetVirtualMachineConsoleRequest {
 			return &hypervisorv1.GetVirtualMachineConsoleRequest{Id: in.ID, Lines: in.Lines}
 		})},
 	{"get_vm_metrics", hintRead, "Read-only. Host and guest metrics summary: state, attestation, CPU seconds, memory, disk and network bytes, install and boot-to-ready times, and a sample of the guest's last systemd-report upload. The full upload is REST-only at raw_report_url.",
-		call(hv, hvc.GetVirtualMachineMetrics, func(in *vmArgs) *hypervisorv1.GetVirtualMachineMetricsRequest {
-			return &hypervisorv1.GetVirtualMachineMetricsRequest{Id: in.ID}
-		})},
+		call(hv, hvc.GetVirtualMachineMetrics, vmRequest[hypervisorv1.GetVirtualMachineMetricsRequest])},
 	{"get_vm_attestation", hintRead, "Read-only. The current boot's attestation verdicts: the initrd and ready quotes and whether user_data was released. Reset on every installed boot.",
-		call(at, atc.GetVirtualMachineAttestation, func(in *vmArgs) *attestationv1.GetVirtualMachineAttestationRequest {
-			return &attestationv1.GetVirtualMachineAttestationRequest{Id: in.ID}
-		})},
+		call(at, atc.GetVirtualMachineAttestation, vmRequest[attestationv1.GetVirtualMachineAttestationRequest])},
 
 	// Writes.
 	{"create_network", hintCreate, "WRITES: create a network: a bridge with DHCP, NAT and the IMDS at 169.254.169.254. name is a DNS label of at most 63 characters; cidr is IPv4 with a /16 to /29 prefix outside 169.254.0.0/16, and the gateway is its first host address. Conflict if the name is taken.",
@@ -150,17 +147,11 @@ var toolDefs = []toolDef{
 	{"create_vm", hintCreate, `WRITES: create a VM and boot it. Call get_host, list_images and create_network (or use the "default" network) first. Blocks per wait_for: none (the installer started), installed, attested (user_data released) or ready (READY=1, the default). A timeout error still leaves the VM running. A failure returns the VM id: follow it with get_vm and get_vm_console, delete it with delete_vm. Sends progress notifications when the request carries a progress token.`,
 		run((*tools).createVM)},
 	{"start_vm", hintIdempotent, "WRITES: boot a stopped or failed VM from its disk; attestation runs again. Returns the VM in state booting. Conflict if it is running or was never installed.",
-		call(hv, hvc.StartVirtualMachine, func(in *vmArgs) *hypervisorv1.StartVirtualMachineRequest {
-			return &hypervisorv1.StartVirtualMachineRequest{Id: in.ID}
-		})},
+		call(hv, hvc.StartVirtualMachine, vmRequest[hypervisorv1.StartVirtualMachineRequest])},
 	{"stop_vm", hintIdempotent, "WRITES: stop a VM: ACPI power-down, then SIGTERM, then SIGKILL after the stop timeout. The disk is kept; start_vm boots it again.",
-		call(hv, hvc.StopVirtualMachine, func(in *vmArgs) *hypervisorv1.StopVirtualMachineRequest {
-			return &hypervisorv1.StopVirtualMachineRequest{Id: in.ID}
-		})},
+		call(hv, hvc.StopVirtualMachine, vmRequest[hypervisorv1.StopVirtualMachineRequest])},
 	{"reboot_vm", hintIdempotent, "WRITES: reboot a VM: stop_vm then start_vm. Returns the VM in state booting; poll get_vm.",
-		call(hv, hvc.RebootVirtualMachine, func(in *vmArgs) *hypervisorv1.RebootVirtualMachineRequest {
-			return &hypervisorv1.RebootVirtualMachineRequest{Id: in.ID}
-		})},
+		call(hv, hvc.RebootVirtualMachine, vmRequest[hypervisorv1.RebootVirtualMachineRequest])},
 	{"delete_vm", hintDestructive, "WRITES (destructive): delete a VM: stop it, then remove its disk, vTPM, lease, port forwards and record. Not undoable. Returns {id, deleted}.",
 		run((*tools).deleteVM)},
 	{"exec_vm", hintExec, "WRITES (destructive): run a command in the guest as root, over ssh through the virtual network with the per-VM key; the guest's host key is pinned on first use. Returns {stdout, stderr, exitCode}; a non-zero exit is a result, not an error.",
@@ -175,6 +166,22 @@ var toolDefs = []toolDef{
 
 // none is the request of a call that takes no arguments.
 func none[Req any](*noArgs) *Req { return new(Req) }
+
+// vmRequest is the request of a call on one VM: a Req with its id field
+// set to the argument.
+func vmRequest[Req any, P interface {
+	*Req
+	proto.Message
+}](in *vmArgs) P {
+	req := P(new(Req))
+	m := req.ProtoReflect()
+	fd := m.Descriptor().Fields().ByName("id")
+	if fd == nil || fd.Kind() != protoreflect.StringKind {
+		panic(fmt.Sprintf("mcp: %s has no string field id", m.Descriptor().FullName()))
+	}
+	m.Set(fd, protoreflect.ValueOfString(in.ID))
+	return req
+}
 
 // call is a tool that is one call of a client's method, with the request
 // req builds from the arguments; its result is the response.
