@@ -27,7 +27,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
-	"github.com/giantswarm/vm-manager/services/gateway/internal/restjson"
+	"github.com/giantswarm/vm-manager/gen/enumname"
 
 	// Registers the descriptors the rewrites resolve by name.
 	_ "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
@@ -305,7 +305,8 @@ func operations(doc obj) ([]operation, error) {
 
 func schemas(doc obj) obj { return asObj(asObj(doc["components"])["schemas"]) }
 
-// rewriteEnums gives every proto enum schema restjson's value names.
+// rewriteEnums gives every proto enum schema the value names restjson
+// writes (enumname).
 func rewriteEnums(all obj) error {
 	for _, name := range sortedKeys(all) {
 		s := asObj(all[name])
@@ -330,7 +331,7 @@ func rewriteEnums(all obj) error {
 			if ev.Number() == 0 { // never written; omitted means unspecified
 				continue
 			}
-			if rest := restjson.EnumValueName(ev); !slices.Contains(values, any(rest)) {
+			if rest := enumname.Value(ev); !slices.Contains(values, any(rest)) {
 				values = append(values, rest)
 			}
 		}
