@@ -36,6 +36,34 @@ func (g getSeen) RoundTrip(r *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
+// startGateway runs the gateway on a loopback port with its backends'
+// sockets in dir until cancel; done gets what Run returned.
+func startGateway(t *testing.T, dir string) (addr string, cancel context.CancelFunc, done <-chan error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	addrc := make(chan net.Addr, 1)
+	errc := make(chan error, 1)
+	go func() {
+		errc <- Run(ctx, Config{
+			Listen:            "127.0.0.1:0",
+			HypervisorSocket:  dir + "/hypervisor.sock",
+			AttestationSocket: dir + "/attestation.sock",
+			Ready:             func(a net.Addr) { addrc <- a },
+		}, slog.New(slog.DiscardHandler))
+	}()
+	select {
+	case a := <-addrc:
+		return a.String(), cancel, errc
+	case err := <-errc:
+		cancel()
+		t.Fatalf("gateway: %v", err)
+	case <-time.After(10 * time.Second):
+		cancel()
+		t.Fatal("gateway not serving within 10s")
+	}
+	return "", nil, nil
+}
+
 // slowExec is a hypervisor whose exec takes a second.
 type slowExec struct {
 	hypervisorv1.UnimplementedHypervisorServiceServer
@@ -72,32 +100,14 @@ func TestShutdownEndsMCPStreams(t *testing.T) {
 			go func() { _ = gs.Serve(ln) }()
 			t.Cleanup(gs.Stop)
 
-			ctx, cancel := context.WithCancel(context.Background())
+			addr, cancel, done := startGateway(t, dir) // the attestation socket is never dialled here
 			defer cancel()
-			addrc := make(chan net.Addr, 1)
-			done := make(chan error, 1)
-			go func() {
-				done <- Run(ctx, Config{
-					Listen:            "127.0.0.1:0",
-					HypervisorSocket:  dir + "/hypervisor.sock",
-					AttestationSocket: dir + "/attestation.sock", // never dialled here
-					Ready:             func(a net.Addr) { addrc <- a },
-				}, slog.New(slog.DiscardHandler))
-			}()
-			var addr net.Addr
-			select {
-			case addr = <-addrc:
-			case err := <-done:
-				t.Fatalf("gateway: %v", err)
-			case <-time.After(10 * time.Second):
-				t.Fatal("gateway not serving within 10s")
-			}
 
 			seen := make(getSeen, 1)
 			cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer ccancel()
 			cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v0"}, nil).Connect(cctx, &mcp.StreamableClientTransport{
-				Endpoint:   "http://" + addr.String() + "/mcp",
+				Endpoint:   "http://" + addr + "/mcp",
 				HTTPClient: &http.Client{Transport: seen},
 			}, nil)
 			if err != nil {
@@ -153,28 +163,8 @@ func (e *toolError) Error() string {
 // fails as unavailable naming its backend, in the same words on REST, gRPC
 // and MCP (the gateway's connections say it, mesh.DialBackend).
 func TestBackendDownNamedOnEverySurface(t *testing.T) {
-	dir := t.TempDir()
-	ctx, cancel := context.WithCancel(context.Background())
-	addrc := make(chan net.Addr, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- Run(ctx, Config{
-			Listen:            "127.0.0.1:0",
-			HypervisorSocket:  dir + "/hypervisor.sock",
-			AttestationSocket: dir + "/attestation.sock",
-			Ready:             func(a net.Addr) { addrc <- a },
-		}, slog.New(slog.DiscardHandler))
-	}()
+	addr, cancel, done := startGateway(t, t.TempDir())
 	t.Cleanup(func() { cancel(); <-done })
-	var addr string
-	select {
-	case a := <-addrc:
-		addr = a.String()
-	case err := <-done:
-		t.Fatalf("gateway: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("gateway not serving within 10s")
-	}
 	cctx, ccancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer ccancel()
 
