@@ -3,8 +3,6 @@ package mesh_test
 import (
 	"context"
 	"errors"
-	"io"
-	"log/slog"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,6 +10,7 @@ import (
 	"github.com/giantswarm/vm-manager/gen/apierr"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/pkg/mesh"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
@@ -49,40 +48,22 @@ func TestDialBackendNamesTheDownBackend(t *testing.T) {
 	wantNamedUnavailable(t, "stream", err)
 }
 
-// unavailableHypervisor answers GetHost with its own unavailable.
-type unavailableHypervisor struct {
-	hypervisorv1.UnimplementedHypervisorServiceServer
-}
-
-func (unavailableHypervisor) GetHost(context.Context, *hypervisorv1.GetHostRequest) (*hypervisorv1.Host, error) {
-	return nil, apierr.Errorf(apierr.Unavailable, "no attestation service")
-}
-
 // What a backend that is up says, its own unavailable included, reaches the
 // caller unchanged: the backend is not the one that is down.
 func TestDialBackendPassesWhatTheBackendSaid(t *testing.T) {
-	path := filepath.Join(shortDir(t), mesh.HypervisorSocket)
-	l, err := mesh.Listen(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := mesh.NewServer(slog.New(slog.NewTextHandler(io.Discard, nil)))
-	hypervisorv1.RegisterHypervisorServiceServer(srv, unavailableHypervisor{})
-	go func() { _ = srv.Serve(l) }()
-	t.Cleanup(srv.Stop)
-	conn, err := mesh.DialBackend(path, "hypervisor")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	_, conn, _ := startServerDial(t, func(path string) (*grpc.ClientConn, error) { return mesh.DialBackend(path, "hypervisor") })
 	hv := hypervisorv1.NewHypervisorServiceClient(conn)
-	_, err = hv.GetHost(ctx(t), &hypervisorv1.GetHostRequest{})
+	_, err := hv.GetVirtualMachine(ctx(t), &hypervisorv1.GetVirtualMachineRequest{})
 	if apierr.CodeOf(err) != apierr.Unavailable || apierr.MessageOf(err) != "no attestation service" {
-		t.Errorf("GetHost: %v, want the backend's own unavailable unchanged", err)
+		t.Errorf("GetVirtualMachine: %v, want the backend's own unavailable unchanged", err)
 	}
-	_, err = hv.GetImage(ctx(t), &hypervisorv1.GetImageRequest{})
+	_, err = hv.GetHost(ctx(t), &hypervisorv1.GetHostRequest{})
+	if apierr.CodeOf(err) != apierr.Conflict || apierr.MessageOf(err) != "x" {
+		t.Errorf("GetHost: %v, want the backend's conflict unchanged", err)
+	}
+	_, err = hv.ListImages(ctx(t), &hypervisorv1.ListImagesRequest{})
 	if status.Code(err) != codes.Unimplemented {
-		t.Errorf("GetImage: %v, want Unimplemented unchanged", err)
+		t.Errorf("ListImages: %v, want Unimplemented unchanged", err)
 	}
 }
 
