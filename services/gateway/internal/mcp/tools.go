@@ -104,7 +104,7 @@ type (
 func hv(t *tools) hvc { return t.hv }
 func at(t *tools) atc { return t.at }
 
-// toolDefs are the contract's tools (§2.1) in registration order: the
+// toolDefs are the contract's tools (§2) in registration order: the
 // reads, then the writes. Most are one backend call: call builds its
 // request from the arguments and returns its response, list returns the
 // list in it.
