@@ -203,8 +203,8 @@ func list[C, In, Req, Resp, Item any](client func(*tools) C, method func(C, cont
 	})
 }
 
-// deleteNetwork and deleteVM answer {name|id, deleted} as REST's DELETE
-// would if it had a body, naming what was deleted when the backend did not.
+// deleteNetwork and deleteVM answer {name, deleted} and {id, deleted},
+// naming what was deleted when the backend's response leaves it out.
 func (t *tools) deleteNetwork(ctx context.Context, _ *mcp.CallToolRequest, in *networkArgs) (any, error) {
 	resp, err := t.hv.DeleteNetwork(ctx, &hypervisorv1.DeleteNetworkRequest{Name: in.Name})
 	if err != nil {
