@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/giantswarm/vm-manager/gen/enumname"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/tests/cluster"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -406,7 +407,7 @@ func (g grpcCaller) call(ctx context.Context, op, id string) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		out = map[string]string{"id": v.GetId(), "state": strings.ToLower(strings.TrimPrefix(v.GetState().String(), "STATE_"))}
+		out = map[string]string{"id": v.GetId(), "state": enumname.Of(v.GetState())}
 	case "get_host":
 		h, err := g.hv.GetHost(ctx, &hypervisorv1.GetHostRequest{})
 		if err != nil {

@@ -4,8 +4,9 @@
 // with %w). They are converted once, at the gRPC boundary, into a gRPC status
 // that carries a google.rpc.ErrorInfo whose reason is the Code and whose
 // domain is "vm-manager". The gateway turns that status into the REST envelope
-// {"error":{"code","message"}} and the MCP tool error "<code>: <message>", so a
-// gRPC client, a REST client and an agent all see the same code.
+// {"error":{"code","message"}} (RESTBody, WriteREST) and the MCP tool error
+// "<code>: <message>" (MCPText), so a gRPC client, a REST client and an agent
+// all see the same code; the IMDS answers guests with IMDSStatus.
 //
 // SDK users read the code of any error a client returns with CodeOf:
 //
@@ -183,6 +184,15 @@ func FromStatus(err error) error {
 	return e
 }
 
+// HasErrorInfo reports whether err is a gRPC status that a vm-manager
+// service sent: one carrying a vm-manager ErrorInfo. A status without one
+// came from the gRPC library itself (the connection, a deadline) or from
+// something that is not vm-manager.
+func HasErrorInfo(err error) bool {
+	st, ok := status.FromError(err)
+	return ok && err != nil && errorInfo(st) != nil
+}
+
 func errorInfo(st *status.Status) *errdetails.ErrorInfo {
 	for _, d := range st.Details() {
 		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == Domain {
@@ -192,29 +202,39 @@ func errorInfo(st *status.Status) *errdetails.ErrorInfo {
 	return nil
 }
 
-// GRPCCode is the gRPC code a domain code travels with.
-func GRPCCode(c Code) codes.Code {
-	switch c {
-	case InvalidRequest:
-		return codes.InvalidArgument
-	case NotFound:
-		return codes.NotFound
-	case Conflict:
-		return codes.FailedPrecondition
-	case Unsupported:
-		return codes.Unimplemented
-	case Timeout:
-		return codes.DeadlineExceeded
-	case Unauthenticated:
-		return codes.Unauthenticated
-	case Forbidden:
-		return codes.PermissionDenied
-	case Unavailable:
-		return codes.Unavailable
-	default: // VMFailed, Internal
-		return codes.Internal
-	}
+// wire is how a code travels: its gRPC code and its REST status.
+type wire struct {
+	grpc codes.Code
+	http int
 }
+
+// wires maps every code to its gRPC code and REST status; a code not listed
+// (VMFailed, Internal, anything unknown) travels as internalWire.
+var wires = map[Code]wire{
+	InvalidRequest:  {codes.InvalidArgument, http.StatusBadRequest},
+	NotFound:        {codes.NotFound, http.StatusNotFound},
+	Conflict:        {codes.FailedPrecondition, http.StatusConflict},
+	Unsupported:     {codes.Unimplemented, http.StatusNotImplemented},
+	Timeout:         {codes.DeadlineExceeded, http.StatusGatewayTimeout},
+	Unauthenticated: {codes.Unauthenticated, http.StatusUnauthorized},
+	Forbidden:       {codes.PermissionDenied, http.StatusForbidden},
+	Unavailable:     {codes.Unavailable, http.StatusServiceUnavailable},
+}
+
+var internalWire = wire{codes.Internal, http.StatusInternalServerError}
+
+func wireOf(c Code) wire {
+	if w, ok := wires[c]; ok {
+		return w
+	}
+	return internalWire
+}
+
+// GRPCCode is the gRPC code a domain code travels with.
+func GRPCCode(c Code) codes.Code { return wireOf(c).grpc }
+
+// HTTPStatus is the REST status of a code.
+func HTTPStatus(c Code) int { return wireOf(c).http }
 
 func codeFromGRPC(c codes.Code) Code {
 	switch c {
@@ -238,29 +258,5 @@ func codeFromGRPC(c codes.Code) Code {
 		return Unavailable
 	default:
 		return Internal
-	}
-}
-
-// HTTPStatus is the REST status of a code.
-func HTTPStatus(c Code) int {
-	switch c {
-	case InvalidRequest:
-		return http.StatusBadRequest
-	case NotFound:
-		return http.StatusNotFound
-	case Conflict:
-		return http.StatusConflict
-	case Unsupported:
-		return http.StatusNotImplemented
-	case Timeout:
-		return http.StatusGatewayTimeout
-	case Unauthenticated:
-		return http.StatusUnauthorized
-	case Forbidden:
-		return http.StatusForbidden
-	case Unavailable:
-		return http.StatusServiceUnavailable
-	default: // VMFailed, Internal
-		return http.StatusInternalServerError
 	}
 }

@@ -1,7 +1,6 @@
 package identity
 
 import (
-	"encoding/json"
 	"net/http"
 	"strings"
 
@@ -58,16 +57,5 @@ func WriteUnauthorized(w http.ResponseWriter, presented bool, msg string) {
 		challenge += `, error="invalid_token", error_description="` + strings.ReplaceAll(msg, `"`, `'`) + `"`
 	}
 	w.Header().Set("WWW-Authenticate", challenge)
-	var e struct {
-		Error struct {
-			Code    apierr.Code `json:"code"`
-			Message string      `json:"message"`
-		} `json:"error"`
-	}
-	e.Error.Code, e.Error.Message = apierr.Unauthenticated, msg
-	b, _ := json.MarshalIndent(e, "", "  ")
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Del("Content-Length")
-	w.WriteHeader(http.StatusUnauthorized)
-	_, _ = w.Write(append(b, '\n'))
+	apierr.WriteREST(w, apierr.Errorf(apierr.Unauthenticated, "%s", msg))
 }

@@ -18,11 +18,14 @@ import (
 	"github.com/giantswarm/vm-manager/gen/apierr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
 )
 
 // MaxSocketPath is the longest unix socket path Linux accepts (sun_path less NUL).
@@ -201,28 +204,26 @@ func ServeAll(ctx context.Context, servers map[*Server]net.Listener) error {
 
 func unaryErrors(log *slog.Logger) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
-		defer func() {
-			if r := recover(); r != nil {
-				log.Error("panic in handler", "method", info.FullMethod, "panic", r, "stack", string(debug.Stack()))
-				err = apierr.Errorf(apierr.Internal, "internal error in %s", info.FullMethod)
-			}
-			err = convert(log, info.FullMethod, err)
-		}()
+		defer converted(log, info.FullMethod, &err)
 		return handler(ctx, req)
 	}
 }
 
 func streamErrors(log *slog.Logger) grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
-		defer func() {
-			if r := recover(); r != nil {
-				log.Error("panic in handler", "method", info.FullMethod, "panic", r, "stack", string(debug.Stack()))
-				err = apierr.Errorf(apierr.Internal, "internal error in %s", info.FullMethod)
-			}
-			err = convert(log, info.FullMethod, err)
-		}()
+		defer converted(log, info.FullMethod, &err)
 		return handler(srv, ss)
 	}
+}
+
+// converted, deferred by a handler, turns a panic into an internal error and
+// the handler's error into its status.
+func converted(log *slog.Logger, method string, err *error) {
+	if r := recover(); r != nil {
+		log.Error("panic in handler", "method", method, "panic", r, "stack", string(debug.Stack()))
+		*err = apierr.Errorf(apierr.Internal, "internal error in %s", method)
+	}
+	*err = convert(log, method, *err)
 }
 
 func convert(log *slog.Logger, method string, err error) error {
@@ -250,4 +251,73 @@ func Dial(path string, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
 		}),
 	}, extra...)
 	return grpc.NewClient("unix://"+path, opts...)
+}
+
+// DialBackend is Dial for the backend called name ("hypervisor",
+// "attestation"), whose callers pass its errors on to theirs: a failure of
+// the connection itself becomes the domain error unavailable, "the <name>
+// service is unavailable: <what gRPC said>", so every surface names the
+// backend that is down in the same words (see Unreachable).
+func DialBackend(path, name string, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
+	return Dial(path, append([]grpc.DialOption{
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			return Unreachable(ctx, name, invoker(ctx, method, req, reply, cc, opts...))
+		}),
+		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			cs, err := streamer(ctx, desc, cc, method, opts...)
+			if err != nil {
+				return nil, Unreachable(ctx, name, err)
+			}
+			return &namedStream{ClientStream: cs, ctx: ctx, name: name}, nil
+		}),
+	}, extra...)...)
+}
+
+// Unreachable turns err, the outcome of a call on ctx to the backend called
+// name, into the domain error unavailable "the <name> service is
+// unavailable: <message>" when the call failed for want of a connection: a
+// gRPC status that no vm-manager service sent (no vm-manager ErrorInfo) with
+// the code Unavailable, or Canceled while the caller had not given up (the
+// connection was closed under the call). Everything else is returned as it
+// is: what a backend said itself (its own unavailable included) reaches the
+// caller unchanged.
+func Unreachable(ctx context.Context, name string, err error) error {
+	st, ok := status.FromError(err)
+	if err == nil || !ok || apierr.HasErrorInfo(err) {
+		return err
+	}
+	switch st.Code() {
+	case codes.Unavailable:
+	case codes.Canceled:
+		if ctx.Err() != nil {
+			return err
+		}
+	default:
+		return err
+	}
+	return apierr.ToStatus(apierr.Errorf(apierr.Unavailable, "the %s service is unavailable: %s", name, st.Message())).Err()
+}
+
+// namedStream applies Unreachable to a stream's errors.
+type namedStream struct {
+	grpc.ClientStream
+	ctx  context.Context
+	name string
+}
+
+func (s *namedStream) Header() (metadata.MD, error) {
+	md, err := s.ClientStream.Header()
+	return md, Unreachable(s.ctx, s.name, err)
+}
+
+func (s *namedStream) CloseSend() error {
+	return Unreachable(s.ctx, s.name, s.ClientStream.CloseSend())
+}
+
+func (s *namedStream) SendMsg(m any) error {
+	return Unreachable(s.ctx, s.name, s.ClientStream.SendMsg(m))
+}
+
+func (s *namedStream) RecvMsg(m any) error {
+	return Unreachable(s.ctx, s.name, s.ClientStream.RecvMsg(m))
 }

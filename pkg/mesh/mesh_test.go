@@ -175,7 +175,8 @@ func TestListenRefusesLiveSocket(t *testing.T) {
 	c.Close()
 }
 
-// testHypervisor returns a conflict from GetHost and panics in GetImage.
+// testHypervisor returns a conflict from GetHost, panics in GetImage and
+// answers GetVirtualMachine with its own unavailable.
 type testHypervisor struct {
 	hypervisorv1.UnimplementedHypervisorServiceServer
 }
@@ -189,6 +190,10 @@ func (testHypervisor) GetImage(_ context.Context, req *hypervisorv1.GetImageRequ
 		return &hypervisorv1.Image{Id: "ok"}, nil
 	}
 	panic("handler exploded")
+}
+
+func (testHypervisor) GetVirtualMachine(context.Context, *hypervisorv1.GetVirtualMachineRequest) (*hypervisorv1.VirtualMachine, error) {
+	return nil, apierr.Errorf(apierr.Unavailable, "no attestation service")
 }
 
 func (testHypervisor) GetNetwork(context.Context, *hypervisorv1.GetNetworkRequest) (*hypervisorv1.Network, error) {
@@ -215,6 +220,12 @@ var streamDesc = grpc.ServiceDesc{
 
 func startServer(t *testing.T) (*mesh.Server, *grpc.ClientConn, *logtest.Buffer) {
 	t.Helper()
+	return startServerDial(t, func(path string) (*grpc.ClientConn, error) { return mesh.Dial(path) })
+}
+
+// startServerDial is startServer with the client connection from dial.
+func startServerDial(t *testing.T, dial func(path string) (*grpc.ClientConn, error)) (*mesh.Server, *grpc.ClientConn, *logtest.Buffer) {
+	t.Helper()
 	path := filepath.Join(shortDir(t), mesh.HypervisorSocket)
 	l, err := mesh.Listen(path)
 	if err != nil {
@@ -226,7 +237,7 @@ func startServer(t *testing.T) (*mesh.Server, *grpc.ClientConn, *logtest.Buffer)
 	srv.RegisterService(&streamDesc, struct{}{})
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()
-	conn, err := mesh.Dial(path)
+	conn, err := dial(path)
 	if err != nil {
 		t.Fatal(err)
 	}

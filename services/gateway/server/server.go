@@ -77,13 +77,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	// Every backend call carries the caller's token, whoever makes it.
-	hconn, err := mesh.Dial(cfg.HypervisorSocket, identity.ForwardDialOptions()...)
+	// Every backend call carries the caller's token, whoever makes it; a
+	// backend that cannot be reached is "the <name> service is unavailable"
+	// on every surface (mesh.DialBackend).
+	hconn, err := mesh.DialBackend(cfg.HypervisorSocket, "hypervisor", identity.ForwardDialOptions()...)
 	if err != nil {
 		return fmt.Errorf("hypervisor socket: %w", err)
 	}
 	defer hconn.Close()
-	aconn, err := mesh.Dial(cfg.AttestationSocket, identity.ForwardDialOptions()...)
+	aconn, err := mesh.DialBackend(cfg.AttestationSocket, "attestation", identity.ForwardDialOptions()...)
 	if err != nil {
 		return fmt.Errorf("attestation socket: %w", err)
 	}
@@ -142,9 +144,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	mcpHandler := newMCPDrain(mcp.New(hypervisorv1.NewHypervisorServiceClient(hconn), attestationv1.NewAttestationServiceClient(aconn), log, observe))
 	defer mcpHandler.drain()
 	mux.Handle("/mcp", mcpHandler)
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		rest.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
-	})
+	mux.HandleFunc("/", rest.NotFound)
 
 	// With an issuer, everything on the mux but OpenPaths needs a token;
 	// grpc-gateway forwards the Authorization header as "authorization".

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"os"
 	"path/filepath"
@@ -28,21 +29,14 @@ func main() {
 			learn := fs.Bool("attestation-learn-golden", "VM_MANAGER_ATTESTATION_LEARN_GOLDEN", false, "accept PCRs without a golden value and report them as learned (needs --attestation-learn-golden-acknowledge)")
 			learnAck := fs.Bool("attestation-learn-golden-acknowledge", "VM_MANAGER_ATTESTATION_LEARN_GOLDEN_ACKNOWLEDGE", false, "confirm learn mode: boots nobody has vouched for get their user-data while it is on")
 			oidc := identity.Flags(fs)
-			logFormat := fs.String("log-format", "VM_MANAGER_LOG_FORMAT", "text", "log format: text or json")
-			logLevel := fs.String("log-level", "VM_MANAGER_LOG_LEVEL", "info", "log level: debug, info, warn, error")
+			logger := logging.Flags(fs, "info", "attestation")
 			return func(ctx context.Context) error {
-				log, err := logging.New(os.Stderr, *logFormat, *logLevel, "attestation")
+				log, err := logger()
 				if err != nil {
 					return err
 				}
-				sock := *socket
-				if sock == "" {
-					sock = filepath.Join(*runDir, mesh.AttestationSocket)
-				}
-				vsock := *verifierSocket
-				if vsock == "" {
-					vsock = filepath.Join(*stateDir, mesh.VerifierSocket)
-				}
+				sock := cmp.Or(*socket, filepath.Join(*runDir, mesh.AttestationSocket))
+				vsock := cmp.Or(*verifierSocket, filepath.Join(*stateDir, mesh.VerifierSocket))
 				return server.Run(ctx, server.Config{StateDir: *stateDir, Socket: sock, VerifierSocket: vsock, Mode: *mode,
 					LearnGolden: *learn, LearnGoldenAcknowledged: *learnAck, Identity: oidc()}, log)
 			}

@@ -4,6 +4,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"os"
 	"path/filepath"
@@ -27,17 +28,16 @@ func main() {
 			allow := fs.Bool("allow-anonymous-non-loopback", "VM_MANAGER_ALLOW_ANONYMOUS_NON_LOOPBACK", false, "let the anonymous API listen on a non-loopback address")
 			oidc := identity.Flags(fs)
 			metricsOn := fs.Bool("metrics-enabled", "VM_MANAGER_METRICS_ENABLED", false, "serve Prometheus metrics at /metrics (VMs, networks, requests per surface)")
-			logFormat := fs.String("log-format", "VM_MANAGER_LOG_FORMAT", "text", "log format: text or json")
-			logLevel := fs.String("log-level", "VM_MANAGER_LOG_LEVEL", "info", "log level: debug, info, warn, error")
+			logger := logging.Flags(fs, "info", "gateway")
 			return func(ctx context.Context) error {
-				log, err := logging.New(os.Stderr, *logFormat, *logLevel, "gateway")
+				log, err := logger()
 				if err != nil {
 					return err
 				}
 				cfg := server.Config{
 					Listen:            *listen,
-					HypervisorSocket:  orDefault(*hvSock, filepath.Join(*runDir, mesh.HypervisorSocket)),
-					AttestationSocket: orDefault(*atSock, filepath.Join(*runDir, mesh.AttestationSocket)),
+					HypervisorSocket:  cmp.Or(*hvSock, filepath.Join(*runDir, mesh.HypervisorSocket)),
+					AttestationSocket: cmp.Or(*atSock, filepath.Join(*runDir, mesh.AttestationSocket)),
 					AllowNonLoopback:  *allow,
 					Identity:          oidc(),
 					MetricsEnabled:    *metricsOn,
@@ -46,11 +46,4 @@ func main() {
 			}
 		},
 	}))
-}
-
-func orDefault(v, def string) string {
-	if v != "" {
-		return v
-	}
-	return def
 }

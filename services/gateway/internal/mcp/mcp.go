@@ -16,7 +16,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -109,7 +108,7 @@ func (d demoteInfo) WithAttrs(attrs []slog.Attr) slog.Handler {
 
 func (d demoteInfo) WithGroup(name string) slog.Handler { return demoteInfo{d.Handler.WithGroup(name)} }
 
-// NewServer returns the MCP server with the 20 tools registered.
+// NewServer returns the MCP server with the 20 tools (toolDefs) registered.
 func NewServer(hv hypervisorv1.HypervisorServiceClient, at attestationv1.AttestationServiceClient, log *slog.Logger) *mcp.Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -121,7 +120,9 @@ func NewServer(hv hypervisorv1.HypervisorServiceClient, at attestationv1.Attesta
 		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: false}},
 	})
 	t := &tools{hv: hv, at: at, log: log}
-	t.register(s)
+	for _, d := range toolDefs {
+		d.add(s, t, d)
+	}
 	s.AddReceivingMiddleware(registrationOrder)
 	return s
 }
@@ -228,72 +229,73 @@ func (c class) annotations() *mcp.ToolAnnotations {
 	panic(fmt.Sprintf("unknown annotation class %d", c))
 }
 
+// toolDef is one tool: its name, annotation class (contract §2.2),
+// description and body.
+type toolDef struct {
+	name        string
+	class       class
+	description string
+	add         addFunc
+}
+
+// addFunc registers a tool under its definition; run makes one from a body.
+type addFunc func(s *mcp.Server, t *tools, d toolDef)
+
 // toolFunc is a tool's body: it gets validated arguments and a context that
 // carries the caller's authorization, and returns what restjson marshals
 // into the REST body (a proto message, a slice of them, or a plain value).
-type toolFunc[In any] func(ctx context.Context, req *mcp.CallToolRequest, in *In) (any, error)
+type toolFunc[In any] func(t *tools, ctx context.Context, req *mcp.CallToolRequest, in *In) (any, error)
 
-// errInvalid marks argument errors.
-type errInvalid struct{ error }
-
-// addTool registers one tool: its schema from In, its annotations from the
-// class, and the common handling of arguments, authorization, results and
-// errors.
-func addTool[In any](s *mcp.Server, log *slog.Logger, name string, c class, description string, backend string, fn toolFunc[In]) {
-	schema, resolved, err := inputSchema[In]()
-	if err != nil {
-		panic(fmt.Sprintf("mcp: tool %s: %v", name, err))
-	}
-	tool := &mcp.Tool{
-		Name:        name,
-		Description: description,
-		InputSchema: schema,
-		Annotations: c.annotations(),
-	}
-	s.AddTool(tool, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-		start := time.Now()
-		var raw json.RawMessage
-		if req.Params != nil {
-			raw = req.Params.Arguments
-		}
-		in := new(In)
-		if err := decodeArgs(raw, resolved, in); err != nil {
-			log.Debug("mcp tool call rejected", "tool", name, "error", err)
-			return errorResult(apierr.InvalidRequest, err.Error()), nil
-		}
-		ctx = withAuthorization(ctx, req)
-		out, err := fn(ctx, req, in)
+// run registers fn: its schema from In, its annotations from the class, and
+// the common handling of arguments, authorization, results and errors.
+func run[In any](fn toolFunc[In]) addFunc {
+	return func(s *mcp.Server, t *tools, d toolDef) {
+		schema, resolved, err := inputSchema[In]()
 		if err != nil {
-			var inv errInvalid
-			if errors.As(err, &inv) {
-				return errorResult(apierr.InvalidRequest, inv.Error()), nil
-			}
-			code, msg := apierr.CodeOf(err), apierr.MessageOf(err)
-			if code == apierr.Unavailable {
-				msg = fmt.Sprintf("the %s service is unavailable: %s", backend, msg)
-			}
-			if apierr.HTTPStatus(code) >= 500 {
-				log.Error("mcp tool call failed", "tool", name, "code", code, "error", msg, "duration", time.Since(start))
-			} else {
-				log.Debug("mcp tool call failed", "tool", name, "code", code, "error", msg)
-			}
-			return errorResult(code, msg), nil
+			panic(fmt.Sprintf("mcp: tool %s: %v", d.name, err))
 		}
-		body, err := restjson.Marshaler{}.Marshal(out)
-		if err != nil {
-			log.Error("mcp tool result not encodable", "tool", name, "error", err)
-			return errorResult(apierr.Internal, "encoding the result: "+err.Error()), nil
-		}
-		log.Debug("mcp tool call", "tool", name, "duration", time.Since(start))
-		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(body)}}}, nil
-	})
+		tool := &mcp.Tool{Name: d.name, Description: d.description, InputSchema: schema, Annotations: d.class.annotations()}
+		s.AddTool(tool, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			start := time.Now()
+			var raw json.RawMessage
+			if req.Params != nil {
+				raw = req.Params.Arguments
+			}
+			in := new(In)
+			if err := decodeArgs(raw, resolved, in); err != nil {
+				t.log.Debug("mcp tool call rejected", "tool", d.name, "error", err)
+				return errorResult(apierr.Errorf(apierr.InvalidRequest, "%w", err)), nil
+			}
+			out, err := fn(t, withAuthorization(ctx, req), req, in)
+			return t.result(d.name, out, err, time.Since(start)), nil
+		})
+	}
 }
 
-func errorResult(code apierr.Code, msg string) *mcp.CallToolResult {
-	return &mcp.CallToolResult{
-		IsError: true,
-		Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("%s: %s", code, msg)}},
+// result is a tool's result: out's REST body, or the error text. A backend
+// that cannot be reached already says so by name (mesh.DialBackend).
+func (t *tools) result(name string, out any, err error, d time.Duration) *mcp.CallToolResult {
+	if err != nil {
+		code := apierr.CodeOf(err)
+		if apierr.HTTPStatus(code) >= 500 {
+			t.log.Error("mcp tool call failed", "tool", name, "code", code, "error", apierr.MessageOf(err), "duration", d)
+		} else {
+			t.log.Debug("mcp tool call failed", "tool", name, "code", code, "error", apierr.MessageOf(err))
+		}
+		return errorResult(err)
 	}
+	body, err := restjson.Marshaler{}.Marshal(out)
+	if err != nil {
+		t.log.Error("mcp tool result not encodable", "tool", name, "error", err)
+		return errorResult(apierr.Errorf(apierr.Internal, "encoding the result: %w", err))
+	}
+	t.log.Debug("mcp tool call", "tool", name, "duration", d)
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(body)}}}
+}
+
+// errorResult is the tool result of a failure, "<code>: <message>".
+func errorResult(err error) *mcp.CallToolResult {
+	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: apierr.MCPText(err)}}}
 }
 
 // withAuthorization forwards the HTTP request's Authorization header to the

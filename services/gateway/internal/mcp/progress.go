@@ -4,9 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
+	"github.com/giantswarm/vm-manager/gen/enumname"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -102,7 +102,7 @@ func (p *progress) report(ctx context.Context, vm *hypervisorv1.VirtualMachine) 
 	if p.id == "" {
 		p.id = vm.GetId()
 	}
-	state := stateName(vm.GetState())
+	state := enumname.Of(vm.GetState())
 	if state == p.state {
 		return
 	}
@@ -116,9 +116,4 @@ func (p *progress) report(ctx context.Context, vm *hypervisorv1.VirtualMachine) 
 	if err != nil {
 		p.log.Debug("create_vm progress: notify", "id", vm.GetId(), "error", err)
 	}
-}
-
-// stateName is the REST form of a state: "booting" for STATE_BOOTING.
-func stateName(s hypervisorv1.State) string {
-	return strings.ToLower(strings.TrimPrefix(s.String(), "STATE_"))
 }

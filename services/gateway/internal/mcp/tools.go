@@ -1,43 +1,30 @@
 package mcp
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 
+	"github.com/giantswarm/vm-manager/gen/apierr"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
-// ToolNames are the tools in registration order: the reads, then the writes.
-var ToolNames = []string{
-	"get_info",
-	"get_host",
-	"list_images",
-	"get_image",
-	"list_networks",
-	"get_network",
-	"list_vms",
-	"get_vm",
-	"get_vm_console",
-	"get_vm_metrics",
-	"get_vm_attestation",
-	"create_network",
-	"delete_network",
-	"create_vm",
-	"start_vm",
-	"stop_vm",
-	"reboot_vm",
-	"delete_vm",
-	"exec_vm",
-	"forward_port",
+// ToolNames are the tools in registration order (toolDefs): the reads, then
+// the writes.
+var ToolNames []string
+
+func init() {
+	// Not an initializer: get_info's body reads ToolNames.
+	for _, d := range toolDefs {
+		ToolNames = append(ToolNames, d.name)
+	}
 }
-
-const (
-	hypervisor  = "hypervisor"
-	attestation = "attestation"
-)
 
 type tools struct {
 	hv  hypervisorv1.HypervisorServiceClient
@@ -109,138 +96,129 @@ var waitFor = map[string]hypervisorv1.WaitFor{
 	"ready":     hypervisorv1.WaitFor_WAIT_FOR_READY,
 }
 
-func (t *tools) register(s *mcp.Server) {
-	log := t.log
+type (
+	hvc = hypervisorv1.HypervisorServiceClient
+	atc = attestationv1.AttestationServiceClient
+)
 
+func hv(t *tools) hvc { return t.hv }
+func at(t *tools) atc { return t.at }
+
+// toolDefs are the contract's tools (§2) in registration order: the
+// reads, then the writes. Most are one backend call: call builds its
+// request from the arguments and returns its response, list returns the
+// list in it.
+var toolDefs = []toolDef{
 	// Reads.
-	addTool(s, log, "get_info", hintRead,
-		`Read-only. This server's build: {version, commit, built, tools[]}; version is "dev" for a local build.`,
-		"gateway", func(context.Context, *mcp.CallToolRequest, *noArgs) (any, error) {
-			return BuildInfo(), nil
-		})
-	addTool(s, log, "get_host", hintRead,
-		"Read-only. Host capabilities: hostname, kernel, CPUs, memory, /dev/kvm and /dev/vhost-vsock access, QEMU, swtpm and systemd versions, the OVMF firmware, storage providers, whether the host is ready and what is missing. Call it before creating VMs.",
-		hypervisor, func(ctx context.Context, _ *mcp.CallToolRequest, _ *noArgs) (any, error) {
-			return t.hv.GetHost(ctx, &hypervisorv1.GetHostRequest{})
-		})
-	addTool(s, log, "list_images", hintRead,
-		"Read-only. The image catalog, sorted by id, newest version first, each with its Kubernetes versions. Empty means no image was built or --image-dir is wrong; create_vm needs at least one.",
-		hypervisor, func(ctx context.Context, _ *mcp.CallToolRequest, _ *noArgs) (any, error) {
-			resp, err := t.hv.ListImages(ctx, &hypervisorv1.ListImagesRequest{})
-			if err != nil {
-				return nil, err
-			}
-			return nonNil(resp.GetImages()), nil
-		})
-	addTool(s, log, "get_image", hintRead,
-		"Read-only. Describe one image: UKI, disk, Kubernetes versions (newest first) and its attestation policy. Call list_images first.",
-		hypervisor, func(ctx context.Context, _ *mcp.CallToolRequest, in *imageArgs) (any, error) {
-			return t.hv.GetImage(ctx, &hypervisorv1.GetImageRequest{Ref: in.Ref})
-		})
-	addTool(s, log, "list_networks", hintRead,
-		`Read-only. Networks with their gateway and DHCP leases, sorted by name; the server creates "default" at startup.`,
-		hypervisor, func(ctx context.Context, _ *mcp.CallToolRequest, _ *noArgs) (any, error) {
-			resp, err := t.hv.ListNetworks(ctx, &hypervisorv1.ListNetworksRequest{})
-			if err != nil {
-				return nil, err
-			}
-			return nonNil(resp.GetNetworks()), nil
-		})
-	addTool(s, log, "get_network", hintRead,
-		"Read-only. One network: its spec, gateway and leases.",
-		hypervisor, func(ctx context.Context, _ *mcp.CallToolRequest, in *networkArgs) (any, error) {
-			return t.hv.GetNetwork(ctx, &hypervisorv1.GetNetworkRequest{Name: in.Name})
-		})
-	addTool(s, log, "list_vms", hintRead,
-		"Read-only. Every VM record, oldest first.",
-		hypervisor, func(ctx context.Context, _ *mcp.CallToolRequest, _ *noArgs) (any, error) {
-			resp, err := t.hv.ListVirtualMachines(ctx, &hypervisorv1.ListVirtualMachinesRequest{})
-			if err != nil {
-				return nil, err
-			}
-			return nonNil(resp.GetVms()), nil
-		})
-	addTool(s, log, "get_vm", hintRead,
-		"Read-only. One VM record. States: creating, installing (the installer copies the OS), booting (the installed boot), attesting (the guest fetched its first nonce), ready (READY=1), running (up, but no READY=1 within the boot timeout), stopping, stopped, failed (lastError says why), deleting. Poll it after create_vm with wait_for none, start_vm or reboot_vm.",
-		hypervisor, func(ctx context.Context, _ *mcp.CallToolRequest, in *vmArgs) (any, error) {
-			return t.hv.GetVirtualMachine(ctx, &hypervisorv1.GetVirtualMachineRequest{Id: in.ID})
-		})
-	addTool(s, log, "get_vm_console", hintRead,
-		"Read-only. The last lines of the VM's serial console (default 100, at most 10000); empty before any output. The first place to look when a VM is failed or stuck.",
-		hypervisor, func(ctx context.Context, _ *mcp.CallToolRequest, in *consoleArgs) (any, error) {
-			return t.hv.GetVirtualMachineConsole(ctx, &hypervisorv1.GetVirtualMachineConsoleRequest{Id: in.ID, Lines: in.Lines})
-		})
-	addTool(s, log, "get_vm_metrics", hintRead,
-		"Read-only. Host and guest metrics summary: state, attestation, CPU seconds, memory, disk and network bytes, install and boot-to-ready times, and a sample of the guest's last systemd-report upload. The full upload is REST-only at raw_report_url.",
-		hypervisor, func(ctx context.Context, _ *mcp.CallToolRequest, in *vmArgs) (any, error) {
-			return t.hv.GetVirtualMachineMetrics(ctx, &hypervisorv1.GetVirtualMachineMetricsRequest{Id: in.ID})
-		})
-	addTool(s, log, "get_vm_attestation", hintRead,
-		"Read-only. The current boot's attestation verdicts: the initrd and ready quotes and whether user_data was released. Reset on every installed boot.",
-		attestation, func(ctx context.Context, _ *mcp.CallToolRequest, in *vmArgs) (any, error) {
-			return t.at.GetVirtualMachineAttestation(ctx, &attestationv1.GetVirtualMachineAttestationRequest{Id: in.ID})
-		})
+	{"get_info", hintRead, `Read-only. This server's build: {version, commit, built, tools[]}; version is "dev" for a local build.`,
+		run(func(*tools, context.Context, *mcp.CallToolRequest, *noArgs) (any, error) { return BuildInfo(), nil })},
+	{"get_host", hintRead, "Read-only. Host capabilities: hostname, kernel, CPUs, memory, /dev/kvm and /dev/vhost-vsock access, QEMU, swtpm and systemd versions, the OVMF firmware, storage providers, whether the host is ready and what is missing. Call it before creating VMs.",
+		call(hv, hvc.GetHost, none[hypervisorv1.GetHostRequest])},
+	{"list_images", hintRead, "Read-only. The image catalog, sorted by id, newest version first, each with its Kubernetes versions. Empty means no image was built or --image-dir is wrong; create_vm needs at least one.",
+		list(hv, hvc.ListImages, none[hypervisorv1.ListImagesRequest], (*hypervisorv1.ListImagesResponse).GetImages)},
+	{"get_image", hintRead, "Read-only. Describe one image: UKI, disk, Kubernetes versions (newest first) and its attestation policy. Call list_images first.",
+		call(hv, hvc.GetImage, func(in *imageArgs) *hypervisorv1.GetImageRequest { return &hypervisorv1.GetImageRequest{Ref: in.Ref} })},
+	{"list_networks", hintRead, `Read-only. Networks with their gateway and DHCP leases, sorted by name; the server creates "default" at startup.`,
+		list(hv, hvc.ListNetworks, none[hypervisorv1.ListNetworksRequest], (*hypervisorv1.ListNetworksResponse).GetNetworks)},
+	{"get_network", hintRead, "Read-only. One network: its spec, gateway and leases.",
+		call(hv, hvc.GetNetwork, func(in *networkArgs) *hypervisorv1.GetNetworkRequest {
+			return &hypervisorv1.GetNetworkRequest{Name: in.Name}
+		})},
+	{"list_vms", hintRead, "Read-only. Every VM record, oldest first.",
+		list(hv, hvc.ListVirtualMachines, none[hypervisorv1.ListVirtualMachinesRequest], (*hypervisorv1.ListVirtualMachinesResponse).GetVms)},
+	{"get_vm", hintRead, "Read-only. One VM record. States: creating, installing (the installer copies the OS), booting (the installed boot), attesting (the guest fetched its first nonce), ready (READY=1), running (up, but no READY=1 within the boot timeout), stopping, stopped, failed (lastError says why), deleting. Poll it after create_vm with wait_for none, start_vm or reboot_vm.",
+		call(hv, hvc.GetVirtualMachine, vmRequest[hypervisorv1.GetVirtualMachineRequest])},
+	{"get_vm_console", hintRead, "Read-only. The last lines of the VM's serial console (default 100, at most 10000); empty before any output. The first place to look when a VM is failed or stuck.",
+		call(hv, hvc.GetVirtualMachineConsole, func(in *consoleArgs) *hypervisorv1.GetVirtualMachineConsoleRequest {
+			return &hypervisorv1.GetVirtualMachineConsoleRequest{Id: in.ID, Lines: in.Lines}
+		})},
+	{"get_vm_metrics", hintRead, "Read-only. Host and guest metrics summary: state, attestation, CPU seconds, memory, disk and network bytes, install and boot-to-ready times, and a sample of the guest's last systemd-report upload. The full upload is REST-only at raw_report_url.",
+		call(hv, hvc.GetVirtualMachineMetrics, vmRequest[hypervisorv1.GetVirtualMachineMetricsRequest])},
+	{"get_vm_attestation", hintRead, "Read-only. The current boot's attestation verdicts: the initrd and ready quotes and whether user_data was released. Reset on every installed boot.",
+		call(at, atc.GetVirtualMachineAttestation, vmRequest[attestationv1.GetVirtualMachineAttestationRequest])},
 
 	// Writes.
-	addTool(s, log, "create_network", hintCreate,
-		"WRITES: create a network: a bridge with DHCP, NAT and the IMDS at 169.254.169.254. name is a DNS label of at most 63 characters; cidr is IPv4 with a /16 to /29 prefix outside 169.254.0.0/16, and the gateway is its first host address. Conflict if the name is taken.",
-		hypervisor, func(ctx context.Context, _ *mcp.CallToolRequest, in *createNetworkArgs) (any, error) {
-			return t.hv.CreateNetwork(ctx, &hypervisorv1.CreateNetworkRequest{Name: in.Name, Cidr: in.CIDR, DnsSearchDomain: in.DNSSearchDomain})
-		})
-	addTool(s, log, "delete_network", hintDestructive,
-		"WRITES (destructive): delete a network. Conflict while any VM, running or stopped, is attached to it. Returns {name, deleted}.",
-		hypervisor, func(ctx context.Context, _ *mcp.CallToolRequest, in *networkArgs) (any, error) {
-			resp, err := t.hv.DeleteNetwork(ctx, &hypervisorv1.DeleteNetworkRequest{Name: in.Name})
-			if err != nil {
-				return nil, err
-			}
-			if resp.GetName() == "" {
-				resp = &hypervisorv1.DeleteNetworkResponse{Name: in.Name}
-			}
-			resp.Deleted = true
-			return resp, nil
-		})
-	addTool(s, log, "create_vm", hintCreate,
-		`WRITES: create a VM and boot it. Call get_host, list_images and create_network (or use the "default" network) first. Blocks per wait_for: none (the installer started), installed, attested (user_data released) or ready (READY=1, the default). A timeout error still leaves the VM running. A failure returns the VM id: follow it with get_vm and get_vm_console, delete it with delete_vm. Sends progress notifications when the request carries a progress token.`,
-		hypervisor, t.createVM)
-	addTool(s, log, "start_vm", hintIdempotent,
-		"WRITES: boot a stopped or failed VM from its disk; attestation runs again. Returns the VM in state booting. Conflict if it is running or was never installed.",
-		hypervisor, func(ctx context.Context, _ *mcp.CallToolRequest, in *vmArgs) (any, error) {
-			return t.hv.StartVirtualMachine(ctx, &hypervisorv1.StartVirtualMachineRequest{Id: in.ID})
-		})
-	addTool(s, log, "stop_vm", hintIdempotent,
-		"WRITES: stop a VM: ACPI power-down, then SIGTERM, then SIGKILL after the stop timeout. The disk is kept; start_vm boots it again.",
-		hypervisor, func(ctx context.Context, _ *mcp.CallToolRequest, in *vmArgs) (any, error) {
-			return t.hv.StopVirtualMachine(ctx, &hypervisorv1.StopVirtualMachineRequest{Id: in.ID})
-		})
-	addTool(s, log, "reboot_vm", hintIdempotent,
-		"WRITES: reboot a VM: stop_vm then start_vm. Returns the VM in state booting; poll get_vm.",
-		hypervisor, func(ctx context.Context, _ *mcp.CallToolRequest, in *vmArgs) (any, error) {
-			return t.hv.RebootVirtualMachine(ctx, &hypervisorv1.RebootVirtualMachineRequest{Id: in.ID})
-		})
-	addTool(s, log, "delete_vm", hintDestructive,
-		"WRITES (destructive): delete a VM: stop it, then remove its disk, vTPM, lease, port forwards and record. Not undoable. Returns {id, deleted}.",
-		hypervisor, func(ctx context.Context, _ *mcp.CallToolRequest, in *vmArgs) (any, error) {
-			resp, err := t.hv.DeleteVirtualMachine(ctx, &hypervisorv1.DeleteVirtualMachineRequest{Id: in.ID})
-			if err != nil {
-				return nil, err
-			}
-			if resp.GetId() == "" {
-				resp = &hypervisorv1.DeleteVirtualMachineResponse{Id: in.ID}
-			}
-			resp.Deleted = true
-			return resp, nil
-		})
-	addTool(s, log, "exec_vm", hintExec,
-		"WRITES (destructive): run a command in the guest as root, over ssh through the virtual network with the per-VM key; the guest's host key is pinned on first use. Returns {stdout, stderr, exitCode}; a non-zero exit is a result, not an error.",
-		hypervisor, func(ctx context.Context, _ *mcp.CallToolRequest, in *execArgs) (any, error) {
-			return t.hv.ExecVirtualMachine(ctx, &hypervisorv1.ExecVirtualMachineRequest{Id: in.ID, Command: in.Command})
-		})
-	addTool(s, log, "forward_port", hintIdempotent,
-		"WRITES: expose a guest TCP port (for example 6443, the Kubernetes API) on a host loopback address 127.0.0.1:<port>. Returns {id, port, address}; the forward lives until the VM is deleted.",
-		hypervisor, func(ctx context.Context, _ *mcp.CallToolRequest, in *forwardArgs) (any, error) {
-			return t.hv.ForwardVirtualMachinePort(ctx, &hypervisorv1.ForwardVirtualMachinePortRequest{Id: in.ID, Port: in.Port})
-		})
+	{"create_network", hintCreate, "WRITES: create a network: a bridge with DHCP, NAT and the IMDS at 169.254.169.254. name is a DNS label of at most 63 characters; cidr is IPv4 with a /16 to /29 prefix outside 169.254.0.0/16, and the gateway is its first host address. Conflict if the name is taken.",
+		call(hv, hvc.CreateNetwork, func(in *createNetworkArgs) *hypervisorv1.CreateNetworkRequest {
+			return &hypervisorv1.CreateNetworkRequest{Name: in.Name, Cidr: in.CIDR, DnsSearchDomain: in.DNSSearchDomain}
+		})},
+	{"delete_network", hintDestructive, "WRITES (destructive): delete a network. Conflict while any VM, running or stopped, is attached to it. Returns {name, deleted}.",
+		run((*tools).deleteNetwork)},
+	{"create_vm", hintCreate, `WRITES: create a VM and boot it. Call get_host, list_images and create_network (or use the "default" network) first. Blocks per wait_for: none (the installer started), installed, attested (user_data released) or ready (READY=1, the default). A timeout error still leaves the VM running. A failure returns the VM id: follow it with get_vm and get_vm_console, delete it with delete_vm. Sends progress notifications when the request carries a progress token.`,
+		run((*tools).createVM)},
+	{"start_vm", hintIdempotent, "WRITES: boot a stopped or failed VM from its disk; attestation runs again. Returns the VM in state booting. Conflict if it is running or was never installed.",
+		call(hv, hvc.StartVirtualMachine, vmRequest[hypervisorv1.StartVirtualMachineRequest])},
+	{"stop_vm", hintIdempotent, "WRITES: stop a VM: ACPI power-down, then SIGTERM, then SIGKILL after the stop timeout. The disk is kept; start_vm boots it again.",
+		call(hv, hvc.StopVirtualMachine, vmRequest[hypervisorv1.StopVirtualMachineRequest])},
+	{"reboot_vm", hintIdempotent, "WRITES: reboot a VM: stop_vm then start_vm. Returns the VM in state booting; poll get_vm.",
+		call(hv, hvc.RebootVirtualMachine, vmRequest[hypervisorv1.RebootVirtualMachineRequest])},
+	{"delete_vm", hintDestructive, "WRITES (destructive): delete a VM: stop it, then remove its disk, vTPM, lease, port forwards and record. Not undoable. Returns {id, deleted}.",
+		run((*tools).deleteVM)},
+	{"exec_vm", hintExec, "WRITES (destructive): run a command in the guest as root, over ssh through the virtual network with the per-VM key; the guest's host key is pinned on first use. Returns {stdout, stderr, exitCode}; a non-zero exit is a result, not an error.",
+		call(hv, hvc.ExecVirtualMachine, func(in *execArgs) *hypervisorv1.ExecVirtualMachineRequest {
+			return &hypervisorv1.ExecVirtualMachineRequest{Id: in.ID, Command: in.Command}
+		})},
+	{"forward_port", hintIdempotent, "WRITES: expose a guest TCP port (for example 6443, the Kubernetes API) on a host loopback address 127.0.0.1:<port>. Returns {id, port, address}; the forward lives until the VM is deleted.",
+		call(hv, hvc.ForwardVirtualMachinePort, func(in *forwardArgs) *hypervisorv1.ForwardVirtualMachinePortRequest {
+			return &hypervisorv1.ForwardVirtualMachinePortRequest{Id: in.ID, Port: in.Port}
+		})},
+}
+
+// none is the request of a call that takes no arguments.
+func none[Req any](*noArgs) *Req { return new(Req) }
+
+// vmRequest is the request of a call on one VM: a Req with its id field
+// set to the argument.
+func vmRequest[Req any, P interface {
+	*Req
+	proto.Message
+}](in *vmArgs) P {
+	req := P(new(Req))
+	m := req.ProtoReflect()
+	fd := m.Descriptor().Fields().ByName("id")
+	if fd == nil || fd.Kind() != protoreflect.StringKind {
+		panic(fmt.Sprintf("mcp: %s has no string field id", m.Descriptor().FullName()))
+	}
+	m.Set(fd, protoreflect.ValueOfString(in.ID))
+	return req
+}
+
+// call is a tool that is one call of a client's method, with the request
+// req builds from the arguments; its result is the response.
+func call[C, In, Req, Resp any](client func(*tools) C, method func(C, context.Context, Req, ...grpc.CallOption) (Resp, error), req func(*In) Req) addFunc {
+	return run(func(t *tools, ctx context.Context, _ *mcp.CallToolRequest, in *In) (any, error) {
+		return method(client(t), ctx, req(in))
+	})
+}
+
+// list is call for a List method: the result is the list in the response,
+// [] rather than null when it is empty.
+func list[C, In, Req, Resp, Item any](client func(*tools) C, method func(C, context.Context, Req, ...grpc.CallOption) (Resp, error), req func(*In) Req, items func(Resp) []Item) addFunc {
+	return run(func(t *tools, ctx context.Context, _ *mcp.CallToolRequest, in *In) (any, error) {
+		resp, err := method(client(t), ctx, req(in))
+		if err != nil {
+			return nil, err
+		}
+		return nonNil(items(resp)), nil
+	})
+}
+
+// deleteNetwork and deleteVM answer {name, deleted} and {id, deleted},
+// naming what was deleted when the backend's response leaves it out.
+func (t *tools) deleteNetwork(ctx context.Context, _ *mcp.CallToolRequest, in *networkArgs) (any, error) {
+	resp, err := t.hv.DeleteNetwork(ctx, &hypervisorv1.DeleteNetworkRequest{Name: in.Name})
+	if err != nil {
+		return nil, err
+	}
+	return &hypervisorv1.DeleteNetworkResponse{Name: cmp.Or(resp.GetName(), in.Name), Deleted: true}, nil
+}
+
+func (t *tools) deleteVM(ctx context.Context, _ *mcp.CallToolRequest, in *vmArgs) (any, error) {
+	resp, err := t.hv.DeleteVirtualMachine(ctx, &hypervisorv1.DeleteVirtualMachineRequest{Id: in.ID})
+	if err != nil {
+		return nil, err
+	}
+	return &hypervisorv1.DeleteVirtualMachineResponse{Id: cmp.Or(resp.GetId(), in.ID), Deleted: true}, nil
 }
 
 // nonNil makes an empty list marshal as [] rather than null.
@@ -257,7 +235,7 @@ func nonNil[T any](s []T) []T {
 func (t *tools) createVM(ctx context.Context, req *mcp.CallToolRequest, in *createVMArgs) (any, error) {
 	wf, ok := waitFor[in.WaitFor]
 	if !ok { // the schema's enum catches this first
-		return nil, errInvalid{fmt.Errorf("wait_for: %q is not one of none, installed, attested, ready", in.WaitFor)}
+		return nil, apierr.Invalidf("wait_for", "wait_for: %q is not one of none, installed, attested, ready", in.WaitFor)
 	}
 	creq := &hypervisorv1.CreateVirtualMachineRequest{
 		Name:               in.Name,

@@ -2,11 +2,10 @@ package metrics
 
 import (
 	"log/slog"
-	"slices"
-	"strings"
 	"sync"
 	"time"
 
+	"github.com/giantswarm/vm-manager/gen/enumname"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
@@ -27,31 +26,10 @@ var (
 )
 
 // stateNames are the contract's lowercase VM states, in enum order.
-var stateNames = enumNames(hypervisorv1.State_name, "STATE_")
+var stateNames = enumname.Names(hypervisorv1.State(0).Descriptor())
 
 // attestationNames are disabled, pending, released and failed.
-var attestationNames = enumNames(hypervisorv1.AttestationState_name, "ATTESTATION_STATE_")
-
-// enumNames lowercases an enum's names without their prefix, in number
-// order, leaving out the zero (unspecified) value.
-func enumNames(names map[int32]string, prefix string) []string {
-	nums := make([]int32, 0, len(names))
-	for n := range names {
-		if n != 0 {
-			nums = append(nums, n)
-		}
-	}
-	slices.Sort(nums)
-	out := make([]string, len(nums))
-	for i, n := range nums {
-		out[i] = enumName(names[n], prefix)
-	}
-	return out
-}
-
-func enumName(name, prefix string) string {
-	return strings.ToLower(strings.TrimPrefix(name, prefix))
-}
+var attestationNames = enumname.Names(hypervisorv1.AttestationState(0).Descriptor())
 
 func desc(name, help string, labels ...string) *prometheus.Desc {
 	return prometheus.NewDesc(name, help, labels, nil)
@@ -246,7 +224,7 @@ func (c *hostCollector) collectVMs(ch chan<- prometheus.Metric, s *snapshot) {
 		m := s.metrics[id]
 		h := m.GetHost()
 
-		state := enumName(vm.GetState().String(), "STATE_")
+		state := enumname.Of(vm.GetState())
 		perState[state]++
 		for _, st := range stateNames {
 			ch <- gauge(descVMState, b2f(st == state), id, name, st)
@@ -255,7 +233,7 @@ func (c *hostCollector) collectVMs(ch chan<- prometheus.Metric, s *snapshot) {
 		if h != nil && h.GetAttestation() != hypervisorv1.AttestationState_ATTESTATION_STATE_UNSPECIFIED {
 			att = h.GetAttestation()
 		}
-		attName := enumName(att.String(), "ATTESTATION_STATE_")
+		attName := enumname.Of(att)
 		for _, st := range attestationNames {
 			ch <- gauge(descVMAttestation, b2f(st == attName), id, name, st)
 		}

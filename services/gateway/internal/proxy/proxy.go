@@ -10,7 +10,6 @@ import (
 	"io"
 	"strings"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding"
@@ -46,7 +45,9 @@ func (Codec) Unmarshal(data []byte, v any) error {
 
 func (Codec) Name() string { return "proto" }
 
-// Routes maps a fully-qualified service name to the backend serving it.
+// Routes maps a fully-qualified service name to the backend serving it: a
+// connection from mesh.DialBackend, so that an unreachable backend fails a
+// call as "the <name> service is unavailable" here as on REST and MCP.
 type Routes map[string]grpc.ClientConnInterface
 
 // Handler is a grpc.UnknownServiceHandler that forwards to the routes.
@@ -64,17 +65,9 @@ func Handler(routes Routes) grpc.StreamHandler {
 		if !ok {
 			return status.Errorf(codes.Unimplemented, "unknown service %s", svc)
 		}
-		err := forward(ss, conn, method)
-		if st, ok := status.FromError(err); ok && st.Code() == codes.Unavailable && apierr.CodeOf(err) == apierr.Unavailable {
-			// The backend itself is unreachable (it would have sent an ErrorInfo): say which one.
-			backend := strings.SplitN(svc, ".", 3)
-			name := "backend"
-			if len(backend) == 3 {
-				name = backend[1]
-			}
-			return apierr.ToStatus(apierr.Errorf(apierr.Unavailable, "the %s service is unavailable: %s", name, st.Message())).Err()
-		}
-		return err
+		// A backend that cannot be reached is named by the connection
+		// (mesh.DialBackend); what a backend said passes unchanged.
+		return forward(ss, conn, method)
 	}
 }
 

@@ -5,8 +5,6 @@ package rest
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"path"
@@ -25,40 +23,29 @@ const MaxBodyBytes = 8 << 20
 func NewMux(log *slog.Logger) *runtime.ServeMux {
 	return runtime.NewServeMux(
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, restjson.Marshaler{}),
-		runtime.WithErrorHandler(func(ctx context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
+		// A backend that is down already says so by name (mesh.DialBackend).
+		runtime.WithErrorHandler(func(_ context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
 			code := apierr.CodeOf(err)
-			status := apierr.HTTPStatus(code)
-			msg := apierr.MessageOf(err)
-			if code == apierr.Unavailable {
-				if method, ok := runtime.RPCMethod(ctx); ok {
-					msg = fmt.Sprintf("the %s service is unavailable: %s", BackendOf(method), msg)
-				}
+			if status := apierr.HTTPStatus(code); status >= 500 {
+				log.Error("request failed", "method", r.Method, "path", r.URL.Path, "status", status, "code", code, "error", apierr.MessageOf(err))
 			}
-			if status >= 500 {
-				log.Error("request failed", "method", r.Method, "path", r.URL.Path, "status", status, "code", code, "error", msg)
-			}
-			WriteError(w, status, code, msg)
+			apierr.WriteREST(w, err)
 		}),
 		runtime.WithRoutingErrorHandler(func(_ context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, r *http.Request, httpStatus int) {
 			switch httpStatus {
 			case http.StatusMethodNotAllowed:
-				WriteError(w, http.StatusMethodNotAllowed, apierr.InvalidRequest, fmt.Sprintf("method %s is not allowed on %s", r.Method, r.URL.Path))
+				apierr.WriteRESTStatus(w, http.StatusMethodNotAllowed, apierr.Errorf(apierr.InvalidRequest, "method %s is not allowed on %s", r.Method, r.URL.Path))
 			default:
-				WriteError(w, http.StatusNotFound, apierr.NotFound, fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
+				NotFound(w, r)
 			}
 		}),
 		runtime.WithForwardResponseOption(setStatus),
 	)
 }
 
-// BackendOf names the process behind a full gRPC method name
-// ("/vmmanager.hypervisor.v1.HypervisorService/GetHost" is "hypervisor").
-func BackendOf(method string) string {
-	parts := strings.SplitN(strings.TrimPrefix(method, "/"), ".", 3)
-	if len(parts) == 3 && parts[0] == "vmmanager" {
-		return parts[1]
-	}
-	return "backend"
+// NotFound answers a path nothing serves with the not_found envelope.
+func NotFound(w http.ResponseWriter, r *http.Request) {
+	apierr.WriteREST(w, apierr.Errorf(apierr.NotFound, "no route %s %s", r.Method, r.URL.Path))
 }
 
 // setStatus answers 201 for creates and 204 (no body) for deletes.
@@ -78,30 +65,12 @@ func setStatus(ctx context.Context, w http.ResponseWriter, _ proto.Message) erro
 	return nil
 }
 
-type envelope struct {
-	Error struct {
-		Code    apierr.Code `json:"code"`
-		Message string      `json:"message"`
-	} `json:"error"`
-}
-
-// WriteError writes the error envelope.
-func WriteError(w http.ResponseWriter, status int, code apierr.Code, msg string) {
-	var e envelope
-	e.Error.Code, e.Error.Message = code, msg
-	b, _ := json.MarshalIndent(e, "", "  ")
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Del("Content-Length")
-	w.WriteHeader(status)
-	_, _ = w.Write(append(b, '\n'))
-}
-
 // LimitBody caps request bodies; a larger one is a 400 invalid_request when
 // the decoder hits the limit.
 func LimitBody(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength > MaxBodyBytes {
-			WriteError(w, http.StatusBadRequest, apierr.InvalidRequest, fmt.Sprintf("body: larger than %d bytes", MaxBodyBytes))
+			apierr.WriteREST(w, apierr.Errorf(apierr.InvalidRequest, "body: larger than %d bytes", MaxBodyBytes))
 			return
 		}
 		if r.Body != nil {
@@ -118,7 +87,7 @@ func LimitBody(next http.Handler) http.Handler {
 func RefuseUncleanPaths(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if p := r.URL.EscapedPath(); p != "" && p != "*" && p != cleanPath(p) {
-			WriteError(w, http.StatusNotFound, apierr.NotFound, fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
+			NotFound(w, r)
 			return
 		}
 		next.ServeHTTP(w, r)

@@ -28,6 +28,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/giantswarm/vm-manager/gen/enumname"
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -35,33 +36,19 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
-// EnumValueName is the REST form of an enum value: the value name without
-// the enum's UPPER_SNAKE prefix, lower-cased.
-func EnumValueName(v protoreflect.EnumValueDescriptor) string {
-	prefix := enumPrefix(v.Parent().(protoreflect.EnumDescriptor))
-	return strings.ToLower(strings.TrimPrefix(string(v.Name()), prefix))
-}
-
-func enumPrefix(e protoreflect.EnumDescriptor) string {
-	var b strings.Builder
-	name := string(e.Name())
-	for i, r := range name {
-		if i > 0 && r >= 'A' && r <= 'Z' {
-			b.WriteByte('_')
-		}
-		b.WriteRune(r)
-	}
-	return strings.ToUpper(b.String()) + "_"
-}
-
 // Marshal encodes m in the REST shape.
 func Marshal(m proto.Message) ([]byte, error) {
 	var buf bytes.Buffer
 	if err := writeMessage(&buf, m.ProtoReflect()); err != nil {
 		return nil, err
 	}
+	return indent(buf.Bytes())
+}
+
+// indent is the REST layout of compact JSON: two spaces, a final newline.
+func indent(compact []byte) ([]byte, error) {
 	var out bytes.Buffer
-	if err := json.Indent(&out, buf.Bytes(), "", "  "); err != nil {
+	if err := json.Indent(&out, compact, "", "  "); err != nil {
 		return nil, err
 	}
 	out.WriteByte('\n')
@@ -192,7 +179,7 @@ func writeSingular(buf *bytes.Buffer, fd protoreflect.FieldDescriptor, v protore
 		if ev == nil {
 			buf.WriteString(strconv.Itoa(int(v.Enum())))
 		} else {
-			buf.WriteString(strconv.Quote(EnumValueName(ev)))
+			buf.WriteString(strconv.Quote(enumname.Value(ev)))
 		}
 	case protoreflect.MessageKind, protoreflect.GroupKind:
 		return writeMessage(buf, v.Message())
@@ -282,40 +269,29 @@ func rewriteEnums(node any, md protoreflect.MessageDescriptor) error {
 	return nil
 }
 
-func mapValues(obj map[string]any, key string, val any, fd protoreflect.FieldDescriptor, fix func(any) (any, error)) error {
+// mapValues replaces the value of obj[key] (each element of a list, each
+// value of a map) with what fix makes of it. A list or map field whose JSON
+// is not an array or object is left for protojson to reject.
+func mapValues(obj map[string]any, key string, val any, fd protoreflect.FieldDescriptor, fix func(any) (any, error)) (err error) {
 	switch {
 	case fd.IsList():
-		list, ok := val.([]any)
-		if !ok {
-			return nil
-		}
-		for i := range list {
-			v, err := fix(list[i])
-			if err != nil {
+		list, _ := val.([]any)
+		for i, v := range list {
+			if list[i], err = fix(v); err != nil {
 				return err
 			}
-			list[i] = v
 		}
 	case fd.IsMap():
-		m, ok := val.(map[string]any)
-		if !ok {
-			return nil
-		}
-		for k := range m {
-			v, err := fix(m[k])
-			if err != nil {
+		m, _ := val.(map[string]any)
+		for k, v := range m {
+			if m[k], err = fix(v); err != nil {
 				return err
 			}
-			m[k] = v
 		}
 	default:
-		v, err := fix(val)
-		if err != nil {
-			return err
-		}
-		obj[key] = v
+		obj[key], err = fix(val)
 	}
-	return nil
+	return err
 }
 
 func enumFromREST(ed protoreflect.EnumDescriptor, v any) (any, error) {
@@ -333,7 +309,7 @@ func enumFromREST(ed protoreflect.EnumDescriptor, v any) (any, error) {
 		if ev.Number() == 0 {
 			continue
 		}
-		rest := EnumValueName(ev)
+		rest := enumname.Value(ev)
 		if rest == s {
 			return string(ev.Name()), nil
 		}
@@ -369,11 +345,7 @@ func (Marshaler) Marshal(v any) ([]byte, error) {
 			}
 		}
 		buf.WriteByte(']')
-		var out bytes.Buffer
-		if err := json.Indent(&out, buf.Bytes(), "", "  "); err != nil {
-			return nil, err
-		}
-		return append(out.Bytes(), '\n'), nil
+		return indent(buf.Bytes())
 	}
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {

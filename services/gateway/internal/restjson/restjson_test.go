@@ -395,23 +395,6 @@ func TestMarshalerEncoder(t *testing.T) {
 	}
 }
 
-func TestEnumValueName(t *testing.T) {
-	cases := []struct {
-		got, want string
-	}{
-		{restjson.EnumValueName(hypervisorv1.State_STATE_READY.Descriptor().Values().ByNumber(hypervisorv1.State_STATE_READY.Number())), "ready"},
-		{restjson.EnumValueName(hypervisorv1.ImageKind_IMAGE_KIND_KERNEL.Descriptor().Values().ByNumber(hypervisorv1.ImageKind_IMAGE_KIND_KERNEL.Number())), "kernel"},
-		{restjson.EnumValueName(hypervisorv1.AttestationState_ATTESTATION_STATE_RELEASED.Descriptor().Values().ByNumber(hypervisorv1.AttestationState_ATTESTATION_STATE_RELEASED.Number())), "released"},
-		{restjson.EnumValueName(hypervisorv1.WaitFor_WAIT_FOR_ATTESTED.Descriptor().Values().ByNumber(hypervisorv1.WaitFor_WAIT_FOR_ATTESTED.Number())), "attested"},
-		{restjson.EnumValueName(attestationv1.Mode_MODE_NOOP.Descriptor().Values().ByNumber(attestationv1.Mode_MODE_NOOP.Number())), "noop"},
-	}
-	for _, c := range cases {
-		if c.got != c.want {
-			t.Errorf("EnumValueName = %q, want %q", c.got, c.want)
-		}
-	}
-}
-
 func TestRoundTripThroughREST(t *testing.T) {
 	// What Marshal writes for a request, Unmarshal reads back.
 	in := &hypervisorv1.CreateVirtualMachineRequest{

@@ -1,12 +1,11 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
-	"os"
 	"path/filepath"
 	"strings"
 
@@ -73,14 +72,6 @@ func isBool(f *flag.Flag) bool {
 	return ok && b.IsBoolFlag()
 }
 
-func imageLogger(fs *cli.FlagSet) func() (*slog.Logger, error) {
-	format := fs.String("log-format", "VM_MANAGER_LOG_FORMAT", "text", "log format: text or json")
-	level := fs.String("log-level", "VM_MANAGER_LOG_LEVEL", "warn", "log level: debug, info, warn, error")
-	return func() (*slog.Logger, error) {
-		return logging.New(os.Stderr, *format, *level, "hypervisor")
-	}
-}
-
 func imagePushCommand(ia *imageArgs, stdout io.Writer) cli.Command {
 	return cli.Command{
 		Name:  "image push",
@@ -88,7 +79,7 @@ func imagePushCommand(ia *imageArgs, stdout io.Writer) cli.Command {
 		Setup: func(fs *cli.FlagSet) func(context.Context) error {
 			imageDir := fs.String("image-dir", "VM_MANAGER_IMAGE_DIR", "", "image directory to publish, when not given as the first argument")
 			plain := fs.Bool("plain-http", "VM_MANAGER_REGISTRY_PLAIN_HTTP", false, "talk HTTP, not HTTPS, to the registry (lab registries)")
-			logger := imageLogger(fs)
+			logger := logging.Flags(fs, "warn", "hypervisor")
 			return func(ctx context.Context) error {
 				var dir, ref string
 				switch {
@@ -129,13 +120,13 @@ func imagePullCommand(ia *imageArgs, stdout io.Writer) cli.Command {
 			stateDir := fs.String("state-dir", "VM_MANAGER_STATE_DIR", statedir.Default(), "state directory")
 			imageDir := fs.String("image-dir", "VM_MANAGER_IMAGE_DIR", "", "image directory to install into (default <state-dir>/images)")
 			plain := fs.Bool("plain-http", "VM_MANAGER_REGISTRY_PLAIN_HTTP", false, "talk HTTP, not HTTPS, to the registry (lab registries)")
-			logger := imageLogger(fs)
+			logger := logging.Flags(fs, "warn", "hypervisor")
 			return func(ctx context.Context) error {
 				if len(ia.args) != 1 {
 					return fmt.Errorf("want one <ref>, got %q", ia.args)
 				}
 				ref := ia.args[0]
-				dir := orDefault(*imageDir, filepath.Join(*stateDir, "images"))
+				dir := cmp.Or(*imageDir, filepath.Join(*stateDir, "images"))
 				log, err := logger()
 				if err != nil {
 					return err

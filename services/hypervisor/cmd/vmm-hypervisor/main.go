@@ -3,6 +3,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -55,10 +56,9 @@ func serveCommand() cli.Command {
 			guestSeries := fs.Int("metrics-guest-series-limit", "VM_MANAGER_METRICS_GUEST_SERIES_LIMIT", guest.DefaultGuestSeriesLimit, "series of one guest's systemd-report exported as vm_guest_* metrics; the rest are counted as dropped (>= 1)")
 			accel := fs.String("accelerator", "VM_MANAGER_ACCELERATOR", "auto", "auto (kvm where /dev/kvm is usable, else tcg) or tcg")
 			oidc := identity.Flags(fs)
-			logFormat := fs.String("log-format", "VM_MANAGER_LOG_FORMAT", "text", "log format: text or json")
-			logLevel := fs.String("log-level", "VM_MANAGER_LOG_LEVEL", "info", "log level: debug, info, warn, error")
+			logger := logging.Flags(fs, "info", "hypervisor")
 			return func(ctx context.Context) error {
-				log, err := logging.New(os.Stderr, *logFormat, *logLevel, "hypervisor")
+				log, err := logger()
 				if err != nil {
 					return err
 				}
@@ -74,8 +74,8 @@ func serveCommand() cli.Command {
 				return server.Run(ctx, server.Config{
 					StateDir:         *stateDir,
 					ImageDir:         *imageDir,
-					Socket:           orDefault(*socket, filepath.Join(*runDir, mesh.HypervisorSocket)),
-					VerifierSocket:   orDefault(*verifierSock, filepath.Join(*stateDir, mesh.VerifierSocket)),
+					Socket:           cmp.Or(*socket, filepath.Join(*runDir, mesh.HypervisorSocket)),
+					VerifierSocket:   cmp.Or(*verifierSock, filepath.Join(*stateDir, mesh.VerifierSocket)),
 					InstallTimeout:   *installTimeout,
 					BootTimeout:      *bootTimeout,
 					StopTimeout:      *stopTimeout,
@@ -90,11 +90,4 @@ func serveCommand() cli.Command {
 			}
 		},
 	}
-}
-
-func orDefault(v, def string) string {
-	if v != "" {
-		return v
-	}
-	return def
 }

@@ -354,15 +354,8 @@ func (s *server) quote(w http.ResponseWriter, r *http.Request, vm *hypervisorv1.
 	res, err := s.vms.SubmitQuote(r.Context(), vm.GetId(), req)
 	if err != nil {
 		out := QuoteResponse{Stage: in.Stage, Message: apierr.MessageOf(err)}
-		status := http.StatusInternalServerError
-		switch apierr.CodeOf(err) {
-		case apierr.InvalidRequest:
-			status = http.StatusBadRequest
-		case apierr.NotFound:
-			status = http.StatusNotFound
-		case apierr.Conflict:
-			status = http.StatusConflict
-		default:
+		status := apierr.IMDSStatus(apierr.CodeOf(err))
+		if status == http.StatusInternalServerError {
 			// Internal detail stays in the host log.
 			s.log.Error("imds: submit quote", "vm", vm.GetId(), "stage", in.Stage, "err", err)
 			out.Message = AttestationUnavailable
@@ -381,7 +374,7 @@ func (s *server) quote(w http.ResponseWriter, r *http.Request, vm *hypervisorv1.
 	}
 	status := http.StatusOK
 	if !out.Verified {
-		status = http.StatusForbidden
+		status = http.StatusForbidden // a verdict, not an error (apierr.IMDSStatus)
 	}
 	writeJSON(w, status, out)
 }
@@ -427,6 +420,8 @@ func (s *server) sysupdate(w http.ResponseWriter, r *http.Request, vm *hyperviso
 	}
 	f, size, err := s.vms.SysupdateFile(component, file)
 	if err != nil {
+		// Not IMDSStatus: to a sysupdate download, a name that is not valid
+		// is as absent as a file that is not there, 404 either way.
 		code := apierr.CodeOf(err)
 		if errors.Is(err, fs.ErrNotExist) || code == apierr.NotFound || code == apierr.InvalidRequest {
 			text(w, http.StatusNotFound, "")
