@@ -125,7 +125,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		log.Warn(w)
 	}
 
-	aconn, err := mesh.Dial(cfg.VerifierSocket)
+	aconn, err := mesh.DialBackend(cfg.VerifierSocket, "attestation")
 	if err != nil {
 		return fmt.Errorf("verifier socket: %w", err)
 	}

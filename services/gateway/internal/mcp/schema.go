@@ -11,8 +11,17 @@ import (
 	"strconv"
 	"strings"
 
+	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/google/jsonschema-go/jsonschema"
 )
+
+// namedDefaults are defaults the hypervisor applies too: one definition, in
+// the SDK, for both.
+var namedDefaults = map[string]any{
+	"cpus":      hypervisorv1.DefaultCPUs,
+	"memoryMiB": hypervisorv1.DefaultMemoryMiB,
+	"diskGiB":   hypervisorv1.DefaultDiskGiB,
+}
 
 // inputSchema derives the JSON schema of a tool's arguments from its Go input
 // struct, the way the go-sdk does (jsonschema.For: the json name is the
@@ -22,7 +31,8 @@ import (
 //
 //	min=N, max=N     minimum / maximum (numbers)
 //	minItems=N       minItems (arrays)
-//	default=JSON     default value, as JSON (applied before validation)
+//	default=JSON     default value, as JSON (applied before validation);
+//	                 default=@name takes namedDefaults[name] (the SDK's)
 //	enum=a|b|c       string enum
 //
 // Pointer fields (optional scalars whose absence matters) get the plain type
@@ -73,6 +83,14 @@ func inputSchema[In any]() (*jsonschema.Schema, *jsonschema.Resolved, error) {
 				}
 				ps.MinItems = &n
 			case "default":
+				if name, ok := strings.CutPrefix(v, "@"); ok {
+					d, known := namedDefaults[name]
+					if !known {
+						return nil, nil, fmt.Errorf("%s.%s: no default named %q", t, f.Name, name)
+					}
+					b, _ := json.Marshal(d)
+					v = string(b)
+				}
 				if !json.Valid([]byte(v)) {
 					return nil, nil, fmt.Errorf("%s.%s: default %q is not JSON", t, f.Name, v)
 				}

@@ -65,9 +65,9 @@ type (
 		Name               string            `json:"name" jsonschema:"a DNS label of at most 63 characters, unique among VMs"`
 		Image              string            `json:"image,omitempty" jsonschema:"\"<id>_<version>\" or the bare id; default: the newest version of the newest image"`
 		KubernetesVersion  string            `json:"kubernetes_version,omitempty" jsonschema:"one of the image's kubernetesVersions; default: the newest it offers"`
-		CPUs               *int32            `json:"cpus,omitempty" jsonschema:"virtual CPUs, 1 to 256 (default 2)" schema:"min=1,max=256,default=2"`
-		MemoryMiB          *int32            `json:"memory_mib,omitempty" jsonschema:"memory in MiB, at least 256 (default 2048)" schema:"min=256,default=2048"`
-		DiskGiB            *int32            `json:"disk_gib,omitempty" jsonschema:"disk size in GiB, 1 to 4096 (default 20)" schema:"min=1,max=4096,default=20"`
+		CPUs               *int32            `json:"cpus,omitempty" jsonschema:"virtual CPUs, 1 to 256" schema:"min=1,max=256,default=@cpus"`
+		MemoryMiB          *int32            `json:"memory_mib,omitempty" jsonschema:"memory in MiB, at least 256" schema:"min=256,default=@memoryMiB"`
+		DiskGiB            *int32            `json:"disk_gib,omitempty" jsonschema:"disk size in GiB, 1 to 4096" schema:"min=1,max=4096,default=@diskGiB"`
 		Network            string            `json:"network,omitempty" jsonschema:"the network to attach to (default \"default\")"`
 		UserData           string            `json:"user_data,omitempty" jsonschema:"Ignition JSON (CAPI's bootstrap Secret), released to the guest only after a verified initrd quote, or at the start of the installed boot when require_attestation is false"`
 		SSHAuthorizedKeys  []string          `json:"ssh_authorized_keys,omitempty" jsonschema:"single-line SSH public keys for root, appended after vm-manager's own per-VM key"`

@@ -5,8 +5,8 @@ package lifecycle
 
 import (
 	"fmt"
-	"strings"
 
+	"github.com/giantswarm/vm-manager/gen/enumname"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 )
 
@@ -74,6 +74,4 @@ func Check(from, to state) error {
 }
 
 // Name is a state as the API spells it: "ready", "stopped".
-func Name(s state) string {
-	return strings.ToLower(strings.TrimPrefix(s.String(), "STATE_"))
-}
+func Name(s state) string { return enumname.Of(s) }

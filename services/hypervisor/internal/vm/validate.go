@@ -9,6 +9,7 @@ import (
 	"unicode"
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
+	"github.com/giantswarm/vm-manager/gen/enumname"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 )
 
@@ -156,9 +157,7 @@ func validateMetadata(md map[string]string) error {
 }
 
 // waitName is the contract's name of a milestone.
-func waitName(w hypervisorv1.WaitFor) string {
-	return strings.ToLower(strings.TrimPrefix(w.String(), "WAIT_FOR_"))
-}
+func waitName(w hypervisorv1.WaitFor) string { return enumname.Of(w) }
 
 func fmtDuration(d time.Duration) string { return fmt.Sprint(d.Round(time.Second)) }
 
