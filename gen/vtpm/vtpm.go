@@ -162,6 +162,48 @@ func Evict(t transport.TPM, k *Key) error {
 	return nil
 }
 
+// AlgName is a TPM algorithm's name, lower-case, for messages: "ecc",
+// "sha256"; an unknown one is its number in hex.
+func AlgName(a tpm2.TPMAlgID) string {
+	switch a {
+	case tpm2.TPMAlgSHA1:
+		return "sha1"
+	case tpm2.TPMAlgSHA256:
+		return "sha256"
+	case tpm2.TPMAlgSHA384:
+		return "sha384"
+	case tpm2.TPMAlgSHA512:
+		return "sha512"
+	case tpm2.TPMAlgSM3256:
+		return "sm3_256"
+	case tpm2.TPMAlgRSA:
+		return "rsa"
+	case tpm2.TPMAlgECC:
+		return "ecc"
+	case tpm2.TPMAlgKeyedHash:
+		return "keyedhash"
+	case tpm2.TPMAlgSymCipher:
+		return "symcipher"
+	case tpm2.TPMAlgRSASSA:
+		return "rsassa"
+	case tpm2.TPMAlgRSAPSS:
+		return "rsapss"
+	case tpm2.TPMAlgECDSA:
+		return "ecdsa"
+	case tpm2.TPMAlgECDAA:
+		return "ecdaa"
+	case tpm2.TPMAlgSM2:
+		return "sm2"
+	case tpm2.TPMAlgECSchnorr:
+		return "ecschnorr"
+	case tpm2.TPMAlgHMAC:
+		return "hmac"
+	case tpm2.TPMAlgNull:
+		return "null"
+	}
+	return fmt.Sprintf("0x%04x", uint16(a))
+}
+
 // Flush frees a transient object or session; errors are moot at that point,
 // and without a resource manager (swtpm, /dev/tpm0) a leaked handle stays
 // until reset.

@@ -51,7 +51,7 @@ func readAK(t transport.TPM) (*AK, error) {
 	}
 	if !matchesTemplate(k.Parsed, AKTemplate()) {
 		return nil, fmt.Errorf("%w: handle %#x holds a key (%s, %s) that does not match vm-agent's AK template; refusing to use or overwrite it (evict it to let vm-agent create its AK)",
-			ErrForeignAK, uint32(AKHandle), algName(k.Parsed.Type), attrString(k.Parsed.ObjectAttributes))
+			ErrForeignAK, uint32(AKHandle), vtpm.AlgName(k.Parsed.Type), attrString(k.Parsed.ObjectAttributes))
 	}
 	return &AK{Handle: AKHandle, Name: k.Name, Public: k.Public}, nil
 }
@@ -73,20 +73,6 @@ func EKPublic(t transport.TPM) ([]byte, error) {
 	}
 	flush(t, ek.ObjectHandle)
 	return ek.OutPublic.Bytes(), nil
-}
-
-func algName(a tpm2.TPMAlgID) string {
-	switch a {
-	case tpm2.TPMAlgRSA:
-		return "RSA"
-	case tpm2.TPMAlgECC:
-		return "ECC"
-	case tpm2.TPMAlgKeyedHash:
-		return "keyed-hash"
-	case tpm2.TPMAlgSymCipher:
-		return "symmetric"
-	}
-	return fmt.Sprintf("alg %#x", uint16(a))
 }
 
 func attrString(a tpm2.TPMAObject) string {

@@ -9,10 +9,10 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"fmt"
 	"math/big"
 	"strings"
 
+	"github.com/giantswarm/vm-manager/gen/vtpm"
 	"github.com/google/go-tpm/tpm2"
 )
 
@@ -233,42 +233,4 @@ func (s *signature) verify(ak *akKey, digest []byte) bool {
 	return false
 }
 
-func algName(a tpm2.TPMAlgID) string {
-	switch a {
-	case tpm2.TPMAlgSHA1:
-		return "sha1"
-	case tpm2.TPMAlgSHA256:
-		return "sha256"
-	case tpm2.TPMAlgSHA384:
-		return "sha384"
-	case tpm2.TPMAlgSHA512:
-		return "sha512"
-	case tpm2.TPMAlgSM3256:
-		return "sm3_256"
-	case tpm2.TPMAlgRSA:
-		return "rsa"
-	case tpm2.TPMAlgECC:
-		return "ecc"
-	case tpm2.TPMAlgKeyedHash:
-		return "keyedhash"
-	case tpm2.TPMAlgSymCipher:
-		return "symcipher"
-	case tpm2.TPMAlgRSASSA:
-		return "rsassa"
-	case tpm2.TPMAlgRSAPSS:
-		return "rsapss"
-	case tpm2.TPMAlgECDSA:
-		return "ecdsa"
-	case tpm2.TPMAlgECDAA:
-		return "ecdaa"
-	case tpm2.TPMAlgSM2:
-		return "sm2"
-	case tpm2.TPMAlgECSchnorr:
-		return "ecschnorr"
-	case tpm2.TPMAlgHMAC:
-		return "hmac"
-	case tpm2.TPMAlgNull:
-		return "null"
-	}
-	return fmt.Sprintf("0x%04x", uint16(a))
-}
+func algName(a tpm2.TPMAlgID) string { return vtpm.AlgName(a) }

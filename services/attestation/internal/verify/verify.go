@@ -18,6 +18,7 @@ import (
 
 	"github.com/google/go-tpm/tpm2"
 
+	"github.com/giantswarm/vm-manager/gen/enumname"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 )
 
@@ -88,15 +89,7 @@ func RequiredPCRs(stage attestationv1.Stage) []uint32 {
 	return nil
 }
 
-func stageName(s attestationv1.Stage) string {
-	switch s {
-	case attestationv1.Stage_STAGE_INITRD:
-		return "initrd"
-	case attestationv1.Stage_STAGE_READY:
-		return "ready"
-	}
-	return fmt.Sprintf("%d", int32(s))
-}
+func stageName(s attestationv1.Stage) string { return enumname.Of(s) }
 
 const pcrSize = sha256.Size
 
