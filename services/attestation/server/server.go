@@ -11,9 +11,9 @@ import (
 	"path/filepath"
 
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
+	"github.com/giantswarm/vm-manager/pkg/backend"
 	"github.com/giantswarm/vm-manager/pkg/identity"
 	"github.com/giantswarm/vm-manager/pkg/mesh"
-	"github.com/giantswarm/vm-manager/pkg/statedir"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/apiserver"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/store"
 )
@@ -65,18 +65,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if cfg.VerifierSocket == "" {
 		return fmt.Errorf("the verifier socket is required")
 	}
-	if cfg.Identity.Log == nil {
-		cfg.Identity.Log = log
-	}
-	verifier, err := identity.New(ctx, cfg.Identity)
+	b, err := backend.Open(ctx, "attestation", cfg.StateDir, cfg.Identity, log)
 	if err != nil {
 		return err
 	}
-	lock, err := statedir.Acquire(cfg.StateDir, "attestation")
-	if err != nil {
-		return err
-	}
-	defer lock.Release()
+	defer b.Close()
+	verifier := b.Verifier
 	st, err := store.Open(filepath.Join(cfg.StateDir, "attestation.db"))
 	if err != nil {
 		return err

@@ -15,9 +15,9 @@ import (
 
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/pkg/backend"
 	"github.com/giantswarm/vm-manager/pkg/identity"
 	"github.com/giantswarm/vm-manager/pkg/mesh"
-	"github.com/giantswarm/vm-manager/pkg/statedir"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/apiserver"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/catalog"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/driver"
@@ -73,18 +73,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if cfg.ImageDir == "" {
 		cfg.ImageDir = filepath.Join(cfg.StateDir, "images")
 	}
-	if cfg.Identity.Log == nil {
-		cfg.Identity.Log = log
-	}
-	verifier, err := identity.New(ctx, cfg.Identity)
+	b, err := backend.Open(ctx, "hypervisor", cfg.StateDir, cfg.Identity, log)
 	if err != nil {
 		return err
 	}
-	lock, err := statedir.Acquire(cfg.StateDir, "hypervisor")
-	if err != nil {
-		return err
-	}
-	defer lock.Release()
+	defer b.Close()
+	verifier := b.Verifier
 
 	st, err := store.Open(filepath.Join(cfg.StateDir, "hypervisor.db"))
 	if err != nil {
