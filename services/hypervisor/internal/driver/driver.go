@@ -178,15 +178,8 @@ func (d *Driver) startQEMU(ctx context.Context, p *hypervisorv1.Paths, args []st
 		return nil, nil, err
 	}
 	// Stop waiting for QMP as soon as QEMU exits (a bad argument, a CID in use).
-	qctx, cancel := context.WithCancel(ctx)
+	qctx, cancel := qp.While(ctx)
 	defer cancel()
-	go func() {
-		select {
-		case <-qp.Done():
-			cancel()
-		case <-qctx.Done():
-		}
-	}()
 	mon, err := qemu.Connect(qctx, p.GetQmpSocket())
 	if err != nil {
 		qp.Terminate(d.cfg.KillGrace)

@@ -8,6 +8,7 @@
 package proc
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -69,6 +70,21 @@ func Start(cmd *exec.Cmd) (*Process, error) {
 		close(p.done)
 	}()
 	return p, nil
+}
+
+// While returns a context that ends with ctx or when the process exits,
+// whichever comes first: waiting for a process to answer stops as soon as
+// it died.
+func (p *Process) While(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-p.Done():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 // Adopt takes over a process started by an earlier hypervisor. Its exit is

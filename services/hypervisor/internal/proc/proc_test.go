@@ -124,7 +124,14 @@ func TestReadStat(t *testing.T) {
 
 func TestScan(t *testing.T) {
 	marker := "vmm-scan-test-" + t.Name()
-	cmd := exec.Command("sh", "-c", "sleep 30; true", marker)
+	// The shell's builtin read: no child process shares its argv (a
+	// "sleep 30; true" forks one that carries it until the exec).
+	cmd := exec.Command("sh", "-c", "read line", marker)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdin.Close()
 	p, err := Start(cmd)
 	if err != nil {
 		t.Fatal(err)

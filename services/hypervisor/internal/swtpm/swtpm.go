@@ -133,15 +133,8 @@ func Start(ctx context.Context, cfg Config) (*proc.Process, error) {
 	}
 
 	// Stop probing as soon as swtpm dies instead of waiting for the timeout.
-	probeCtx, cancel := context.WithCancel(ctx)
+	probeCtx, cancel := p.While(ctx)
 	defer cancel()
-	go func() {
-		select {
-		case <-p.Done():
-			cancel()
-		case <-probeCtx.Done():
-		}
-	}()
 	if err := probe(probeCtx, cfg.CtrlSocket); err != nil {
 		exited := p.Exited()
 		p.Terminate(StopGrace)
