@@ -29,11 +29,9 @@ func Validate(ref string, doc *structpb.Struct) error {
 	if hasID && hasVer && id+"_"+ver != ref {
 		return apierr.Invalidf("document.image_id", "policy is for image %s_%s, not %s", id, ver, ref)
 	}
-	if v, ok := f["pcr11"]; ok {
-		m := v.GetStructValue()
-		if m == nil {
-			return apierr.Invalidf("document.pcr11", "pcr11 must be an object of phase to hex digest")
-		}
+	if m, ok, err := object(f, "pcr11", "pcr11", "an object of phase to hex digest"); err != nil {
+		return err
+	} else if ok {
 		for _, phase := range []string{PhaseInitrd, PhaseReady} {
 			if _, ok := m.GetFields()[phase]; !ok {
 				return apierr.Invalidf("document.pcr11", "pcr11 lacks phase %q", phase)
@@ -43,28 +41,24 @@ func Validate(ref string, doc *structpb.Struct) error {
 			return err
 		}
 	}
-	if v, ok := f["pcr13"]; ok {
-		m := v.GetStructValue()
-		if m == nil {
-			return apierr.Invalidf("document.pcr13", "pcr13 must be an object of kubernetes version to hex digest")
-		}
+	if m, ok, err := object(f, "pcr13", "pcr13", "an object of kubernetes version to hex digest"); err != nil {
+		return err
+	} else if ok {
 		if err := digests("pcr13", m); err != nil {
 			return err
 		}
 	}
-	if v, ok := f["golden"]; ok {
-		g := v.GetStructValue()
-		if g == nil {
-			return apierr.Invalidf("document.golden", "golden must be an object with a sha256 bank")
-		}
-		for bank, bv := range g.GetFields() {
+	if g, ok, err := object(f, "golden", "golden", "an object with a sha256 bank"); err != nil {
+		return err
+	} else if ok {
+		for bank := range g.GetFields() {
 			if bank != "sha256" {
 				return apierr.Invalidf("document.golden", "golden bank %q is not allowed; only sha256", bank)
 			}
-			m := bv.GetStructValue()
-			if m == nil {
-				return apierr.Invalidf("document.golden.sha256", "golden.sha256 must be an object of PCR index to hex digest")
-			}
+		}
+		if m, ok, err := object(g.GetFields(), "sha256", "golden.sha256", "an object of PCR index to hex digest"); err != nil {
+			return err
+		} else if ok {
 			for idx := range m.GetFields() {
 				n, err := strconv.Atoi(idx)
 				if err != nil || n < 0 || n > 23 || strconv.Itoa(n) != idx {
@@ -76,11 +70,9 @@ func Validate(ref string, doc *structpb.Struct) error {
 			}
 		}
 	}
-	if v, ok := f["golden_firmware"]; ok {
-		fw := v.GetStructValue()
-		if fw == nil {
-			return apierr.Invalidf("document.golden_firmware", "golden_firmware must be an object")
-		}
+	if fw, ok, err := object(f, "golden_firmware", "golden_firmware", "an object"); err != nil {
+		return err
+	} else if ok {
 		if s, ok := stringField(fw.GetFields(), "sha256"); ok && !isDigest(s) {
 			return apierr.Invalidf("document.golden_firmware.sha256", "golden_firmware.sha256 is not 32 bytes of hex")
 		}
@@ -110,6 +102,20 @@ func GoldenPCRs(doc *structpb.Struct) []uint32 {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
 	return out
+}
+
+// object is the object at f[key]; ok is false when there is none, and a
+// value that is no object is an error saying what it must be.
+// field is its name in the document for messages.
+func object(f map[string]*structpb.Value, key, field, must string) (m *structpb.Struct, ok bool, err error) {
+	v, ok := f[key]
+	if !ok {
+		return nil, false, nil
+	}
+	if m = v.GetStructValue(); m == nil {
+		return nil, true, apierr.Invalidf("document."+field, "%s must be %s", field, must)
+	}
+	return m, true, nil
 }
 
 func stringField(f map[string]*structpb.Value, key string) (string, bool) {
