@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -57,6 +59,18 @@ func TestHungBackend(t *testing.T) {
 			if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 				t.Fatal(err)
 			}
+			// kill returns once the signal is queued; the process stops
+			// when its threads next run. Until then it may answer.
+			cluster.Eventually(t, 5*time.Second, tc.victim+" stopped", func() error {
+				b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+				if err != nil {
+					return err
+				}
+				if f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:])); len(f) == 0 || f[0] != "T" {
+					return fmt.Errorf("state %v", f)
+				}
+				return nil
+			})
 			resumed := false
 			resume := func() {
 				if !resumed {
