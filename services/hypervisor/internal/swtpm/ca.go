@@ -183,15 +183,16 @@ func (c *CA) ensureEKCert(t transport.TPM, ek *vtpm.Key, vmID string) ([]byte, b
 	if err != nil {
 		return nil, false, err
 	}
-	if old, err := readNV(t, vtpm.EKCertIndex); err == nil {
-		if c.Verify(old, pub) == nil {
-			return old, false, nil
-		}
+	old, err := readNV(t, vtpm.EKCertIndex)
+	switch {
+	case err == nil && c.Verify(old, pub) == nil:
+		return old, false, nil
+	case err == nil || !vtpm.IsEmptyHandle(err):
+		// Another certificate, or an index a guest redefined so that it
+		// cannot be read: the host's provisioning writes its own again.
 		if _, err := (tpm2.NVUndefineSpace{AuthHandle: platformAuth, NVIndex: tpm2.NamedHandle{Handle: vtpm.EKCertIndex}}).Execute(t); err != nil {
-			return nil, false, fmt.Errorf("undefine the stale certificate: %w", err)
+			return nil, false, fmt.Errorf("undefine the index of a stale certificate: %w", err)
 		}
-	} else if !vtpm.IsEmptyHandle(err) {
-		return nil, false, err
 	}
 	der, err := c.issue(pub, vmID)
 	if err != nil {

@@ -88,8 +88,8 @@ func TestProvision(t *testing.T) {
 	}
 
 	// A guest with root puts an unrestricted signing key at the AK handle
-	// (one that could sign a forged quote) and writes its own "EK
-	// certificate": the next provisioning replaces both.
+	// (one that could sign a forged quote) and an unreadable index where the
+	// EK certificate was: the next provisioning replaces both.
 	withData(t, state, func(tpm transport.TPM) {
 		if err := vtpm.Evict(tpm, again.AK); err != nil {
 			t.Fatal(err)
@@ -113,6 +113,14 @@ func TestProvision(t *testing.T) {
 			t.Fatal(err)
 		}
 		if _, err := (tpm2.NVUndefineSpace{AuthHandle: platformAuth, NVIndex: tpm2.NamedHandle{Handle: vtpm.EKCertIndex}}).Execute(tpm); err != nil {
+			t.Fatal(err)
+		}
+		// An index nobody can read with its own auth, in the certificate's place.
+		_, err = tpm2.NVDefineSpace{AuthHandle: platformAuth, PublicInfo: tpm2.New2B(tpm2.TPMSNVPublic{
+			NVIndex: vtpm.EKCertIndex, NameAlg: tpm2.TPMAlgSHA256, DataSize: 16,
+			Attributes: tpm2.TPMANV{PPWrite: true, PPRead: true, PlatformCreate: true, NT: tpm2.TPMNTOrdinary},
+		})}.Execute(tpm)
+		if err != nil {
 			t.Fatal(err)
 		}
 	})
