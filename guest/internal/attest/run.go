@@ -15,12 +15,13 @@ import (
 	"time"
 
 	"github.com/giantswarm/vm-manager/gen/imdswire"
+	"github.com/giantswarm/vm-manager/guest/internal/imds"
 	"github.com/google/go-tpm/tpm2/transport"
 )
 
 // Defaults (contract §5.3, §6.1).
 const (
-	DefaultIMDSURL          = "http://169.254.169.254/giantswarm/v1"
+	DefaultIMDSURL          = imds.DefaultURL
 	DefaultTimeout          = 90 * time.Second
 	DefaultEventLogPath     = "/sys/kernel/security/tpm0/binary_bios_measurements"
 	DefaultUserspaceLogPath = "/run/log/systemd/tpm2-measure.log"
@@ -207,12 +208,12 @@ func (r *runner) fetchNonce(ctx context.Context) ([]byte, error) {
 		return nil, fmt.Errorf("GET %s: %w", u, err)
 	}
 	if rsp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: %s: %s", u, rsp.Status, snippet(body))
+		return nil, fmt.Errorf("GET %s: %s: %s", u, rsp.Status, imds.Snippet(body))
 	}
 	s := strings.TrimSpace(string(body))
 	nonce, err := hex.DecodeString(s)
 	if err != nil || len(s) != 64 {
-		return nil, fmt.Errorf("GET %s: want 64 hex characters, got %q", u, snippet(body))
+		return nil, fmt.Errorf("GET %s: want 64 hex characters, got %q", u, imds.Snippet(body))
 	}
 	return nonce, nil
 }
@@ -250,14 +251,14 @@ func (r *runner) post(ctx context.Context, req Request) error {
 	case rsp.StatusCode == http.StatusOK && jsonErr == nil, rsp.StatusCode == http.StatusForbidden:
 		msg := res.Message
 		if jsonErr != nil || msg == "" {
-			msg = snippet(body)
+			msg = imds.Snippet(body)
 		}
 		if msg == "" {
 			msg = "(no reason given)"
 		}
 		return &rejectedError{msg}
 	}
-	return fmt.Errorf("POST %s: %s: %s", u, rsp.Status, snippet(body))
+	return fmt.Errorf("POST %s: %s: %s", u, rsp.Status, imds.Snippet(body))
 }
 
 // readOptional returns the file's content, or nil if it is absent or unreadable
@@ -271,12 +272,4 @@ func readOptional(path string) []byte {
 		return nil
 	}
 	return b
-}
-
-func snippet(b []byte) string {
-	s := strings.TrimSpace(string(b))
-	if len(s) > 200 {
-		s = s[:200] + "…"
-	}
-	return s
 }

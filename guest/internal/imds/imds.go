@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -128,13 +129,13 @@ func (c *Client) Get(ctx context.Context, key string, pass ...int) (*Response, e
 		switch {
 		case r.Status == http.StatusOK, r.Status == http.StatusNotFound:
 			return r, nil
-		case contains(pass, r.Status):
+		case slices.Contains(pass, r.Status):
 			return r, nil
 		case r.Status >= 500:
-			last = fmt.Errorf("GET %s: %d %s: %s", key, r.Status, http.StatusText(r.Status), snippet(r.Body))
+			last = fmt.Errorf("GET %s: %d %s: %s", key, r.Status, http.StatusText(r.Status), Snippet(r.Body))
 			continue
 		default:
-			return r, fmt.Errorf("GET %s: %d %s: %s", key, r.Status, http.StatusText(r.Status), snippet(r.Body))
+			return r, fmt.Errorf("GET %s: %d %s: %s", key, r.Status, http.StatusText(r.Status), Snippet(r.Body))
 		}
 	}
 	if last == nil {
@@ -216,7 +217,7 @@ func (c *Client) UserData(ctx context.Context, wait time.Duration, onGated func(
 			return nil, ErrNotFound
 		}
 		// 503: gated until the initrd-stage attestation verifies.
-		reason := snippet(r.Body)
+		reason := Snippet(r.Body)
 		d := RetryAfter(r.RetryAfter, 2*time.Second)
 		left := deadline.Sub(c.now())
 		if wait <= 0 || left <= 0 {
@@ -248,7 +249,7 @@ func (c *Client) PostReport(ctx context.Context, body []byte) error {
 	defer rsp.Body.Close()
 	msg, _ := io.ReadAll(io.LimitReader(rsp.Body, 4<<10))
 	if rsp.StatusCode != http.StatusNoContent {
-		return fmt.Errorf("POST /report: %d %s: %s", rsp.StatusCode, http.StatusText(rsp.StatusCode), snippet(msg))
+		return fmt.Errorf("POST /report: %d %s: %s", rsp.StatusCode, http.StatusText(rsp.StatusCode), Snippet(msg))
 	}
 	return nil
 }
@@ -263,16 +264,8 @@ func RetryAfter(v string, def time.Duration) time.Duration {
 	return max(time.Duration(n)*time.Second, 100*time.Millisecond)
 }
 
-func contains(s []int, v int) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
-}
-
-func snippet(b []byte) string {
+// Snippet is the start of a response body for an error message.
+func Snippet(b []byte) string {
 	s := strings.TrimSpace(string(b))
 	if len(s) > 200 {
 		s = s[:200] + "…"
