@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/giantswarm/vm-manager/tests v0.0.0
+	github.com/google/go-containerregistry v0.22.1
 	github.com/modelcontextprotocol/go-sdk v1.8.0
 	helm.sh/helm/v3 v3.22.0
 	k8s.io/api v0.37.2

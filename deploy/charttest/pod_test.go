@@ -19,14 +19,16 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
-// podValues are the values TestRenderedPodRuns renders: no registry to pull
-// the guest from (the test guest is put in place instead), metrics on, and the
-// anonymous API chosen explicitly.
-const podValues = `
-guestImage: {enabled: false}
+// podValues are the values TestRenderedPodRuns renders: the guest image from
+// a registry on loopback (plain HTTP), metrics on, and the anonymous API
+// chosen explicitly.
+func podValues(registry string) string {
+	return `
+guestImage: {registry: '` + registry + `', repository: vm-manager-guest-image, tag: '0.1.0', plainHTTP: true}
 metrics: {enabled: true}
 gateway: {allowAnonymousNonLoopback: true}
 `
+}
 
 // rewriter maps the pod's paths and port to this machine's: the only changes
 // made to the rendered commands and environments.
@@ -174,6 +176,15 @@ type vmRecord struct {
 	} `json:"processes"`
 }
 
+func mustGlob(t *testing.T, pattern string) []string {
+	t.Helper()
+	m, err := filepath.Glob(pattern)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
 // call sends a request and fails the test unless the status is want.
 func call(t *testing.T, method, url, body string, want int) []byte {
 	t.Helper()
@@ -195,38 +206,49 @@ func TestRenderedPodRuns(t *testing.T) {
 	images := cluster.GuestImages(t, "../..")
 	start := time.Now()
 
-	m, manifest := render(t, values(t, podValues))
-	tpl := checkPod(t, m, manifest)
-	pod := &tpl.Spec
-	if len(pod.InitContainers) != 0 {
-		t.Fatalf("guestImage.enabled=false still renders init containers %+v", pod.InitContainers)
-	}
-
+	// The published guest image: the built test guests (direct-kernel and
+	// UKI, with the UKI's policy and the sysupdate tree) pushed by the
+	// hypervisor binary to a registry on loopback.
 	binDir := t.TempDir()
 	if err := cluster.BuildBinaries(binDir); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("binaries built in %s", time.Since(start).Round(time.Millisecond))
+	registry := testRegistry(t)
+	published := publishedTree(t, images)
+	run(t, filepath.Join(binDir, "vmm-hypervisor"), "image", "push", published, registry+"/vm-manager-guest-image:0.1.0", "--plain-http")
+
+	m, manifest := render(t, values(t, podValues(registry)))
+	tpl := checkPod(t, m, manifest)
+	pod := &tpl.Spec
 
 	dir := cluster.TempDir(t)
 	addr := cluster.FreeAddr(t)
 	r := rewriter{binDir: binDir, state: filepath.Join(dir, "state"), run: filepath.Join(dir, "run"), listen: addr,
 		port: Container(pod, "gateway").Ports[0].ContainerPort}
 
-	// The init container's job: the guest image in <state>/images.
-	imgDir := r.path(imageDir)
-	if err := os.MkdirAll(imgDir, 0o700); err != nil {
+	// The init container, as the kubelet runs it before the others: it
+	// pulls the guest image into <state>/images, every file unchanged.
+	if len(pod.InitContainers) != 1 {
+		t.Fatalf("init containers %+v, want the guest-image puller", pod.InitContainers)
+	}
+	if err := os.MkdirAll(r.state, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	files, _ := filepath.Glob(filepath.Join(images, "test-guest_*"))
-	for _, f := range files {
-		switch filepath.Ext(f) {
-		case ".vmlinuz", ".initrd", ".cmdline":
-			if err := os.Symlink(f, filepath.Join(imgDir, filepath.Base(f))); err != nil {
-				t.Fatal(err)
-			}
-		}
+	puller := processFor(t, &pod.InitContainers[0], r, dir)
+	puller.start(t)
+	select {
+	case <-puller.done:
+	case <-time.After(2 * time.Minute):
+		puller.stop(syscall.SIGKILL, time.Second)
+		t.Fatal("the guest-image init container did not finish within 2 minutes")
 	}
+	if code := puller.cmd.ProcessState.ExitCode(); code != 0 {
+		b, _ := os.ReadFile(puller.log)
+		t.Fatalf("the guest-image init container exited %d:\n%s", code, b)
+	}
+	sameTree(t, published, r.path(imageDir))
+	t.Logf("guest image pulled after %s", time.Since(start).Round(time.Millisecond))
 
 	procs := map[string]*process{}
 	var order []string
@@ -301,6 +323,20 @@ func TestRenderedPodRuns(t *testing.T) {
 	}
 	if metrics := string(call(t, "GET", base+"/metrics", "", 200)); !strings.Contains(metrics, "vm_manager_build_info") {
 		t.Errorf("/metrics lacks vm_manager_build_info")
+	}
+
+	// The pulled UKI image is in the catalog with its policy.
+	if strings.Contains(strings.Join(mustGlob(t, filepath.Join(r.path(imageDir), "*.efi")), " "), "test-guest-uki_") {
+		var img struct {
+			Kind   string         `json:"kind"`
+			Policy map[string]any `json:"policy"`
+		}
+		if err := json.Unmarshal(call(t, "GET", base+"/api/v1/images/test-guest-uki_0.1.0", "", 200), &img); err != nil {
+			t.Fatal(err)
+		}
+		if img.Policy["pcr11"] == nil || img.Policy["uki"] == nil {
+			t.Errorf("the pulled UKI image in the catalog: kind %s, policy %v", img.Kind, img.Policy)
+		}
 	}
 
 	body := `{"name":"chart","image":"test-guest","require_attestation":false,"memory_mib":384,"cpus":1}`
