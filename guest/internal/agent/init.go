@@ -16,6 +16,7 @@ import (
 
 	"github.com/giantswarm/vm-manager/guest/internal/imds"
 	"github.com/giantswarm/vm-manager/guest/internal/initsys"
+	"github.com/giantswarm/vm-manager/guest/internal/installer"
 	"github.com/giantswarm/vm-manager/guest/internal/netcfg"
 	"github.com/giantswarm/vm-manager/guest/internal/notify"
 	"github.com/giantswarm/vm-manager/guest/internal/smbios"
@@ -30,18 +31,27 @@ const (
 )
 
 // RunInit is the PID 1 entry point. It never returns: the machine powers off at the
-// end, also after a fatal error, so a broken guest ends instead of hanging.
+// end, also after a fatal error, so a broken guest ends instead of hanging. An
+// install that fails resets the machine instead, which the host reads as failure.
 func RunInit(con *Console) {
+	installing := false
+	fail := func(msg string) {
+		if installing {
+			con.Printf("installer failed: %s", msg)
+			con.Printf("resetting")
+			resetMachine(con)
+		}
+		con.Printf("fatal: %s", msg)
+		con.Printf("powering off")
+		powerOff(con)
+	}
 	defer func() {
 		if r := recover(); r != nil {
-			con.Printf("fatal: panic: %v\n%s", r, debug.Stack())
-			con.Printf("powering off")
-			powerOff(con)
+			fail(fmt.Sprintf("panic: %v\n%s", r, debug.Stack()))
 		}
 	}()
-	if err := boot(con); err != nil {
-		con.Printf("fatal: %v", err)
-		con.Printf("powering off")
+	if err := boot(con, &installing); err != nil {
+		fail(err.Error())
 	}
 	powerOff(con)
 }
@@ -52,7 +62,9 @@ func powerOff(con *Console) {
 	os.Exit(1) // PID 1 exiting panics the kernel; panic=-1 then ends the VM too
 }
 
-func boot(con *Console) error {
+// boot is the whole boot; it sets *installing once it knows this is the
+// install phase, so that a failure from then on resets the machine.
+func boot(con *Console, installing *bool) error {
 	con.Printf("starting, version %s", version.Version)
 	warnings, err := initsys.MountAll(initsys.Mounts)
 	for _, w := range warnings {
@@ -69,6 +81,16 @@ func boot(con *Console) error {
 	go initsys.ReapZombies(ctx)
 	stop := initsys.TermSignals()
 
+	creds, errs := smbios.ReadCredentials(smbios.DefaultEntriesDir)
+	for _, e := range errs {
+		con.Printf("warning: credentials: %v", e)
+	}
+	con.Printf("credentials: %s", credNames(creds))
+	// The install phase is known before anything can fail in it: the SMBIOS
+	// entries need only sysfs.
+	target, isInstall := creds[installer.Credential]
+	*installing = isInstall
+
 	q := newQueue(con)
 	q.Send("STATUS=loading kernel modules")
 	loaded, err := initsys.LoadModules("/lib/modules")
@@ -77,11 +99,11 @@ func boot(con *Console) error {
 	}
 	con.Printf("modules loaded: %s", strings.Join(loaded, " "))
 
-	creds, errs := smbios.ReadCredentials(smbios.DefaultEntriesDir)
-	for _, e := range errs {
-		con.Printf("warning: credentials: %v", e)
+	if *installing {
+		// The installer and nothing else: no network, no IMDS, no phases.
+		return install(con, string(target))
 	}
-	con.Printf("credentials: %s", credNames(creds))
+	ph := detectPhases(con)
 
 	q.Send("STATUS=configuring")
 	credHostname := false
@@ -114,14 +136,18 @@ func boot(con *Console) error {
 	// ready, it just gets nothing from the IMDS.
 	q.Send("STATUS=configuring network")
 	lease := configureNetwork(ctx, con)
-	attested := attestResults{initrd: attestSkipped, ready: attestSkipped}
+	attested := bootResults{initrd: attestSkipped, ready: attestSkipped}
 	if lease != nil {
 		// Before provisioning: the host may connect as soon as its key is in
 		// authorized_keys.
 		startSSHD(con)
 		q.Send("STATUS=provisioning from the IMDS")
 		attestOff := cmdlineValue("/proc/cmdline", "vm-agent.attest") == "off"
-		attested = newBootProvisioner(con, credHostname, attestOff).run(ctx)
+		attested = newBootProvisioner(con, credHostname, attestOff, ph).run(ctx)
+	} else {
+		// No IMDS, but the phase path still ends at ready, as the PCR 11 of a
+		// VM that reaches readiness must.
+		offlinePhases(ph)
 	}
 
 	// The console line first: a host that reads the console once READY=1 arrives

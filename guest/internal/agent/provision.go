@@ -11,10 +11,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/giantswarm/vm-manager/gen/measure"
 	"github.com/giantswarm/vm-manager/guest/internal/attest"
 	"github.com/giantswarm/vm-manager/guest/internal/ignition"
 	"github.com/giantswarm/vm-manager/guest/internal/imds"
 	"github.com/giantswarm/vm-manager/guest/internal/initsys"
+	"github.com/giantswarm/vm-manager/guest/internal/sysext"
 )
 
 // Where provisioning writes, relative to the provisioner's root ("/" at boot).
@@ -45,20 +47,25 @@ type provisioner struct {
 	credHostname bool // the SMBIOS credential set the hostname: IMDS's is not used
 	setHostname  func(string) error
 	userDataWait time.Duration
+	phases       *phases                             // nil or without an extender: no boot phases
+	sysext       func(context.Context) sysext.Result // nil: no Kubernetes sysext step
 }
 
 func (p *provisioner) path(abs string) string {
 	return filepath.Join(p.root, filepath.FromSlash(abs))
 }
 
-// run: hostname, public keys, initrd attestation, user-data (+ Ignition files), ready
-// attestation. Every step failing only prints: the VM still becomes ready. The
-// attestation results go into the reports.
-func (p *provisioner) run(ctx context.Context) attestResults {
+// run: the enter-initrd phase, hostname, public keys, initrd attestation,
+// user-data (+ Ignition files), the leave-initrd and sysinit phases, the
+// Kubernetes sysext, the ready phase, ready attestation. Every step failing
+// only prints: the VM still becomes ready. The attestation and sysext results
+// go into the reports.
+func (p *provisioner) run(ctx context.Context) bootResults {
+	p.phases.enter(measure.WordEnterInitrd)
 	p.hostname(ctx)
 	p.publicKeys(ctx)
 
-	res := attestResults{initrd: attestSkipped, ready: attestSkipped}
+	res := bootResults{initrd: attestSkipped, ready: attestSkipped}
 	if p.attestOff {
 		p.con.Printf("attestation off (vm-agent.attest=off)")
 	} else {
@@ -68,10 +75,23 @@ func (p *provisioner) run(ctx context.Context) attestResults {
 	// require attestation gets it even after a rejected quote. After a
 	// rejection a gated answer will not change, so it is asked once.
 	p.userData(ctx, res.initrd == attestRejected)
+	p.phases.enter(measure.WordLeaveInitrd)
+	p.phases.enter(measure.WordSysinit)
+	if p.sysext != nil {
+		res.sysext = p.sysext(ctx)
+	}
+	p.phases.enter(measure.WordReady)
 	if !p.attestOff {
 		res.ready = p.attest(ctx, attest.StageReady)
 	}
 	return res
+}
+
+// offlinePhases is the phase path of a boot without an IMDS.
+func offlinePhases(ph *phases) {
+	for _, w := range measure.PhaseWords(measure.PhaseReady) {
+		ph.enter(w)
+	}
 }
 
 func (p *provisioner) hostname(ctx context.Context) {
@@ -283,15 +303,18 @@ func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
 }
 
 // newBootProvisioner is the PID 1 configuration.
-func newBootProvisioner(con *Console, credHostname, attestOff bool) *provisioner {
+func newBootProvisioner(con *Console, credHostname, attestOff bool, ph *phases) *provisioner {
+	cl := imds.New(imds.DefaultURL)
 	return &provisioner{
 		con:          con,
-		imds:         imds.New(imds.DefaultURL),
+		imds:         cl,
 		root:         "/",
 		attest:       tpmAttester(con, imds.DefaultURL, attest.DefaultTPMPath),
 		attestOff:    attestOff,
 		credHostname: credHostname,
 		setHostname:  initsys.SetHostname,
 		userDataWait: UserDataWait,
+		phases:       ph,
+		sysext:       kubernetesSysext(con, cl),
 	}
 }

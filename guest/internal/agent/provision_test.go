@@ -108,7 +108,7 @@ const userData = `{"ignition":{"version":"3.4.0"},"storage":{"files":[
 
 func TestProvisionFullFlow(t *testing.T) {
 	fx := newFixture(t, &fakeIMDS{userData: userData})
-	if res := fx.p.run(context.Background()); res != (attestResults{initrd: attestVerified, ready: attestVerified}) {
+	if res := fx.p.run(context.Background()); res != (bootResults{initrd: attestVerified, ready: attestVerified}) {
 		t.Errorf("results %+v", res)
 	}
 	out := fx.out.String()
@@ -188,7 +188,7 @@ func TestProvisionCredentialHostnameWins(t *testing.T) {
 // shut, no waiting), the ready stage still runs.
 func TestProvisionRejected(t *testing.T) {
 	fx := newFixture(t, &fakeIMDS{userData: userData, verdict: map[string]attestResult{"initrd": attestRejected, "ready": attestFailed}})
-	if res := fx.p.run(context.Background()); res != (attestResults{initrd: attestRejected, ready: attestFailed}) {
+	if res := fx.p.run(context.Background()); res != (bootResults{initrd: attestRejected, ready: attestFailed}) {
 		t.Errorf("results %+v", res)
 	}
 	ev := strings.Join(fx.f.events, ", ")
@@ -228,7 +228,7 @@ func TestProvisionAttestOff(t *testing.T) {
 	f := &fakeIMDS{userData: userData, gateOpen: true} // e.g. --attestation=noop on the host
 	fx := newFixture(t, f)
 	fx.p.attestOff = true
-	if res := fx.p.run(context.Background()); res != (attestResults{initrd: attestSkipped, ready: attestSkipped}) {
+	if res := fx.p.run(context.Background()); res != (bootResults{initrd: attestSkipped, ready: attestSkipped}) {
 		t.Errorf("results %+v", res)
 	}
 	if strings.Contains(strings.Join(f.events, ","), "attest") {

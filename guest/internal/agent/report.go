@@ -14,6 +14,7 @@ import (
 	"github.com/giantswarm/vm-manager/gen/imdswire"
 	"github.com/giantswarm/vm-manager/guest/internal/attest"
 	"github.com/giantswarm/vm-manager/guest/internal/imds"
+	"github.com/giantswarm/vm-manager/guest/internal/sysext"
 	"github.com/giantswarm/vm-manager/guest/internal/version"
 )
 
@@ -37,11 +38,14 @@ var families = []imdswire.ReportFamily{
 	{Name: "io.vmagent.ProcessesCreated", Type: imdswire.FamilyCounter, Description: "Processes and threads created since boot."},
 	{Name: "io.vmagent.Version", Type: imdswire.FamilyString, Description: "The vm-agent version."},
 	{Name: "io.vmagent.Attestation", Type: imdswire.FamilyString, Description: "How the attestation stage (object) of this boot ended."},
+	{Name: "io.vmagent.KubernetesSysext", Type: imdswire.FamilyString, Description: "How the Kubernetes system extension of the version (object) ended: merged, mismatch, refused or failed."},
 }
 
-// attestResults is how the attestation stages of this boot ended.
-type attestResults struct {
+// bootResults is how the attestation stages and the Kubernetes sysext of
+// this boot ended.
+type bootResults struct {
 	initrd, ready attestResult
+	sysext        sysext.Result
 }
 
 func (r attestResult) String() string {
@@ -58,7 +62,7 @@ func (r attestResult) String() string {
 
 // buildReport reads the metrics from proc (/proc at boot). A source that cannot be
 // read leaves its metrics out: a partial report is still worth sending.
-func buildReport(proc string, now time.Time, att attestResults) (*Report, error) {
+func buildReport(proc string, now time.Time, att bootResults) (*Report, error) {
 	id := make([]byte, 32)
 	if _, err := rand.Read(id); err != nil {
 		return nil, err
@@ -100,6 +104,9 @@ func buildReport(proc string, now time.Time, att attestResults) (*Report, error)
 	r.Metrics = append(r.Metrics,
 		Metric{Name: "io.vmagent.Attestation", Object: attest.StageInitrd, Value: att.initrd.String()},
 		Metric{Name: "io.vmagent.Attestation", Object: attest.StageReady, Value: att.ready.String()})
+	if v := att.sysext.Version; v != "" {
+		r.Metrics = append(r.Metrics, Metric{Name: "io.vmagent.KubernetesSysext", Object: v, Value: att.sysext.State})
+	}
 	r.Describe = families
 	return r, nil
 }
@@ -161,7 +168,7 @@ func meminfo(proc string) map[string]uint64 {
 
 // uploadReports sends a report at once and then every interval until ctx ends. The
 // host may not take reports (yet): failures only print, the first one.
-func uploadReports(ctx context.Context, con *Console, cl *imds.Client, proc string, att attestResults, interval time.Duration) {
+func uploadReports(ctx context.Context, con *Console, cl *imds.Client, proc string, att bootResults, interval time.Duration) {
 	failed := false
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -179,7 +186,7 @@ func uploadReports(ctx context.Context, con *Console, cl *imds.Client, proc stri
 	}
 }
 
-func uploadReport(ctx context.Context, cl *imds.Client, proc string, att attestResults) error {
+func uploadReport(ctx context.Context, cl *imds.Client, proc string, att bootResults) error {
 	r, err := buildReport(proc, time.Now(), att)
 	if err != nil {
 		return err

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/giantswarm/vm-manager/guest/internal/imds"
+	"github.com/giantswarm/vm-manager/guest/internal/sysext"
 	"github.com/giantswarm/vm-manager/guest/internal/version"
 )
 
@@ -38,7 +39,8 @@ func fakeProc(t *testing.T) string {
 
 func TestBuildReport(t *testing.T) {
 	now := time.Date(2026, 3, 4, 5, 6, 7, 0, time.FixedZone("CET", 3600))
-	r, err := buildReport(fakeProc(t), now, attestResults{initrd: attestVerified, ready: attestRejected})
+	r, err := buildReport(fakeProc(t), now, bootResults{initrd: attestVerified, ready: attestRejected,
+		sysext: sysext.Result{Version: "1.31.1", State: sysext.StateMerged}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,6 +93,7 @@ func TestBuildReport(t *testing.T) {
 		`io.vmagent.Version "` + version.Version + `"`,
 		`io.vmagent.Attestation object=initrd "verified"`,
 		`io.vmagent.Attestation object=ready "rejected"`,
+		`io.vmagent.KubernetesSysext object=1.31.1 "merged"`,
 	}
 	if strings.Join(lines, "\n") != strings.Join(want, "\n") {
 		t.Errorf("metrics:\n%s\nwant:\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
@@ -111,7 +114,7 @@ func TestBuildReport(t *testing.T) {
 	}
 
 	// Each report has its own ID.
-	r2, _ := buildReport(fakeProc(t), now, attestResults{})
+	r2, _ := buildReport(fakeProc(t), now, bootResults{})
 	if r2.ReportID == r.ReportID {
 		t.Error("reportID repeated")
 	}
@@ -119,7 +122,7 @@ func TestBuildReport(t *testing.T) {
 
 // Without /proc there is still a report: version and attestation.
 func TestBuildReportNoProc(t *testing.T) {
-	r, err := buildReport(filepath.Join(t.TempDir(), "none"), time.Now(), attestResults{initrd: attestSkipped, ready: attestSkipped})
+	r, err := buildReport(filepath.Join(t.TempDir(), "none"), time.Now(), bootResults{initrd: attestSkipped, ready: attestSkipped})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +160,7 @@ func TestUploadReports(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
-		uploadReports(ctx, con, imds.New(srv.URL+"/giantswarm/v1"), fakeProc(t), attestResults{}, 5*time.Millisecond)
+		uploadReports(ctx, con, imds.New(srv.URL+"/giantswarm/v1"), fakeProc(t), bootResults{}, 5*time.Millisecond)
 		close(done)
 	}()
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {

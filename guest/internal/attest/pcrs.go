@@ -17,15 +17,17 @@ const (
 )
 
 // StagePCRs returns the PCR indexes quoted at stage, ascending: the
-// contract's (0–7 and 11, plus 13 at ready) and PCR 9, which holds the
-// initrd and command line of a direct-kernel boot under OVMF, so an image
-// policy can pin them.
+// contract's (0–7 and 11, plus 13 at ready), PCR 9, which holds the initrd and
+// command line of a direct-kernel boot under OVMF, and PCR 12, where
+// systemd-stub 252 measures command-line overrides from boot-entry load
+// options when Secure Boot is off; so an image policy can pin both (PCR 12
+// to zero).
 func StagePCRs(stage string) ([]uint, error) {
 	switch stage {
 	case StageInitrd:
-		return []uint{0, 1, 2, 3, 4, 5, 6, 7, 9, 11}, nil
+		return []uint{0, 1, 2, 3, 4, 5, 6, 7, 9, 11, 12}, nil
 	case StageReady:
-		return []uint{0, 1, 2, 3, 4, 5, 6, 7, 9, 11, 13}, nil
+		return []uint{0, 1, 2, 3, 4, 5, 6, 7, 9, 11, 12, 13}, nil
 	}
 	return nil, fmt.Errorf("unknown stage %q (want %s or %s)", stage, StageInitrd, StageReady)
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/giantswarm/vm-manager/gen/imdswire"
+	"github.com/giantswarm/vm-manager/gen/measure"
 	"github.com/giantswarm/vm-manager/guest/internal/imds"
 	"github.com/google/go-tpm/tpm2/transport"
 )
@@ -24,7 +25,7 @@ const (
 	DefaultIMDSURL          = imds.DefaultURL
 	DefaultTimeout          = 90 * time.Second
 	DefaultEventLogPath     = "/sys/kernel/security/tpm0/binary_bios_measurements"
-	DefaultUserspaceLogPath = "/run/log/systemd/tpm2-measure.log"
+	DefaultUserspaceLogPath = measure.DefaultLogPath // vm-agent's extends (internal/pcrextend)
 
 	firstBackoff = 250 * time.Millisecond
 	maxBackoff   = 5 * time.Second

@@ -2,6 +2,7 @@ package attest
 
 import (
 	"bytes"
+	"slices"
 	"testing"
 
 	"github.com/google/go-tpm-tools/client"
@@ -54,13 +55,23 @@ func TestTemplatesMatchGoTPMTools(t *testing.T) {
 }
 
 func TestStagePCRs(t *testing.T) {
-	for stage, want := range map[string]int{StageInitrd: 10, StageReady: 11} {
+	for stage, want := range map[string][]uint{
+		StageInitrd: {0, 1, 2, 3, 4, 5, 6, 7, 9, 11, 12},
+		StageReady:  {0, 1, 2, 3, 4, 5, 6, 7, 9, 11, 12, 13},
+	} {
 		pcrs, err := StagePCRs(stage)
-		if err != nil || len(pcrs) != want {
+		if err != nil || !slices.Equal(pcrs, want) {
 			t.Errorf("%s: %v %v", stage, pcrs, err)
 		}
 	}
 	if _, err := StagePCRs("boot"); err == nil {
 		t.Error("unknown stage accepted")
+	}
+}
+
+// Quotes carry the log vm-agent writes its extends to, at the contract's path.
+func TestUserspaceLogPath(t *testing.T) {
+	if DefaultUserspaceLogPath != "/run/log/systemd/tpm2-measure.log" {
+		t.Errorf("userspace log %q", DefaultUserspaceLogPath)
 	}
 }

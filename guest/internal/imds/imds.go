@@ -233,6 +233,94 @@ func (c *Client) UserData(ctx context.Context, wait time.Duration, onGated func(
 	}
 }
 
+// KubernetesVersion is /kubernetes-version, trimmed; ErrNotFound when the VM
+// has none (404).
+func (c *Client) KubernetesVersion(ctx context.Context) (string, error) {
+	s, err := c.Text(ctx, "/kubernetes-version")
+	return strings.TrimSpace(s), err
+}
+
+// TooLargeError is a body longer than the caller's bound; nothing past the
+// bound was read.
+type TooLargeError struct {
+	Key string
+	Max int64
+}
+
+func (e *TooLargeError) Error() string {
+	return fmt.Sprintf("GET %s: larger than the %d-byte bound", e.Key, e.Max)
+}
+
+// SysupdateFile streams /sysupdate/{component}/{file} into w, at most max
+// bytes (a longer body gives *TooLargeError), and returns the bytes written.
+// ErrNotFound for a 404. Transport errors and 5xx are retried as Get does,
+// but only before the body starts: w never gets a second copy.
+func (c *Client) SysupdateFile(ctx context.Context, component, file string, w io.Writer, max int64) (int64, error) {
+	for _, s := range []string{component, file} {
+		if s == "" || s == "." || s == ".." || strings.ContainsAny(s, "/\\?#%") {
+			return 0, fmt.Errorf("sysupdate: bad path element %q", s)
+		}
+	}
+	key := "/sysupdate/" + component + "/" + file
+	backoff := c.Backoff
+	if backoff <= 0 {
+		backoff = 200 * time.Millisecond
+	}
+	var last error
+	for i := 0; i < c.attempts(); i++ {
+		if i > 0 {
+			if err := c.sleep(ctx, backoff); err != nil {
+				break
+			}
+			backoff *= 2
+		}
+		n, retry, err := c.stream(ctx, key, w, max)
+		if !retry {
+			return n, err
+		}
+		last = err
+	}
+	if last == nil {
+		last = ctx.Err()
+	}
+	return 0, last
+}
+
+// stream is one attempt of SysupdateFile; retry says nothing was written and
+// another attempt may help.
+func (c *Client) stream(ctx context.Context, key string, w io.Writer, max int64) (n int64, retry bool, err error) {
+	u := strings.TrimSuffix(c.BaseURL, "/") + key
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return 0, false, err
+	}
+	// Big files: only the connection and the headers are bounded in time.
+	hc := *c.HTTP
+	hc.Timeout = 0
+	rsp, err := hc.Do(req)
+	if err != nil {
+		return 0, true, err
+	}
+	defer rsp.Body.Close()
+	switch {
+	case rsp.StatusCode == http.StatusNotFound:
+		return 0, false, ErrNotFound
+	case rsp.StatusCode != http.StatusOK:
+		b, _ := io.ReadAll(io.LimitReader(rsp.Body, 4<<10))
+		return 0, rsp.StatusCode >= 500, fmt.Errorf("GET %s: %d %s: %s", key, rsp.StatusCode, http.StatusText(rsp.StatusCode), Snippet(b))
+	case rsp.ContentLength > max:
+		return 0, false, &TooLargeError{Key: key, Max: max}
+	}
+	n, err = io.Copy(w, io.LimitReader(rsp.Body, max+1))
+	if err != nil {
+		return n, false, fmt.Errorf("GET %s: %w", key, err)
+	}
+	if n > max {
+		return n, false, &TooLargeError{Key: key, Max: max}
+	}
+	return n, false, nil
+}
+
 // PostReport sends a JSON report to /report once (no retries: reports are sent
 // again periodically anyway); the IMDS answers 204.
 func (c *Client) PostReport(ctx context.Context, body []byte) error {

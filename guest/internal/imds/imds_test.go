@@ -189,3 +189,59 @@ func TestPostReport(t *testing.T) {
 		t.Errorf("400: %v", err)
 	}
 }
+
+func TestKubernetesVersionAndSysupdate(t *testing.T) {
+	var fails atomic.Int32
+	fails.Store(1)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /giantswarm/v1/kubernetes-version", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("1.31.1\n")) })
+	mux.HandleFunc("GET /giantswarm/v1/sysupdate/kubernetes/{file}", func(w http.ResponseWriter, r *http.Request) {
+		switch r.PathValue("file") {
+		case "ok.raw":
+			if fails.Add(-1) >= 0 {
+				http.Error(w, "busy", 503) // retried: nothing was written yet
+				return
+			}
+			w.Write([]byte("0123456789"))
+		case "big.raw": // announced too long: refused before reading
+			w.Header().Set("Content-Length", "11")
+			w.Write([]byte("0123456789a"))
+		case "chunked.raw": // no length: cut at the bound
+			w.(http.Flusher).Flush()
+			w.Write([]byte("0123456789abcdef"))
+		default:
+			http.NotFound(w, r)
+		}
+	})
+	c, clk := newClient(t, mux)
+	ctx := context.Background()
+	if v, err := c.KubernetesVersion(ctx); err != nil || v != "1.31.1" {
+		t.Errorf("version %q %v", v, err)
+	}
+	var b strings.Builder
+	if n, err := c.SysupdateFile(ctx, "kubernetes", "ok.raw", &b, 10); err != nil || n != 10 || b.String() != "0123456789" || len(clk.slept) != 1 {
+		t.Errorf("ok.raw: %d %q %v after %d retries", n, b.String(), err, len(clk.slept))
+	}
+	for _, f := range []string{"big.raw", "chunked.raw"} {
+		var tl *TooLargeError
+		if _, err := c.SysupdateFile(ctx, "kubernetes", f, io.Discard, 10); !errors.As(err, &tl) || tl.Max != 10 ||
+			err.Error() != "GET /sysupdate/kubernetes/"+f+": larger than the 10-byte bound" {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+	if _, err := c.SysupdateFile(ctx, "kubernetes", "missing.raw", io.Discard, 10); !errors.Is(err, ErrNotFound) {
+		t.Errorf("missing: %v", err)
+	}
+	for _, bad := range [][2]string{{"kubernetes", "../x"}, {"..", "x"}, {"kubernetes", ""}, {"kubernetes", "a?b"}} {
+		if _, err := c.SysupdateFile(ctx, bad[0], bad[1], io.Discard, 10); err == nil || !strings.Contains(err.Error(), "bad path element") {
+			t.Errorf("%q: %v", bad, err)
+		}
+	}
+}
+
+func TestKubernetesVersionUnset(t *testing.T) {
+	c, _ := newClient(t, http.NotFoundHandler())
+	if _, err := c.KubernetesVersion(context.Background()); !errors.Is(err, ErrNotFound) {
+		t.Errorf("err %v", err)
+	}
+}

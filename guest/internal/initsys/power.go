@@ -101,6 +101,13 @@ func PowerOff() error {
 	return unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
 }
 
+// Reset syncs and restarts the machine (reboot(2) RESTART). It returns only
+// if the reboot syscall fails.
+func Reset() error {
+	unix.Sync()
+	return unix.Reboot(unix.LINUX_REBOOT_CMD_RESTART)
+}
+
 // CtrlAltDelToSignal makes the kernel send SIGINT to PID 1 on Ctrl-Alt-Del instead of
 // rebooting at once, so it takes the same clean power-off path.
 func CtrlAltDelToSignal() error { return unix.Reboot(unix.LINUX_REBOOT_CMD_CAD_OFF) }
