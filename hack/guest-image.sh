@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# Builds the project's test guest as a direct-kernel image:
-#   <IMAGE_DIR>/test-guest_<version>.{vmlinuz,initrd,cmdline}
+# Builds the project's test guests:
+#   <IMAGE_DIR>/test-guest_<version>.{vmlinuz,initrd,cmdline}        direct-kernel image
+#   <IMAGE_DIR>/test-guest-uki_<version>.{efi,raw,policy.json}       UKI image (hack/uki-image.sh)
+#   <IMAGE_DIR>/sysupdate/kubernetes/{kubernetes_<v>.raw,SHA256SUMS} Kubernetes system extensions
 # Kernel: the package linux-image-cloud-amd64 depends on (LZ4, boots 2x faster under TCG
 # than the generic XZ kernel). Initramfs: vm-agent as /init, busybox, virtio modules.
 # Debian packages go to build/guest (gitignored); no root needed when apt lists exist.
+#
+# The UKI's policy is complete when built: PCR 11 and 13 are computed (mkuki), and the
+# golden firmware PCRs come from one boot of its disk on this host's firmware
+# (vmm-hypervisor image measure, redone only when an input changed).
 #
 # usage: hack/guest-image.sh [IMAGE_DIR]      env: GUEST_VERSION (default 0.1.0)
 set -euo pipefail
@@ -14,6 +20,10 @@ VERSION="${GUEST_VERSION:-0.1.0}"
 BUILD="$ROOT/build/guest"
 DEBS="$BUILD/debs"
 STEM="test-guest_$VERSION"
+UKI_STEM="test-guest-uki_$VERSION"
+# The Kubernetes versions the sysext tree offers (tiny stand-ins: an extension-release
+# and a kubelet that prints its version).
+KUBERNETES_VERSIONS="1.33.6 1.34.2"
 # No "quiet": measured under TCG it saves nothing (kernel-to-ready ~2.2 s either way)
 # and the kernel log is what explains a failed boot.
 CMDLINE="console=ttyS0 panic=-1"
@@ -105,7 +115,7 @@ install_if_changed() {
   if cmp -s "$src" "$dst"; then
     echo "unchanged $dst"
   else
-    local tmp="$IMAGE_DIR/.$2.tmp.$$"
+    local tmp; tmp="$(dirname "$dst")/.$(basename "$dst").tmp.$$"
     cp "$src" "$tmp"
     chmod 0644 "$tmp"
     mv -f "$tmp" "$dst"
@@ -115,4 +125,41 @@ install_if_changed() {
 install_if_changed "$BUILD/kernel/boot/vmlinuz-$KVER" "$STEM.vmlinuz"
 install_if_changed "$BUILD/initrd" "$STEM.initrd"
 install_if_changed "$BUILD/cmdline" "$STEM.cmdline"
-echo "guest-image: kernel $KVER ($KPKG $KVER_PKG), busybox $BBVER_PKG, version $VERSION" >&2
+
+# The Kubernetes system extensions: erofs images with fixed times and UUID.
+SYSEXT="$BUILD/sysupdate/kubernetes"
+rm -rf "$SYSEXT" && mkdir -p "$SYSEXT"
+for kv in $KUBERNETES_VERSIONS; do
+  tree="$BUILD/sysext-tree/kubernetes_$kv"
+  rm -rf "$tree" && mkdir -p "$tree/usr/lib/extension-release.d" "$tree/usr/bin"
+  printf 'ID=_any\nVERSION_ID=%s\n' "$kv" >"$tree/usr/lib/extension-release.d/extension-release.kubernetes_$kv"
+  printf '#!/bin/sh\necho "Kubernetes v%s"\n' "$kv" >"$tree/usr/bin/kubelet"
+  chmod 0755 "$tree/usr/bin/kubelet"
+  mkfs.erofs --quiet -T0 -U 564d4d00-0000-4000-8000-00000000000a --all-root "$SYSEXT/kubernetes_$kv.raw" "$tree"
+done
+(cd "$SYSEXT" && sha256sum kubernetes_*.raw >SHA256SUMS)
+mkdir -p "$IMAGE_DIR/sysupdate/kubernetes"
+for f in "$SYSEXT"/*; do install_if_changed "$f" "sysupdate/kubernetes/$(basename "$f")"; done
+
+# The UKI image: the same kernel, initramfs and command line behind systemd-stub.
+printf 'ID=vm-manager-test-guest\nNAME="vm-manager test guest"\nVERSION_ID=%s\n' "$VERSION" >"$BUILD/os-release"
+UKI="$BUILD/uki"
+"$ROOT/hack/uki-image.sh" "$UKI" "$UKI_STEM" "$BUILD/kernel/boot/vmlinuz-$KVER" "$BUILD/initrd" \
+  "$BUILD/cmdline" "$BUILD/os-release" "$SYSEXT/SHA256SUMS"
+
+# Golden firmware PCRs: one boot of the disk with this host's QEMU, OVMF and swtpm,
+# again only when one of them or the image changed.
+(cd "$ROOT/services/hypervisor" && CGO_ENABLED=0 go build -trimpath -buildvcs=false -o "$BUILD/vmm-hypervisor" ./cmd/vmm-hypervisor)
+inputs="$({ cat "$UKI/$UKI_STEM".{efi,raw,policy.json} /usr/share/OVMF/*.fd; qemu-system-x86_64 --version; swtpm --version; sha256sum "$BUILD/vmm-hypervisor"; } 2>&1 | sha256sum | cut -d' ' -f1)"
+MEASURED="$BUILD/uki-measured"
+mkdir -p "$MEASURED"
+if [ "$(cat "$MEASURED/stamp" 2>/dev/null)" = "$inputs" ] && [ -s "$MEASURED/policy.json" ]; then
+  cp "$MEASURED/policy.json" "$UKI/$UKI_STEM.policy.json"
+else
+  rm -f "$MEASURED/stamp"
+  "$BUILD/vmm-hypervisor" image measure --image-dir "$UKI" "$UKI_STEM" >&2
+  cp "$UKI/$UKI_STEM.policy.json" "$MEASURED/policy.json"
+  echo "$inputs" >"$MEASURED/stamp"
+fi
+for ext in efi raw policy.json; do install_if_changed "$UKI/$UKI_STEM.$ext" "$UKI_STEM.$ext"; done
+echo "guest-image: kernel $KVER ($KPKG $KVER_PKG), busybox $BBVER_PKG, version $VERSION, kubernetes $KUBERNETES_VERSIONS" >&2

@@ -27,7 +27,7 @@ func main() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	ia := &imageArgs{}
-	cmds := []cli.Command{serveCommand(), imagePushCommand(ia, stdout), imagePullCommand(ia, stdout)}
+	cmds := []cli.Command{serveCommand(), imagePushCommand(ia, stdout), imagePullCommand(ia, stdout), imageMeasureCommand(ia, stdout)}
 	args = ia.split(args, cmds)
 	return cli.Main("vmm-hypervisor", "vm-manager's hypervisor (QEMU, swtpm, networks, IMDS, images)", args, stderr, cmds...)
 }

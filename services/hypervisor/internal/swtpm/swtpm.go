@@ -47,6 +47,10 @@ type Config struct {
 	StateDir   string // the VM's tpm/ directory, kept across boots
 	CtrlSocket string // default <StateDir>/swtpm.sock
 	LogFile    string // default <StateDir>/swtpm.log
+	// Linger keeps swtpm running after QEMU closes the data channel (no
+	// --terminate), so that the host can read the PCRs a boot left
+	// (ReadPCRs); the caller then ends it.
+	Linger bool
 }
 
 // WithDefaults fills in the defaults and makes the paths absolute (swtpm
@@ -84,14 +88,17 @@ func abs(p string) string {
 // the data channel.
 func Args(cfg Config) []string {
 	cfg = cfg.WithDefaults()
-	return []string{
+	args := []string{
 		"socket", "--tpm2",
 		"--tpmstate", "dir=" + cfg.StateDir,
 		"--ctrl", "type=unixio,path=" + cfg.CtrlSocket,
 		"--log", "file=" + cfg.LogFile + ",level=1",
 		"--flags", "not-need-init",
-		"--terminate",
 	}
+	if !cfg.Linger {
+		args = append(args, "--terminate")
+	}
+	return args
 }
 
 // PrevLogFile is where Start moves the previous run's log.
