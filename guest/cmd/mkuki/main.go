@@ -85,7 +85,11 @@ func run(c config) error {
 	if c.policy == "" {
 		return nil
 	}
-	doc, err := policy(c, digests)
+	apps, err := applications(c)
+	if err != nil {
+		return err
+	}
+	doc, err := policy(c, digests, apps)
 	if err != nil {
 		return err
 	}
@@ -214,7 +218,7 @@ func sectionDigests(path string, sizes map[string]int64) (map[string][]byte, err
 // policy is the measured part of the image's policy.json (contract §5.5):
 // what systemd-stub and the boot phases put into PCR 11, and what each
 // Kubernetes system extension puts into PCR 13.
-func policy(c config, digests map[string][]byte) (map[string]any, error) {
+func policy(c config, digests map[string][]byte, apps map[string]string) (map[string]any, error) {
 	if c.imageID == "" || c.imageVersion == "" {
 		return nil, errors.New("-policy needs -image-id and -image-version")
 	}
@@ -233,7 +237,7 @@ func policy(c config, digests map[string][]byte) (map[string]any, error) {
 	doc := map[string]any{
 		"image_id":      c.imageID,
 		"image_version": c.imageVersion,
-		"uki":           map[string]any{"sections": sections},
+		"uki":           map[string]any{"sections": sections, "authenticode": apps},
 		"pcr11":         pcr11,
 	}
 	if c.sha256sums != "" {
@@ -246,6 +250,26 @@ func policy(c config, digests map[string][]byte) (map[string]any, error) {
 		}
 	}
 	return doc, nil
+}
+
+// applications are the Authenticode hashes of the EFI applications a boot
+// of the UKI starts, which the firmware measures into PCR 4: the UKI, then
+// the kernel systemd-stub loads from its .linux section. Any other
+// application in PCR 4 is not the image's.
+func applications(c config) (map[string]string, error) {
+	out := map[string]string{}
+	for key, path := range map[string]string{"uki": c.out, "linux": c.sections[0].file} {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, err
+		}
+		d, err := measure.Authenticode(b)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		out[key] = hex.EncodeToString(d)
+	}
+	return out, nil
 }
 
 func writeAtomic(path string, b []byte) error {

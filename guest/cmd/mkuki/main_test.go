@@ -34,8 +34,14 @@ func need(t *testing.T, path string) {
 
 func inputs(t *testing.T, dir string) config {
 	t.Helper()
+	// A PE stands in for the kernel (a bzImage is one, with its EFI stub):
+	// the policy records its Authenticode hash.
+	kernel, err := os.ReadFile(stub)
+	if err != nil {
+		t.Fatal(err)
+	}
 	files := map[string][]byte{
-		"linux":   bytes.Repeat([]byte("not a kernel, but bytes "), 4000),
+		"linux":   kernel,
 		"initrd":  bytes.Repeat([]byte{7, 0, 1}, 3000),
 		"cmdline": []byte("console=ttyS0 panic=-1"),
 		"osrel":   []byte("ID=test\nVERSION_ID=1\n"),
@@ -103,7 +109,8 @@ func TestBuild(t *testing.T) {
 		ImageID string            `json:"image_id"`
 		PCR11   map[string]string `json:"pcr11"`
 		UKI     struct {
-			Sections map[string]string `json:"sections"`
+			Sections     map[string]string `json:"sections"`
+			Authenticode map[string]string `json:"authenticode"`
 		} `json:"uki"`
 	}
 	b, _ := os.ReadFile(c.policy)
@@ -112,6 +119,13 @@ func TestBuild(t *testing.T) {
 	}
 	if doc.ImageID != "test" || len(doc.UKI.Sections) != 4 {
 		t.Errorf("policy %s", b)
+	}
+	for key, file := range map[string]string{"uki": c.out, "linux": c.sections[0].file} {
+		pe, _ := os.ReadFile(file)
+		want, err := measure.Authenticode(pe)
+		if err != nil || doc.UKI.Authenticode[key] != hex.EncodeToString(want) {
+			t.Errorf("authenticode %s = %s, want %x (%v)", key, doc.UKI.Authenticode[key], want, err)
+		}
 	}
 	need(t, systemdMeasure)
 	args := []string{"calculate", "--bank=sha256"}
