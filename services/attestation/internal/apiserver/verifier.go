@@ -99,7 +99,7 @@ func (s *Server) VerifyQuote(_ context.Context, req *attestationv1.VerifyQuoteRe
 	// 4–10. Parse, key, signature, nonce, bank, PCR digest, coverage.
 	res, err := verify.Check(verify.Quote{
 		Stage: stage, AKPub: req.GetAkPub(), Attest: req.GetQuote(), Signature: req.GetSignature(),
-		PCRs: req.GetPcrs(), EventLog: req.GetEventLog(),
+		PCRs: req.GetPcrs(), EventLog: req.GetEventLog(), UserspaceLog: req.GetUserspaceLog(),
 	}, req.GetNonce())
 	if err != nil {
 		return reject(err.Error())
