@@ -1,6 +1,7 @@
 package apiserver
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -118,9 +119,21 @@ func (s *Server) VerifyQuote(_ context.Context, req *attestationv1.VerifyQuoteRe
 		return reject(fmt.Sprintf("ak %s is not the vTPM key of vm %s (the host registered %s)", short(res.AKFingerprint), vm.ID, short(vm.AKFingerprint)))
 	}
 	// 12–13. PCR 11 and the golden values.
-	out := policy.Evaluate(pol.GetDocument(), stage, vm.KubernetesVersion, vm.DirectKernel, res.PCRs, s.opts.LearnGolden)
+	var replayed []verify.Event
+	if res.EventLogError == "" {
+		replayed = res.Events // events are named only from logs that replay whole
+	}
+	out := policy.Evaluate(pol.GetDocument(), stage, vm.KubernetesVersion, vm.DirectKernel, res.PCRs, replayed, s.opts.LearnGolden)
 	if out.Reason != "" {
-		verdict.MismatchedEvents = verify.Mismatches(s.goldenEvents(vm.Image), res.Events, out.Mismatched)
+		// PCR 11 and 13 events are named from the policy, the others from
+		// the stored golden boot. No mismatched golden value (a PCR 11
+		// rejection) compares none: nil would compare every PCR.
+		var fromGolden []*attestationv1.EventMismatch
+		if len(out.Mismatched) > 0 {
+			fromGolden = verify.Mismatches(s.goldenEvents(vm.Image), res.Events, out.Mismatched)
+		}
+		verdict.MismatchedEvents = slices.Concat(fromGolden, out.MismatchedEvents)
+		slices.SortStableFunc(verdict.MismatchedEvents, func(a, b *attestationv1.EventMismatch) int { return cmp.Compare(a.GetPcr(), b.GetPcr()) })
 		return reject(out.Reason + firmwareNote(pol.GetDocument(), vm.Firmware, out.Mismatched))
 	}
 	verdict.Learned = out.Learned
