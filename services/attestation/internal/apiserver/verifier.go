@@ -107,6 +107,10 @@ func (s *Server) VerifyQuote(_ context.Context, req *attestationv1.VerifyQuoteRe
 	}
 	verdict.AkFingerprint = res.AKFingerprint
 	verdict.Pcrs = hexPCRs(res.PCRs)
+	if res.EventLogError != "" {
+		// Not a rejection; the operator's only clue why no event is named.
+		s.log.Info("event log not used", "vm", vm.ID, "stage", stage.String(), "reason", res.EventLogError)
+	}
 	// 11. The VM's key: the one the hypervisor read from its vTPM and
 	// registered before the boot. A key the guest brings counts for nothing,
 	// however its public area describes itself.
