@@ -110,6 +110,11 @@ func ParseLog(b []byte) ([]Event, error) {
 			word = word[:MaxWordBytes]
 		}
 		desc := fmt.Sprintf("%q", word)
+		// The word is the record's claim; only the digest is replayed.
+		// Say when the two disagree, so the claim is not taken for fact.
+		if !bytes.Equal(Digest([]byte(r.Content.String)), d) {
+			desc += " (not what the digest measured)"
+		}
 		if r.Content.EventType != "" {
 			desc = r.Content.EventType + " " + desc
 		}

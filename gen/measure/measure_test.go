@@ -133,6 +133,18 @@ func TestLogRoundTrip(t *testing.T) {
 	if evs[0].Description != `phase "enter-initrd"` {
 		t.Errorf("description = %q", evs[0].Description)
 	}
+
+	// A record whose word is not what its digest measured says so.
+	r := WordRecord(PCRSysext, "a  kubernetes_1.31.4.raw", EventTypeSysext, "", 0)
+	r.Content.String = "b  kubernetes_1.31.4.raw"
+	buf.Reset()
+	if err := WriteRecord(&buf, r); err != nil {
+		t.Fatal(err)
+	}
+	evs, err = ParseLog(buf.Bytes())
+	if err != nil || len(evs) != 1 || evs[0].Description != `sysext "b  kubernetes_1.31.4.raw" (not what the digest measured)` {
+		t.Errorf("lying record = %+v, %v", evs, err)
+	}
 }
 
 func TestParseLogRejectsWhatCannotBeReplayed(t *testing.T) {

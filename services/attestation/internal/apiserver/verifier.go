@@ -1,6 +1,7 @@
 package apiserver
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -99,13 +100,17 @@ func (s *Server) VerifyQuote(_ context.Context, req *attestationv1.VerifyQuoteRe
 	// 4–10. Parse, key, signature, nonce, bank, PCR digest, coverage.
 	res, err := verify.Check(verify.Quote{
 		Stage: stage, AKPub: req.GetAkPub(), Attest: req.GetQuote(), Signature: req.GetSignature(),
-		PCRs: req.GetPcrs(), EventLog: req.GetEventLog(),
+		PCRs: req.GetPcrs(), EventLog: req.GetEventLog(), UserspaceLog: req.GetUserspaceLog(),
 	}, req.GetNonce())
 	if err != nil {
 		return reject(err.Error())
 	}
 	verdict.AkFingerprint = res.AKFingerprint
 	verdict.Pcrs = hexPCRs(res.PCRs)
+	if res.EventLogError != "" {
+		// Not a rejection; the operator's only clue why no event is named.
+		s.log.Info("event log not used", "vm", vm.ID, "stage", stage.String(), "reason", res.EventLogError)
+	}
 	// 11. The VM's key: the one the hypervisor read from its vTPM and
 	// registered before the boot. A key the guest brings counts for nothing,
 	// however its public area describes itself.
@@ -118,9 +123,21 @@ func (s *Server) VerifyQuote(_ context.Context, req *attestationv1.VerifyQuoteRe
 		return reject(fmt.Sprintf("ak %s is not the vTPM key of vm %s (the host registered %s)", short(res.AKFingerprint), vm.ID, short(vm.AKFingerprint)))
 	}
 	// 12–13. PCR 11 and the golden values.
-	out := policy.Evaluate(pol.GetDocument(), stage, vm.KubernetesVersion, vm.DirectKernel, res.PCRs, s.opts.LearnGolden)
+	var replayed []verify.Event
+	if res.EventLogError == "" {
+		replayed = res.Events // events are named only from logs that replay whole
+	}
+	out := policy.Evaluate(pol.GetDocument(), stage, vm.KubernetesVersion, vm.DirectKernel, res.PCRs, replayed, s.opts.LearnGolden)
 	if out.Reason != "" {
-		verdict.MismatchedEvents = verify.Mismatches(s.goldenEvents(vm.Image), res.Events, out.Mismatched)
+		// PCR 11 and 13 events are named from the policy, the others from
+		// the stored golden boot. No mismatched golden value (a PCR 11
+		// rejection) compares none: nil would compare every PCR.
+		var fromGolden []*attestationv1.EventMismatch
+		if len(out.Mismatched) > 0 {
+			fromGolden = verify.Mismatches(s.goldenEvents(vm.Image), res.Events, out.Mismatched)
+		}
+		verdict.MismatchedEvents = slices.Concat(fromGolden, out.MismatchedEvents)
+		slices.SortStableFunc(verdict.MismatchedEvents, func(a, b *attestationv1.EventMismatch) int { return cmp.Compare(a.GetPcr(), b.GetPcr()) })
 		return reject(out.Reason + firmwareNote(pol.GetDocument(), vm.Firmware, out.Mismatched))
 	}
 	verdict.Learned = out.Learned

@@ -8,7 +8,9 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/giantswarm/vm-manager/gen/measure"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
+	"github.com/giantswarm/vm-manager/services/attestation/internal/verify"
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
@@ -48,8 +50,13 @@ func Phase(stage attestationv1.Stage) string {
 type Outcome struct {
 	// Learned lists PCRs accepted without a golden value (learn mode).
 	Learned []uint32
-	// Mismatched lists PCRs whose golden value differs, for event naming.
+	// Mismatched lists PCRs whose golden value differs, for naming events
+	// from the stored golden boot. It leaves out PCR 13 when the policy's
+	// sysext says what its events are.
 	Mismatched []uint32
+	// MismatchedEvents are the PCR 11 and 13 events that differ from what
+	// the policy's uki.sections and sysext say, when the logs replay.
+	MismatchedEvents []*attestationv1.EventMismatch
 	// Reason is set when the quote is rejected.
 	Reason string
 	// Summary is the success message's policy part.
@@ -60,7 +67,13 @@ type Outcome struct {
 // 12 and 13). Golden values for PCRs beyond the required set (PCR 9, which
 // measures a direct-kernel image's command line and initrd under OVMF) are
 // compared too, and the quote must cover them.
-func Evaluate(doc *structpb.Struct, stage attestationv1.Stage, kubernetesVersion string, directKernel bool, pcrs map[uint32][]byte, learn bool) Outcome {
+//
+// events are the quote's replayed log events: nil when no log was given or
+// one did not replay. With them, a PCR 11 or 13 mismatch names its first
+// differing event from the events the policy's uki.sections or sysext
+// expect; without them, or when they do not extend the PCR to its quoted
+// value, the reason names none.
+func Evaluate(doc *structpb.Struct, stage attestationv1.Stage, kubernetesVersion string, directKernel bool, pcrs map[uint32][]byte, events []verify.Event, learn bool) Outcome {
 	f := doc.GetFields()
 	var out Outcome
 	phase := Phase(stage)
@@ -69,6 +82,14 @@ func Evaluate(doc *structpb.Struct, stage attestationv1.Stage, kubernetesVersion
 		want := p11.GetFields()[phase].GetStringValue()
 		if got := pcrs[11]; !equalHex(want, got) {
 			out.Reason = fmt.Sprintf("pcr 11 mismatch for phase %s: expected %s, got %x", phase, want, got)
+			if sections, ok := sectionDigests(doc); ok && events != nil {
+				if exp, err := measure.PCR11Events(sections, phase); err == nil {
+					if ms, first, ok := nameEvents(11, exp, 2*len(sections), events, got); ok {
+						out.MismatchedEvents = ms
+						out.Reason += "; first differing event: " + first
+					}
+				}
+			}
 			return out
 		}
 		summary = append(summary, "pcr 11 phase "+phase)
@@ -113,13 +134,26 @@ func Evaluate(doc *structpb.Struct, stage attestationv1.Stage, kubernetesVersion
 	}
 	if stage == attestationv1.Stage_STAGE_READY {
 		want, suffix := "", ""
+		line, sysext := "", false
 		if v := f["pcr13"].GetStructValue().GetFields()[kubernetesVersion]; kubernetesVersion != "" && v != nil {
 			want, suffix = v.GetStringValue(), " for kubernetes "+kubernetesVersion
+			line, sysext = sysextLine(doc, kubernetesVersion)
 		} else if v, ok := golden["13"]; ok {
 			want = v.GetStringValue()
 		}
 		if want != "" {
+			if got, quoted := pcrs[13]; sysext && quoted && !equalHex(want, got) && events != nil {
+				if ms, first, ok := nameEvents(13, measure.PCR13Events(line), 0, events, got); ok {
+					out.MismatchedEvents = append(out.MismatchedEvents, ms...)
+					suffix += "; first differing event: " + first
+				}
+			}
 			check(13, want, suffix)
+			if sysext {
+				// The policy says what PCR 13's events are; the stored
+				// golden boot may have run another sysext.
+				out.Mismatched = slices.DeleteFunc(out.Mismatched, func(i uint32) bool { return i == 13 })
+			}
 			if kubernetesVersion != "" {
 				summary = append(summary, "pcr 13 kubernetes "+kubernetesVersion)
 			}

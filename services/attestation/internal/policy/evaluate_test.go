@@ -98,7 +98,7 @@ func TestEvaluate(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			pcrs := quoted(initrd)
 			pcrs[9] = bytes.Repeat([]byte{0x09}, 32)
-			out := Evaluate(doc(t, c.doc), initrd, "", true, pcrs, c.learn)
+			out := Evaluate(doc(t, c.doc), initrd, "", true, pcrs, nil, c.learn)
 			if c.reason == "" && out.Reason != "" || !strings.Contains(out.Reason, c.reason) {
 				t.Fatalf("reason %q, want %q", out.Reason, c.reason)
 			}
@@ -109,7 +109,7 @@ func TestEvaluate(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			out := Evaluate(doc(t, c.doc), c.stage, c.kube, false, quoted(c.stage), c.learn)
+			out := Evaluate(doc(t, c.doc), c.stage, c.kube, false, quoted(c.stage), nil, c.learn)
 			if c.reason == "" && out.Reason != "" || !strings.Contains(out.Reason, c.reason) {
 				t.Fatalf("reason %q, want %q", out.Reason, c.reason)
 			}

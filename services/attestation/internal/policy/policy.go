@@ -1,6 +1,7 @@
 // Package policy validates an image's policy.json (contract §5.5): the PCR 11
-// values per boot phase, PCR 13 per Kubernetes version, golden sha256 PCRs and
-// the firmware they were recorded on.
+// values per boot phase and the UKI sections they come from, PCR 13 per
+// Kubernetes version and the sysext hashes it comes from, golden sha256 PCRs
+// and the firmware they were recorded on.
 package policy
 
 import (
@@ -47,6 +48,9 @@ func Validate(ref string, doc *structpb.Struct) error {
 		if err := digests("pcr13", m); err != nil {
 			return err
 		}
+	}
+	if err := validateUKI(f); err != nil {
+		return err
 	}
 	if g, ok, err := object(f, "golden", "golden", "an object with a sha256 bank"); err != nil {
 		return err

@@ -21,6 +21,14 @@ import (
 // sha256 PCRs (go-eventlog's tcg package, which go-tpm-tools uses). Events of
 // PCRs the quote does not cover cannot be checked and are left out.
 func replayLog(raw []byte, pcrs map[uint32][]byte) ([]Event, error) {
+	el, err := parseFirmwareLog(raw)
+	if err != nil {
+		return nil, err
+	}
+	return replayFirmware(el, pcrs)
+}
+
+func parseFirmwareLog(raw []byte) (*tcg.EventLog, error) {
 	el, err := tcg.ParseEventLog(raw, tcg.ParseOpts{AllowPadding: true})
 	if err != nil {
 		return nil, fmt.Errorf("event log does not parse: %v", err)
@@ -28,9 +36,14 @@ func replayLog(raw []byte, pcrs map[uint32][]byte) ([]Event, error) {
 	if !slices.Contains(el.Algs, register.HashSHA256) {
 		return nil, errors.New("event log has no sha256 digests (not a crypto-agile log with a sha256 bank)")
 	}
-	mrs := make([]register.MR, 0, len(pcrs))
-	for _, i := range sortedKeys(pcrs) {
-		mrs = append(mrs, register.PCR{Index: int(i), Digest: pcrs[i], DigestAlg: crypto.SHA256})
+	return el, nil
+}
+
+// replayFirmware replays a parsed log against values, one per PCR.
+func replayFirmware(el *tcg.EventLog, values map[uint32][]byte) ([]Event, error) {
+	mrs := make([]register.MR, 0, len(values))
+	for _, i := range sortedKeys(values) {
+		mrs = append(mrs, register.PCR{Index: int(i), Digest: values[i], DigestAlg: crypto.SHA256})
 	}
 	evs, err := el.Verify(mrs)
 	if err != nil {

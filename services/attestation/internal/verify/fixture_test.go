@@ -5,6 +5,7 @@ import (
 	"crypto/sha1"
 	"crypto/sha256"
 	"encoding/binary"
+	"slices"
 	"sync"
 	"testing"
 	"unicode/utf16"
@@ -16,13 +17,17 @@ import (
 )
 
 // The simulator is one per process, so every test shares this fixture. Its
-// PCRs 0–8 hold exactly the extends of bootEvents (so bootLog replays), and
-// PCRs 11 and 13 hold userspace extends that no firmware log mentions.
+// PCRs 0–8 hold exactly the extends of bootEvents (so log replays them), PCR
+// 11 a UKI boot's (ukiEvents, then the word enter-initrd) and PCR 13 a
+// Kubernetes sysext's words: log mentions neither 11 nor 13, ukiLog and
+// userLog together replay both.
 type fixture struct {
-	sim *simulator.Simulator
-	ecc *client.Key // ECC P-256 AK, kept loaded
-	rsa *client.Key // RSA-2048 AK, kept loaded
-	log []byte
+	sim     *simulator.Simulator
+	ecc     *client.Key // ECC P-256 AK, kept loaded
+	rsa     *client.Key // RSA-2048 AK, kept loaded
+	log     []byte      // bootEvents
+	ukiLog  []byte      // bootEvents, then ukiEvents
+	userLog []byte      // fixtureWords, as vm-agent logs them
 }
 
 var (
@@ -49,17 +54,20 @@ func newFixture() (*fixture, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &fixture{sim: sim, log: buildLog(bootEvents, sha1Alg, sha256Alg)}
-	for _, e := range bootEvents {
+	f := &fixture{
+		sim:     sim,
+		log:     buildLog(bootEvents, sha1Alg, sha256Alg),
+		ukiLog:  buildLog(slices.Concat(bootEvents, ukiEvents()), sha1Alg, sha256Alg),
+		userLog: userLog(fixtureWords()...),
+	}
+	for _, e := range slices.Concat(bootEvents, ukiEvents()) {
 		if err := tpm2.PCREvent(sim, tpmutil.Handle(e.pcr), e.measured()); err != nil {
 			return nil, err
 		}
 	}
-	for pcr, words := range map[int][]string{11: {"enter-initrd"}, 13: {"os-separator", "kubernetes_v1.35.0.raw"}} {
-		for _, w := range words {
-			if err := tpm2.PCREvent(sim, tpmutil.Handle(pcr), []byte(w)); err != nil {
-				return nil, err
-			}
+	for _, w := range fixtureWords() {
+		if err := tpm2.PCREvent(sim, tpmutil.Handle(w.pcr), []byte(w.word)); err != nil {
+			return nil, err
 		}
 	}
 	if f.ecc, err = client.AttestationKeyECC(sim); err != nil {

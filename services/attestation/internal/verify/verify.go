@@ -1,8 +1,9 @@
 // Package verify is the cryptographic half of TPM quote verification
 // (contract §5.4 steps 4–10): it parses and checks the attest, the
 // attestation key and the signature, binds the quote to a nonce and to the
-// PCR values the guest sent, and replays an optional TCG event log against
-// the quoted PCRs. Policy, storage and nonce bookkeeping live elsewhere.
+// PCR values the guest sent, and replays the optional firmware and userspace
+// event logs against the quoted PCRs. Policy, storage and nonce bookkeeping
+// live elsewhere.
 package verify
 
 import (
@@ -38,6 +39,9 @@ type Quote struct {
 	// EventLog is binary_bios_measurements (TCG PC Client, crypto-agile);
 	// optional.
 	EventLog []byte
+	// UserspaceLog is the guest's tpm2-measure.log (gen/measure's format):
+	// the extends after the firmware's, e.g. boot phases; optional.
+	UserspaceLog []byte
 }
 
 // Result is what a verified quote proves.
@@ -48,10 +52,12 @@ type Result struct {
 	AKFingerprint string
 	// PCRs are exactly the quoted selection.
 	PCRs map[uint32][]byte
-	// Events are the event log's events of the quoted PCRs, in log order,
-	// when the log was given and replays to the quoted values.
+	// Events are the logs' events of the quoted PCRs, the event log's in
+	// its order, then the userspace log's, when the logs were given and
+	// replay to the quoted values. When only the userspace log does not,
+	// they are the event log's alone, if it replays by itself.
 	Events []Event
-	// EventLogError says why the given log was not usable. It never rejects
+	// EventLogError says why a given log was not usable. It never rejects
 	// the quote by itself.
 	EventLogError string
 }
@@ -61,8 +67,8 @@ type Result struct {
 // unmeasured fields and are hints for an operator.
 type Event struct {
 	PCR         uint32
-	Type        string // e.g. EV_EFI_BOOT_SERVICES_APPLICATION
-	Description string // firmware volume, variable name, file path, text or short hex
+	Type        string // e.g. EV_EFI_BOOT_SERVICES_APPLICATION, or TypeUserspace
+	Description string // firmware volume, variable name, file path, text or short hex; a userspace record's word
 	Digest      []byte // sha256
 }
 
@@ -184,13 +190,12 @@ func Check(q Quote, nonce []byte) (*Result, error) {
 		AKFingerprint: hex.EncodeToString(fp[:]),
 		PCRs:          pcrs,
 	}
-	if len(q.EventLog) > 0 {
-		events, err := replayLog(q.EventLog, pcrs)
+	if len(q.EventLog) > 0 || len(q.UserspaceLog) > 0 {
+		events, err := replayLogs(q.EventLog, q.UserspaceLog, pcrs)
 		if err != nil {
 			res.EventLogError = err.Error()
-		} else {
-			res.Events = events
 		}
+		res.Events = events
 	}
 	return res, nil
 }
