@@ -122,6 +122,11 @@ func (s *Server) VerifyQuote(_ context.Context, req *attestationv1.VerifyQuoteRe
 	case vm.AKFingerprint != res.AKFingerprint:
 		return reject(fmt.Sprintf("ak %s is not the vTPM key of vm %s (the host registered %s)", short(res.AKFingerprint), vm.ID, short(vm.AKFingerprint)))
 	}
+	// The firmware, by identity: its PCR 0 depends on the VM's memory and
+	// vCPUs, so the build is what golden values are tied to.
+	if reason := firmwareMismatch(pol.GetDocument(), vm.Firmware); reason != "" {
+		return reject(reason)
+	}
 	// 12–13. PCR 11 and the golden values.
 	var replayed []verify.Event
 	if res.EventLogError == "" {
@@ -138,7 +143,7 @@ func (s *Server) VerifyQuote(_ context.Context, req *attestationv1.VerifyQuoteRe
 		}
 		verdict.MismatchedEvents = slices.Concat(fromGolden, out.MismatchedEvents)
 		slices.SortStableFunc(verdict.MismatchedEvents, func(a, b *attestationv1.EventMismatch) int { return cmp.Compare(a.GetPcr(), b.GetPcr()) })
-		return reject(out.Reason + firmwareNote(pol.GetDocument(), vm.Firmware, out.Mismatched))
+		return reject(out.Reason)
 	}
 	verdict.Learned = out.Learned
 	verdict.LearnMode = s.opts.LearnGolden
@@ -275,26 +280,25 @@ func (s *Server) goldenEvents(image string) []verify.Event {
 	return ev
 }
 
-// firmwareNote explains a firmware PCR mismatch by a change of firmware build,
-// when the policy names the build its golden values came from.
-func firmwareNote(doc *structpb.Struct, running *store.Firmware, mismatched []uint32) string {
-	if running == nil || !slices.ContainsFunc(mismatched, func(i uint32) bool { return i == 0 || i == 7 }) {
-		return ""
-	}
+// firmwareMismatch refuses a VM that boots another firmware build than the
+// one the image's golden values were recorded on (golden_firmware.sha256),
+// when both are known.
+func firmwareMismatch(doc *structpb.Struct, running *store.Firmware) string {
 	golden := doc.GetFields()["golden_firmware"].GetStructValue().GetFields()
 	want := golden["sha256"].GetStringValue()
-	if want == "" || strings.EqualFold(want, running.SHA256) {
+	if want == "" || running == nil || running.SHA256 == "" || strings.EqualFold(want, running.SHA256) {
 		return ""
 	}
-	name := func(pkg, ver, sum string) string {
-		if pkg == "" {
-			return "sha256 " + short(sum)
-		}
-		return fmt.Sprintf("%s %s (sha256 %s)", pkg, ver, short(sum))
+	return fmt.Sprintf("firmware mismatch: the golden values were recorded on firmware %s, this vm boots %s",
+		firmwareName(golden["package"].GetStringValue(), golden["version"].GetStringValue(), want),
+		firmwareName(running.Package, running.Version, running.SHA256))
+}
+
+func firmwareName(pkg, ver, sum string) string {
+	if pkg == "" {
+		return "sha256 " + short(sum)
 	}
-	return fmt.Sprintf("; the golden values were recorded on firmware %s, this vm boots %s",
-		name(golden["package"].GetStringValue(), golden["version"].GetStringValue(), want),
-		name(running.Package, running.Version, running.SHA256))
+	return fmt.Sprintf("%s %s (sha256 %s)", pkg, ver, short(sum))
 }
 
 func hexPCRs(in map[uint32][]byte) map[uint32]string {

@@ -1,6 +1,7 @@
 package apiserver
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -227,8 +228,8 @@ func TestLearnModeLabelsItsVerdicts(t *testing.T) {
 	if err != nil {
 		t.Fatalf("RecordGolden without a policy: %v", err)
 	}
-	if got := p.GetGoldenPcrs(); len(got) != 8 || got[6] != 9 {
-		t.Errorf("golden pcrs %v, want 0,2,3,4,6,7,9,13", got)
+	if got := p.GetGoldenPcrs(); fmt.Sprint(got) != "[2 3 4 6 7 9 13]" {
+		t.Errorf("golden pcrs %v, want 2,3,4,6,7,9,13 (0 depends on the vm's memory and cpus)", got)
 	}
 	if f := p.GetDocument().GetFields(); f["image_id"].GetStringValue() != "flatcar" || f["image_version"].GetStringValue() != "4230.2.0" {
 		t.Errorf("created policy %v", f)

@@ -27,8 +27,10 @@ import (
 // DefaultMeasuredPCRs are what a measuring boot records: the firmware PCRs
 // attestation compares (docs/attestation.md), PCR 9 (the initrd the
 // kernel's EFI stub loaded) and PCR 12 (systemd-stub's command-line
-// overrides and credentials: none).
-const DefaultMeasuredPCRs = "0,2,3,4,6,7,9,12"
+// overrides and credentials: none). Not PCR 0: OVMF's depends on the VM's
+// memory size and vCPU count; the firmware is recorded by its identity
+// (golden_firmware) instead.
+const DefaultMeasuredPCRs = "2,3,4,6,7,9,12"
 
 func imageMeasureCommand(ia *imageArgs, stdout io.Writer) cli.Command {
 	return cli.Command{

@@ -10,7 +10,8 @@ import (
 )
 
 // SysupdateFile opens <image-dir>/sysupdate/<component>/<file>: one level, a
-// regular file, nothing that climbs out.
+// regular file, nothing that climbs out, by name or by symlink (os.Root: a
+// link inside the tree may point elsewhere inside it, never outside).
 func (s *Side) SysupdateFile(component, file string) (io.ReadSeekCloser, int64, error) {
 	for _, part := range []string{component, file} {
 		if part == "" || part == "." || part == ".." || strings.ContainsAny(part, "/\\\x00") {
@@ -20,7 +21,12 @@ func (s *Side) SysupdateFile(component, file string) (io.ReadSeekCloser, int64, 
 	if s.cfg.ImageDir == "" {
 		return nil, 0, apierr.Errorf(apierr.NotFound, "no image directory")
 	}
-	f, err := os.Open(filepath.Join(s.cfg.ImageDir, "sysupdate", component, file))
+	root, err := os.OpenRoot(filepath.Join(s.cfg.ImageDir, "sysupdate"))
+	if err != nil {
+		return nil, 0, apierr.Errorf(apierr.NotFound, "no such sysupdate file")
+	}
+	defer root.Close()
+	f, err := root.Open(filepath.Join(component, file))
 	if err != nil {
 		return nil, 0, apierr.Errorf(apierr.NotFound, "no such sysupdate file")
 	}

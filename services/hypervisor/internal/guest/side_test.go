@@ -216,6 +216,16 @@ func TestIMDSSysupdateTraversal(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Links: one inside the tree is followed, one out of it is not.
+	if err := os.Symlink("SHA256SUMS", filepath.Join(images, "sysupdate", "kubernetes", "inside")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../../secret", filepath.Join(images, "sysupdate", "kubernetes", "outside")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(images, "secret"), filepath.Join(images, "sysupdate", "kubernetes", "absolute")); err != nil {
+		t.Fatal(err)
+	}
 	h := imds.New(s.Network("net"), nil)
 	get := func(target string) *httptest.ResponseRecorder {
 		raw := "GET " + target + " HTTP/1.1\r\nHost: 169.254.169.254\r\n\r\n"
@@ -229,8 +239,10 @@ func TestIMDSSysupdateTraversal(t *testing.T) {
 		return w
 	}
 	base := imds.BasePath + "/sysupdate/"
-	if w := get(base + "kubernetes/SHA256SUMS"); w == nil || w.Code != 200 || w.Body.String() != "aa  k.raw\n" {
-		t.Fatalf("the sysupdate file itself: %v", w)
+	for _, name := range []string{"SHA256SUMS", "inside"} {
+		if w := get(base + "kubernetes/" + name); w == nil || w.Code != 200 || w.Body.String() != "aa  k.raw\n" {
+			t.Fatalf("the sysupdate file %s: %v", name, w)
+		}
 	}
 	for _, target := range []string{
 		base + "kubernetes/../secret",
@@ -249,6 +261,8 @@ func TestIMDSSysupdateTraversal(t *testing.T) {
 		base + "/etc/passwd",
 		base + "kubernetes//etc/passwd",
 		base + "kubernetes/..%5Csecret",
+		base + "kubernetes/outside",
+		base + "kubernetes/absolute",
 		base + "kubernetes/secret%00",
 		base + "kubernetes/.",
 		base + "kubernetes",
