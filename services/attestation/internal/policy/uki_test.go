@@ -57,6 +57,12 @@ func TestValidateUKI(t *testing.T) {
 			sub(m, "sysext")["1.31.4"] = strings.ToUpper(sub(m, "sysext")["1.31.4"].(string))
 		}},
 		{name: "sections without pcr11", mutate: func(m map[string]any) { delete(m, "pcr11") }},
+		{name: "authenticode of the applications", mutate: func(m map[string]any) {
+			sub(m, "uki")["authenticode"] = map[string]any{"uki": hex32('a'), "linux": hex32('b')}
+		}},
+		{name: "authenticode not hex", mutate: func(m map[string]any) {
+			sub(m, "uki")["authenticode"] = map[string]any{"uki": "zz"}
+		}, field: "document.uki.authenticode", msg: `uki.authenticode["uki"] is not 32 bytes of hex`},
 		{name: "sysext for a version pcr13 lacks", mutate: func(m map[string]any) { sub(m, "sysext")["1.32.0"] = hex32('a') }},
 		{name: "uki without sections", mutate: func(m map[string]any) { m["uki"] = map[string]any{} }},
 		{name: "uki as a file name", mutate: func(m map[string]any) { m["uki"] = "flatcar_4230.2.0.efi" }},
