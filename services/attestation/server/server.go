@@ -35,6 +35,8 @@ type Config struct {
 	// nobody has vouched for.
 	LearnGolden             bool
 	LearnGoldenAcknowledged bool
+	// MaxNonces bounds the nonces all guests hold together (0: the default).
+	MaxNonces int
 	// Identity, with an issuer, requires every AttestationService call to
 	// carry a valid token (the gateway forwards the caller's) and records the
 	// caller on golden recordings. Health and reflection stay open. The
@@ -46,7 +48,7 @@ type Config struct {
 
 // Run serves until ctx ends.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
-	opts := apiserver.Options{LearnGolden: cfg.LearnGolden, Log: log}
+	opts := apiserver.Options{LearnGolden: cfg.LearnGolden, Log: log, MaxNonces: cfg.MaxNonces}
 	switch cfg.Mode {
 	case "verify", "":
 		opts.Mode = attestationv1.Mode_MODE_VERIFY
@@ -61,6 +63,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if cfg.LearnGolden && !cfg.LearnGoldenAcknowledged {
 		return fmt.Errorf("--attestation-learn-golden accepts every PCR without a golden value, so VMs of an image without golden values get their user-data from boots nobody has vouched for; " +
 			"set --attestation-learn-golden-acknowledge (VM_MANAGER_ATTESTATION_LEARN_GOLDEN_ACKNOWLEDGE=true) as well to confirm, for as long as it takes to record golden values")
+	}
+	if cfg.MaxNonces < 0 {
+		return fmt.Errorf("--max-nonces=%d: want a positive number (0: the default)", cfg.MaxNonces)
 	}
 	if cfg.VerifierSocket == "" {
 		return fmt.Errorf("the verifier socket is required")
@@ -80,7 +85,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		log.Warn(w)
 	}
 
-	api := apiserver.New(st, opts)
+	api, err := apiserver.New(st, opts)
+	if err != nil {
+		return err
+	}
 	// Two servers: what the gateway may dial (every call verified), and
 	// what only the hypervisor may (on a socket outside the runtime
 	// directory).

@@ -608,7 +608,9 @@ type AttestationStatus struct {
 	// Human-readable warnings, e.g. that learn mode accepts unknown firmware.
 	Warnings []string `protobuf:"bytes,3,rep,name=warnings,proto3" json:"warnings,omitempty"`
 	// How many image policies are stored.
-	PolicyCount   uint32 `protobuf:"varint,4,opt,name=policy_count,json=policyCount,proto3" json:"policy_count,omitempty"`
+	PolicyCount uint32 `protobuf:"varint,4,opt,name=policy_count,json=policyCount,proto3" json:"policy_count,omitempty"`
+	// The nonces guests hold, kept in memory: counted since attestation started.
+	Nonces        *NonceStats `protobuf:"bytes,5,opt,name=nonces,proto3" json:"nonces,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -671,6 +673,115 @@ func (x *AttestationStatus) GetPolicyCount() uint32 {
 	return 0
 }
 
+func (x *AttestationStatus) GetNonces() *NonceStats {
+	if x != nil {
+		return x.Nonces
+	}
+	return nil
+}
+
+// NonceStats counts attestation nonces since the service started. Nonces are
+// not written to disk: a restart loses the outstanding ones, and a guest that
+// submits one is told to fetch a new one.
+type NonceStats struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Issued, not yet used, dropped or swept.
+	Outstanding uint32 `protobuf:"varint,1,opt,name=outstanding,proto3" json:"outstanding,omitempty"`
+	// The bound on outstanding nonces of all VMs together (--max-nonces).
+	Limit  uint32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	Issued uint64 `protobuf:"varint,3,opt,name=issued,proto3" json:"issued,omitempty"`
+	// A VM's oldest, dropped when it asked for a 9th.
+	DroppedPerVm uint64 `protobuf:"varint,4,opt,name=dropped_per_vm,json=droppedPerVm,proto3" json:"dropped_per_vm,omitempty"`
+	// The host's oldest, dropped at the limit.
+	DroppedAtLimit uint64 `protobuf:"varint,5,opt,name=dropped_at_limit,json=droppedAtLimit,proto3" json:"dropped_at_limit,omitempty"`
+	// Unused for 5 minutes and swept.
+	Expired uint64 `protobuf:"varint,6,opt,name=expired,proto3" json:"expired,omitempty"`
+	// Quotes on a nonce an earlier run of the service issued: answered
+	// unavailable, and the guest retries with a new one.
+	LostInRestart uint64 `protobuf:"varint,7,opt,name=lost_in_restart,json=lostInRestart,proto3" json:"lost_in_restart,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NonceStats) Reset() {
+	*x = NonceStats{}
+	mi := &file_vmmanager_attestation_v1_attestation_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NonceStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NonceStats) ProtoMessage() {}
+
+func (x *NonceStats) ProtoReflect() protoreflect.Message {
+	mi := &file_vmmanager_attestation_v1_attestation_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NonceStats.ProtoReflect.Descriptor instead.
+func (*NonceStats) Descriptor() ([]byte, []int) {
+	return file_vmmanager_attestation_v1_attestation_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *NonceStats) GetOutstanding() uint32 {
+	if x != nil {
+		return x.Outstanding
+	}
+	return 0
+}
+
+func (x *NonceStats) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *NonceStats) GetIssued() uint64 {
+	if x != nil {
+		return x.Issued
+	}
+	return 0
+}
+
+func (x *NonceStats) GetDroppedPerVm() uint64 {
+	if x != nil {
+		return x.DroppedPerVm
+	}
+	return 0
+}
+
+func (x *NonceStats) GetDroppedAtLimit() uint64 {
+	if x != nil {
+		return x.DroppedAtLimit
+	}
+	return 0
+}
+
+func (x *NonceStats) GetExpired() uint64 {
+	if x != nil {
+		return x.Expired
+	}
+	return 0
+}
+
+func (x *NonceStats) GetLostInRestart() uint64 {
+	if x != nil {
+		return x.LostInRestart
+	}
+	return 0
+}
+
 // FirmwareBuild identifies an OVMF build: golden PCRs 0 and 7 depend on it.
 type FirmwareBuild struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -685,7 +796,7 @@ type FirmwareBuild struct {
 
 func (x *FirmwareBuild) Reset() {
 	*x = FirmwareBuild{}
-	mi := &file_vmmanager_attestation_v1_attestation_proto_msgTypes[5]
+	mi := &file_vmmanager_attestation_v1_attestation_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -697,7 +808,7 @@ func (x *FirmwareBuild) String() string {
 func (*FirmwareBuild) ProtoMessage() {}
 
 func (x *FirmwareBuild) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_attestation_v1_attestation_proto_msgTypes[5]
+	mi := &file_vmmanager_attestation_v1_attestation_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -710,7 +821,7 @@ func (x *FirmwareBuild) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FirmwareBuild.ProtoReflect.Descriptor instead.
 func (*FirmwareBuild) Descriptor() ([]byte, []int) {
-	return file_vmmanager_attestation_v1_attestation_proto_rawDescGZIP(), []int{5}
+	return file_vmmanager_attestation_v1_attestation_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *FirmwareBuild) GetSha256() string {
@@ -779,12 +890,22 @@ const file_vmmanager_attestation_v1_attestation_proto_rawDesc = "" +
 	"\x11golden_updated_by\x18\a \x01(\tB\x03\xe0A\x03R\x0fgoldenUpdatedBy\x12$\n" +
 	"\vgolden_pcrs\x18\b \x03(\rB\x03\xe0A\x03R\n" +
 	"goldenPcrs:\\\xeaAY\n" +
-	"$vm-manager.giantswarm.io/ImagePolicy\x12\x15images/{image}/policy*\rimagePolicies2\vimagePolicy\"\xbd\x01\n" +
+	"$vm-manager.giantswarm.io/ImagePolicy\x12\x15images/{image}/policy*\rimagePolicies2\vimagePolicy\"\x80\x02\n" +
 	"\x11AttestationStatus\x127\n" +
 	"\x04mode\x18\x01 \x01(\x0e2\x1e.vmmanager.attestation.v1.ModeB\x03\xe0A\x03R\x04mode\x12&\n" +
 	"\flearn_golden\x18\x02 \x01(\bB\x03\xe0A\x03R\vlearnGolden\x12\x1f\n" +
 	"\bwarnings\x18\x03 \x03(\tB\x03\xe0A\x03R\bwarnings\x12&\n" +
-	"\fpolicy_count\x18\x04 \x01(\rB\x03\xe0A\x03R\vpolicyCount\"[\n" +
+	"\fpolicy_count\x18\x04 \x01(\rB\x03\xe0A\x03R\vpolicyCount\x12A\n" +
+	"\x06nonces\x18\x05 \x01(\v2$.vmmanager.attestation.v1.NonceStatsB\x03\xe0A\x03R\x06nonces\"\xee\x01\n" +
+	"\n" +
+	"NonceStats\x12 \n" +
+	"\voutstanding\x18\x01 \x01(\rR\voutstanding\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\rR\x05limit\x12\x16\n" +
+	"\x06issued\x18\x03 \x01(\x04R\x06issued\x12$\n" +
+	"\x0edropped_per_vm\x18\x04 \x01(\x04R\fdroppedPerVm\x12(\n" +
+	"\x10dropped_at_limit\x18\x05 \x01(\x04R\x0edroppedAtLimit\x12\x18\n" +
+	"\aexpired\x18\x06 \x01(\x04R\aexpired\x12&\n" +
+	"\x0flost_in_restart\x18\a \x01(\x04R\rlostInRestart\"[\n" +
 	"\rFirmwareBuild\x12\x16\n" +
 	"\x06sha256\x18\x01 \x01(\tR\x06sha256\x12\x18\n" +
 	"\apackage\x18\x02 \x01(\tR\apackage\x12\x18\n" +
@@ -815,7 +936,7 @@ func file_vmmanager_attestation_v1_attestation_proto_rawDescGZIP() []byte {
 }
 
 var file_vmmanager_attestation_v1_attestation_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_vmmanager_attestation_v1_attestation_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_vmmanager_attestation_v1_attestation_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_vmmanager_attestation_v1_attestation_proto_goTypes = []any{
 	(Stage)(0),                    // 0: vmmanager.attestation.v1.Stage
 	(AkOrigin)(0),                 // 1: vmmanager.attestation.v1.AkOrigin
@@ -825,28 +946,30 @@ var file_vmmanager_attestation_v1_attestation_proto_goTypes = []any{
 	(*EventMismatch)(nil),         // 5: vmmanager.attestation.v1.EventMismatch
 	(*ImagePolicy)(nil),           // 6: vmmanager.attestation.v1.ImagePolicy
 	(*AttestationStatus)(nil),     // 7: vmmanager.attestation.v1.AttestationStatus
-	(*FirmwareBuild)(nil),         // 8: vmmanager.attestation.v1.FirmwareBuild
-	nil,                           // 9: vmmanager.attestation.v1.Quote.PcrsEntry
-	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 11: google.protobuf.Struct
+	(*NonceStats)(nil),            // 8: vmmanager.attestation.v1.NonceStats
+	(*FirmwareBuild)(nil),         // 9: vmmanager.attestation.v1.FirmwareBuild
+	nil,                           // 10: vmmanager.attestation.v1.Quote.PcrsEntry
+	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 12: google.protobuf.Struct
 }
 var file_vmmanager_attestation_v1_attestation_proto_depIdxs = []int32{
-	10, // 0: vmmanager.attestation.v1.Attestation.nonce_issued_at:type_name -> google.protobuf.Timestamp
+	11, // 0: vmmanager.attestation.v1.Attestation.nonce_issued_at:type_name -> google.protobuf.Timestamp
 	4,  // 1: vmmanager.attestation.v1.Attestation.initrd:type_name -> vmmanager.attestation.v1.Quote
 	4,  // 2: vmmanager.attestation.v1.Attestation.ready:type_name -> vmmanager.attestation.v1.Quote
 	1,  // 3: vmmanager.attestation.v1.Attestation.ak_origin:type_name -> vmmanager.attestation.v1.AkOrigin
-	10, // 4: vmmanager.attestation.v1.Quote.at:type_name -> google.protobuf.Timestamp
-	9,  // 5: vmmanager.attestation.v1.Quote.pcrs:type_name -> vmmanager.attestation.v1.Quote.PcrsEntry
+	11, // 4: vmmanager.attestation.v1.Quote.at:type_name -> google.protobuf.Timestamp
+	10, // 5: vmmanager.attestation.v1.Quote.pcrs:type_name -> vmmanager.attestation.v1.Quote.PcrsEntry
 	5,  // 6: vmmanager.attestation.v1.Quote.mismatched_events:type_name -> vmmanager.attestation.v1.EventMismatch
-	11, // 7: vmmanager.attestation.v1.ImagePolicy.document:type_name -> google.protobuf.Struct
-	10, // 8: vmmanager.attestation.v1.ImagePolicy.import_time:type_name -> google.protobuf.Timestamp
-	10, // 9: vmmanager.attestation.v1.ImagePolicy.golden_update_time:type_name -> google.protobuf.Timestamp
+	12, // 7: vmmanager.attestation.v1.ImagePolicy.document:type_name -> google.protobuf.Struct
+	11, // 8: vmmanager.attestation.v1.ImagePolicy.import_time:type_name -> google.protobuf.Timestamp
+	11, // 9: vmmanager.attestation.v1.ImagePolicy.golden_update_time:type_name -> google.protobuf.Timestamp
 	2,  // 10: vmmanager.attestation.v1.AttestationStatus.mode:type_name -> vmmanager.attestation.v1.Mode
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	8,  // 11: vmmanager.attestation.v1.AttestationStatus.nonces:type_name -> vmmanager.attestation.v1.NonceStats
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_vmmanager_attestation_v1_attestation_proto_init() }
@@ -860,7 +983,7 @@ func file_vmmanager_attestation_v1_attestation_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vmmanager_attestation_v1_attestation_proto_rawDesc), len(file_vmmanager_attestation_v1_attestation_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

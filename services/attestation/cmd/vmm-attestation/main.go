@@ -13,6 +13,7 @@ import (
 	"github.com/giantswarm/vm-manager/pkg/logging"
 	"github.com/giantswarm/vm-manager/pkg/mesh"
 	"github.com/giantswarm/vm-manager/pkg/statedir"
+	"github.com/giantswarm/vm-manager/services/attestation/internal/nonce"
 	"github.com/giantswarm/vm-manager/services/attestation/server"
 )
 
@@ -28,6 +29,7 @@ func main() {
 			mode := fs.String("attestation", "VM_MANAGER_ATTESTATION", "verify", "verify quotes against policy, or noop (accept any quote with a valid nonce)")
 			learn := fs.Bool("attestation-learn-golden", "VM_MANAGER_ATTESTATION_LEARN_GOLDEN", false, "accept PCRs without a golden value and report them as learned (needs --attestation-learn-golden-acknowledge)")
 			learnAck := fs.Bool("attestation-learn-golden-acknowledge", "VM_MANAGER_ATTESTATION_LEARN_GOLDEN_ACKNOWLEDGE", false, "confirm learn mode: boots nobody has vouched for get their user-data while it is on")
+			maxNonces := fs.Int("max-nonces", "VM_MANAGER_MAX_NONCES", nonce.DefaultMax, "outstanding attestation nonces of all VMs together, kept in memory; at the bound the oldest is dropped (counted in GET /api/v1/attestation)")
 			oidc := identity.Flags(fs)
 			logger := logging.Flags(fs, "info", "attestation")
 			return func(ctx context.Context) error {
@@ -38,7 +40,7 @@ func main() {
 				sock := cmp.Or(*socket, filepath.Join(*runDir, mesh.AttestationSocket))
 				vsock := cmp.Or(*verifierSocket, filepath.Join(*stateDir, mesh.VerifierSocket))
 				return server.Run(ctx, server.Config{StateDir: *stateDir, Socket: sock, VerifierSocket: vsock, Mode: *mode,
-					LearnGolden: *learn, LearnGoldenAcknowledged: *learnAck, Identity: oidc()}, log)
+					LearnGolden: *learn, LearnGoldenAcknowledged: *learnAck, MaxNonces: *maxNonces, Identity: oidc()}, log)
 			}
 		},
 	}))

@@ -14,6 +14,7 @@ import (
 	"github.com/giantswarm/vm-manager/gen/apierr"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	"github.com/giantswarm/vm-manager/pkg/identity"
+	"github.com/giantswarm/vm-manager/services/attestation/internal/nonce"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/policy"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/store"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/verify"
@@ -28,25 +29,43 @@ type Options struct {
 	LearnGolden bool
 	// Log receives verdicts and learn-mode warnings; nil discards them.
 	Log *slog.Logger
+	// MaxNonces bounds the outstanding nonces of all VMs together; 0 is
+	// nonce.DefaultMax.
+	MaxNonces int
 }
 
 // Server implements both services.
 type Server struct {
 	attestationv1.UnimplementedAttestationServiceServer
 	attestationv1.UnimplementedVerifierServiceServer
-	store *store.Store
-	opts  Options
-	log   *slog.Logger
-	now   func() time.Time
+	store  *store.Store
+	nonces *nonce.Store
+	opts   Options
+	log    *slog.Logger
+	now    func() time.Time
 }
 
-// New returns the services over a store.
-func New(st *store.Store, opts Options) *Server {
+// New returns the services over a store, with no nonce outstanding.
+func New(st *store.Store, opts Options) (*Server, error) {
 	log := opts.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Server{store: st, opts: opts, log: log, now: time.Now}
+	s := &Server{store: st, opts: opts, log: log, now: time.Now}
+	if err := s.resetNonces(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// resetNonces starts an empty nonce store on s.now, as a restart does.
+func (s *Server) resetNonces() error {
+	key, err := s.store.NonceKey()
+	if err != nil {
+		return err
+	}
+	s.nonces, err = nonce.New(nonce.Options{Key: key, Max: s.opts.MaxNonces, Now: func() time.Time { return s.now() }})
+	return err
 }
 
 var (
@@ -78,7 +97,12 @@ func (s *Server) GetAttestationStatus(context.Context, *attestationv1.GetAttesta
 	if err != nil {
 		return nil, err
 	}
-	return &attestationv1.AttestationStatus{Mode: s.opts.Mode, LearnGolden: s.opts.LearnGolden, Warnings: s.opts.Warnings(), PolicyCount: uint32(n)}, nil
+	ns := s.nonces.Stats()
+	return &attestationv1.AttestationStatus{Mode: s.opts.Mode, LearnGolden: s.opts.LearnGolden, Warnings: s.opts.Warnings(), PolicyCount: uint32(n),
+		Nonces: &attestationv1.NonceStats{
+			Outstanding: uint32(ns.Outstanding), Limit: uint32(ns.Max), Issued: ns.Issued, Expired: ns.Expired,
+			DroppedPerVm: ns.DroppedPerVM, DroppedAtLimit: ns.DroppedAtMax, LostInRestart: ns.Lost,
+		}}, nil
 }
 
 func (s *Server) ListImagePolicies(context.Context, *attestationv1.ListImagePoliciesRequest) (*attestationv1.ListImagePoliciesResponse, error) {
@@ -179,8 +203,12 @@ func (s *Server) GetVirtualMachineAttestation(_ context.Context, req *attestatio
 	if !vmID.MatchString(req.GetId()) {
 		return nil, apierr.Errorf(apierr.NotFound, "vm %q not found", req.GetId())
 	}
-	_, att, err := s.store.GetVM(req.GetId())
-	return att, err
+	vm, att, err := s.store.GetVM(req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	s.noteNonce(vm.ID, att)
+	return att, nil
 }
 
 // BeginBoot starts a new boot's verdicts and registers the attestation key
@@ -231,5 +259,6 @@ func (s *Server) ForgetVirtualMachine(_ context.Context, req *attestationv1.Forg
 	if err := s.store.DeleteVM(req.GetVmId()); err != nil {
 		return nil, err
 	}
+	s.nonces.Forget(req.GetVmId())
 	return &attestationv1.ForgetVirtualMachineResponse{}, nil
 }

@@ -55,10 +55,23 @@ func newServer(t *testing.T, path string, opts Options) (*Server, *store.Store, 
 		t.Fatalf("store.Open: %v", err)
 	}
 	t.Cleanup(func() { st.Close() })
-	s := New(st, opts)
 	c := &clock{t: time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)}
+	s := mustNew(t, st, opts)
 	s.now = c.now
+	if err := s.resetNonces(); err != nil { // on the test's clock
+		t.Fatal(err)
+	}
+	c.t = c.t.Add(-time.Second) // that read it once; the tests count from here
 	return s, st, c
+}
+
+func mustNew(t *testing.T, st *store.Store, opts Options) *Server {
+	t.Helper()
+	s, err := New(st, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 func tempDB(t *testing.T) string { return filepath.Join(t.TempDir(), "attestation.db") }
@@ -79,7 +92,7 @@ func TestStoreSurvivesReopen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := New(st, Options{})
+	s := mustNew(t, st, Options{})
 	imported, err := s.ImportImagePolicy(ctx, &attestationv1.ImportImagePolicyRequest{Image: img, Document: policyDoc(t, true, '1')})
 	if err != nil {
 		t.Fatal(err)
@@ -101,7 +114,7 @@ func TestStoreSurvivesReopen(t *testing.T) {
 		t.Fatalf("reopen: %v", err)
 	}
 	defer st.Close()
-	s = New(st, Options{})
+	s = mustNew(t, st, Options{})
 	got, err := s.GetImagePolicy(ctx, &attestationv1.GetImagePolicyRequest{Image: img})
 	if err != nil {
 		t.Fatalf("Get after reopen: %v", err)
@@ -131,11 +144,11 @@ func TestGetAttestationStatus(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	if _, err := New(st, Options{}).ImportImagePolicy(ctx, &attestationv1.ImportImagePolicyRequest{Image: img, Document: policyDoc(t, false, 0)}); err != nil {
+	if _, err := mustNew(t, st, Options{}).ImportImagePolicy(ctx, &attestationv1.ImportImagePolicyRequest{Image: img, Document: policyDoc(t, false, 0)}); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range cases {
-		resp, err := New(st, c.opts).GetAttestationStatus(ctx, &attestationv1.GetAttestationStatusRequest{})
+		resp, err := mustNew(t, st, c.opts).GetAttestationStatus(ctx, &attestationv1.GetAttestationStatusRequest{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -3,18 +3,17 @@ package apiserver
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
 	"encoding/hex"
 	"fmt"
 	"maps"
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	"github.com/giantswarm/vm-manager/pkg/identity"
+	"github.com/giantswarm/vm-manager/services/attestation/internal/nonce"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/policy"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/store"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/verify"
@@ -23,34 +22,31 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
-// Nonce rules (contract §5.1).
-const (
-	NonceSize      = 32
-	NonceTTL       = 5 * time.Minute
-	MaxOutstanding = 8
-)
-
 // IssueNonce hands out a single-use nonce bound to the VM's current boot. It
-// is stored in bbolt, so an attestation restart does not strand a guest.
+// is kept in memory and nothing is written: a guest asks as often as it likes.
 func (s *Server) IssueNonce(_ context.Context, req *attestationv1.IssueNonceRequest) (*attestationv1.IssueNonceResponse, error) {
 	vm, att, err := s.store.GetVM(req.GetVmId())
 	if err != nil {
 		return nil, err
 	}
-	nonce := make([]byte, NonceSize)
-	if _, err := rand.Read(nonce); err != nil {
+	n, expires, err := s.nonces.Issue(vm.ID, att.GetBoot())
+	if err != nil {
 		return nil, err
 	}
-	now := s.now()
-	n := store.Nonce{Boot: att.GetBoot(), Issued: now, Expires: now.Add(NonceTTL)}
-	if err := s.store.AddNonce(vm.ID, nonce, n, now, MaxOutstanding); err != nil {
-		return nil, err
+	return &attestationv1.IssueNonceResponse{Nonce: n, ExpireTime: timestamppb.New(expires), Boot: att.GetBoot()}, nil
+}
+
+// ErrNonceLost answers a quote on a nonce an earlier run of the service
+// issued: unavailable, so vm-agent retries with a new nonce (a 403 verdict
+// would be final, and the user-data of a VM that requires attestation would
+// stay gated). Nothing is recorded.
+var ErrNonceLost = apierr.Errorf(apierr.Unavailable, "the nonce was issued before attestation restarted and is gone with it: fetch a new one")
+
+// noteNonce sets nonceIssuedAt from the nonces this run issued for the boot.
+func (s *Server) noteNonce(vmID string, att *attestationv1.Attestation) {
+	if at, ok := s.nonces.LastIssued(vmID, att.GetBoot()); ok && (att.GetNonceIssuedAt() == nil || at.After(att.GetNonceIssuedAt().AsTime())) {
+		att.NonceIssuedAt = timestamppb.New(at)
 	}
-	att.NonceIssuedAt = timestamppb.New(now)
-	if err := s.store.PutVM(vm, att); err != nil {
-		return nil, err
-	}
-	return &attestationv1.IssueNonceResponse{Nonce: nonce, ExpireTime: timestamppb.New(n.Expires), Boot: n.Boot}, nil
 }
 
 // VerifyQuote runs the contract's verification steps in order; the first
@@ -73,11 +69,11 @@ func (s *Server) VerifyQuote(_ context.Context, req *attestationv1.VerifyQuoteRe
 
 	// 1. The nonce: issued to this VM for this boot, unexpired, unused. Any
 	// attempt uses it up.
-	n, ok, err := s.store.ConsumeNonce(vm.ID, req.GetNonce(), now)
-	if err != nil {
-		return nil, err
-	}
-	if !ok || n.Boot != att.GetBoot() {
+	switch s.nonces.Consume(vm.ID, att.GetBoot(), req.GetNonce()) {
+	case nonce.Lost:
+		s.log.Info("quote on a nonce lost in a restart of attestation: the guest is told to fetch a new one", "vm", vm.ID, "stage", stage.String())
+		return nil, ErrNonceLost
+	case nonce.Unknown:
 		return reject("unknown or expired nonce")
 	}
 	if s.opts.Mode == attestationv1.Mode_MODE_NOOP {
@@ -187,6 +183,7 @@ func (s *Server) record(vm *store.VM, att *attestationv1.Attestation, stage atte
 	if q.GetVerified() || !(*slot).GetVerified() {
 		*slot = q
 	}
+	s.noteNonce(vm.ID, att)
 	if err := s.store.PutVM(vm, att); err != nil {
 		return nil, err
 	}

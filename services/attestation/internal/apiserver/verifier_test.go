@@ -235,7 +235,7 @@ func TestLearnModeLabelsItsVerdicts(t *testing.T) {
 		t.Errorf("created policy %v", f)
 	}
 	// Learn mode off: the verdicts it produced keep their label.
-	s2 := New(st, Options{Mode: attestationv1.Mode_MODE_VERIFY})
+	s2 := mustNew(t, st, Options{Mode: attestationv1.Mode_MODE_VERIFY})
 	a, err := s2.GetVirtualMachineAttestation(ctx, &attestationv1.GetVirtualMachineAttestationRequest{Id: vmA})
 	if err != nil || !a.GetInitrd().GetLearnMode() || !a.GetReady().GetLearnMode() {
 		t.Errorf("after learn mode: %v %v", a, err)

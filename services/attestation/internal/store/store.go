@@ -1,5 +1,7 @@
 // Package store keeps the attestation service's state in bbolt, so a restart
-// loses no policy, pin or verdict.
+// loses no policy, pin or verdict. Nonces are not here: they live in memory
+// (internal/nonce), since an fsync per nonce let one guest slow every VM's
+// verdict writes.
 //
 // Bucket layout (schema "attestation"):
 //
@@ -8,11 +10,11 @@
 //	vms/<vm id>        VM, JSON: image, Kubernetes version, the AK whose
 //	                   quotes count and its origin, and the current boot's
 //	                   attestationv1.Attestation
-//	nonces/<vm id>/<nonce hex>
-//	                   Nonce, JSON: the boot it belongs to and its expiry
 //	golden-events/<image>
 //	                   the event log of the boot golden values were recorded
 //	                   from, JSON, to name the events a mismatch differs in
+//	keys/nonce-mac     32 random bytes: the MAC key nonces carry, so a nonce
+//	                   an earlier run issued is told from a forged one
 //
 // Version history:
 //
@@ -21,14 +23,15 @@
 //	   booting guest), golden-events
 //	3  vms/*.akOrigin: keys pinned before host provisioning are marked
 //	   "first_use" (the first verified initrd quote pinned them)
+//	4  nonces dropped (in memory again, each telling a restart's loss from
+//	   a forgery, so the guest retries), keys/nonce-mac
 package store
 
 import (
-	"encoding/hex"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sort"
 	"time"
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
@@ -43,8 +46,10 @@ import (
 var (
 	bucketPolicies = []byte("policies")
 	bucketVMs      = []byte("vms")
-	bucketNonces   = []byte("nonces")
+	bucketNonces   = []byte("nonces") // versions 2 and 3
 	bucketGoldenEv = []byte("golden-events")
+	bucketKeys     = []byte("keys")
+	keyNonceMAC    = []byte("nonce-mac")
 )
 
 // Schema is the attestation database's layout and migrations.
@@ -54,6 +59,7 @@ var Schema = boltdb.Schema{
 		{Version: 1, Description: "policies and vms buckets", Apply: boltdb.CreateBuckets(bucketPolicies, bucketVMs)},
 		{Version: 2, Description: "nonces and golden-events buckets", Apply: boltdb.CreateBuckets(bucketNonces, bucketGoldenEv)},
 		{Version: 3, Description: "mark keys pinned on first use", Apply: markFirstUse},
+		{Version: 4, Description: "nonces in memory: drop the nonces bucket, add the nonce MAC key", Apply: ephemeralNonces},
 	},
 }
 
@@ -96,6 +102,26 @@ func markFirstUse(tx *bolt.Tx) error {
 		}
 	}
 	return nil
+}
+
+// ephemeralNonces drops the outstanding nonces (a guest holding one retries
+// with a new one) and makes the key nonces are authenticated with.
+func ephemeralNonces(tx *bolt.Tx) error {
+	if err := tx.DeleteBucket(bucketNonces); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
+		return err
+	}
+	b, err := tx.CreateBucketIfNotExists(bucketKeys)
+	if err != nil {
+		return err
+	}
+	if b.Get(keyNonceMAC) != nil {
+		return nil
+	}
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		return err
+	}
+	return b.Put(keyNonceMAC, key)
 }
 
 // VM is what attestation knows about one VM.
@@ -231,14 +257,22 @@ func (s *Store) PutVM(vm *VM, att *attestationv1.Attestation) error {
 	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketVMs).Put([]byte(vm.ID), raw) })
 }
 
-// DeleteVM forgets a VM: record, pin, verdicts and nonces.
+// DeleteVM forgets a VM: record, pin and verdicts.
 func (s *Store) DeleteVM(id string) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
-		if err := tx.Bucket(bucketNonces).DeleteBucket([]byte(id)); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
-			return err
+	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketVMs).Delete([]byte(id)) })
+}
+
+// NonceKey returns the key nonces are authenticated with.
+func (s *Store) NonceKey() ([]byte, error) {
+	var key []byte
+	err := s.db.View(func(tx *bolt.Tx) error {
+		key = append(key, tx.Bucket(bucketKeys).Get(keyNonceMAC)...)
+		if len(key) == 0 {
+			return errors.New("attestation.db has no nonce key")
 		}
-		return tx.Bucket(bucketVMs).Delete([]byte(id))
+		return nil
 	})
+	return key, err
 }
 
 // PutGoldenEvents keeps the event log golden values were recorded from.
@@ -260,94 +294,6 @@ func (s *Store) GoldenEvents(image string) ([]verify.Event, error) {
 		return nil
 	})
 	return ev, err
-}
-
-// Nonce is an outstanding nonce.
-type Nonce struct {
-	Boot    uint64    `json:"boot"`
-	Issued  time.Time `json:"issued"`
-	Expires time.Time `json:"expires"`
-}
-
-// AddNonce stores a nonce for a VM, sweeping expired ones and keeping at
-// most max outstanding (the oldest go first).
-func (s *Store) AddNonce(vmID string, nonce []byte, n Nonce, now time.Time, max int) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
-		b, err := tx.Bucket(bucketNonces).CreateBucketIfNotExists([]byte(vmID))
-		if err != nil {
-			return err
-		}
-		type entry struct {
-			key    []byte
-			issued time.Time
-		}
-		var live []entry
-		var dead [][]byte
-		if err := b.ForEach(func(k, v []byte) error {
-			var old Nonce
-			if json.Unmarshal(v, &old) != nil || !now.Before(old.Expires) {
-				dead = append(dead, append([]byte(nil), k...))
-				return nil
-			}
-			live = append(live, entry{append([]byte(nil), k...), old.Issued})
-			return nil
-		}); err != nil {
-			return err
-		}
-		sort.Slice(live, func(i, j int) bool { return live[i].issued.Before(live[j].issued) })
-		for len(live) >= max {
-			dead = append(dead, live[0].key)
-			live = live[1:]
-		}
-		for _, k := range dead {
-			if err := b.Delete(k); err != nil {
-				return err
-			}
-		}
-		raw, err := json.Marshal(n)
-		if err != nil {
-			return err
-		}
-		return b.Put([]byte(hex.EncodeToString(nonce)), raw)
-	})
-}
-
-// ConsumeNonce deletes a nonce (any attempt uses it up) and returns it if it
-// was outstanding and unexpired.
-func (s *Store) ConsumeNonce(vmID string, nonce []byte, now time.Time) (*Nonce, bool, error) {
-	var n Nonce
-	ok := false
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketNonces).Bucket([]byte(vmID))
-		if b == nil {
-			return nil
-		}
-		key := []byte(hex.EncodeToString(nonce))
-		raw := b.Get(key)
-		if raw == nil {
-			return nil
-		}
-		if err := b.Delete(key); err != nil {
-			return err
-		}
-		if json.Unmarshal(raw, &n) == nil && now.Before(n.Expires) {
-			ok = true
-		}
-		return nil
-	})
-	return &n, ok, err
-}
-
-// NonceCount counts a VM's stored nonces, expired ones included.
-func (s *Store) NonceCount(vmID string) int {
-	n := 0
-	_ = s.db.View(func(tx *bolt.Tx) error {
-		if b := tx.Bucket(bucketNonces).Bucket([]byte(vmID)); b != nil {
-			n = b.Stats().KeyN
-		}
-		return nil
-	})
-	return n
 }
 
 // PolicyCount counts stored policies.

@@ -2,16 +2,18 @@ package store
 
 import (
 	"bytes"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	"github.com/giantswarm/vm-manager/pkg/boltdb"
+	bolt "go.etcd.io/bbolt"
 )
 
 // TestMigrationFromVersion1 opens a database written by a version-1 binary
-// (policies and vms, nonces in memory): the data stays, nonces work.
+// (policies and vms, nonces in memory): the data stays, a nonce key is made.
 func TestMigrationFromVersion1(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "attestation.db")
 	v1 := boltdb.Schema{Name: Schema.Name, Migrations: Schema.Migrations[:1]}
@@ -37,16 +39,8 @@ func TestMigrationFromVersion1(t *testing.T) {
 	if err != nil || vm.AKFingerprint != "ab" || att.GetBoot() != 3 {
 		t.Fatalf("vm after migration: %+v %v %v", vm, att, err)
 	}
-	now := time.Now()
-	nonce := bytes.Repeat([]byte{7}, 32)
-	if err := st.AddNonce(vm.ID, nonce, Nonce{Boot: 3, Issued: now, Expires: now.Add(time.Minute)}, now, 8); err != nil {
-		t.Fatal(err)
-	}
-	if n, ok, err := st.ConsumeNonce(vm.ID, nonce, now); err != nil || !ok || n.Boot != 3 {
-		t.Fatalf("consume: %+v %v %v", n, ok, err)
-	}
-	if _, ok, _ := st.ConsumeNonce(vm.ID, nonce, now); ok {
-		t.Error("a nonce was accepted twice")
+	if key, err := st.NonceKey(); err != nil || len(key) != 32 {
+		t.Fatalf("nonce key: %x %v", key, err)
 	}
 }
 
@@ -74,8 +68,8 @@ func TestMigrationMarksFirstUsePins(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	if _, v, _ := boltdb.Version(st.db); v != 3 {
-		t.Fatalf("version %d, want 3", v)
+	if _, v, _ := boltdb.Version(st.db); v != Schema.Latest() {
+		t.Fatalf("version %d, want %d", v, Schema.Latest())
 	}
 	vm, att, err := st.GetVM("0a0b0c0d")
 	if err != nil || vm.AKOrigin != OriginFirstUse || vm.AKFingerprint != "ab" || string(vm.AKPub) != "\x01" || att.GetBoot() != 3 || !att.GetUserDataReleased() ||
@@ -88,38 +82,77 @@ func TestMigrationMarksFirstUsePins(t *testing.T) {
 	}
 }
 
-func TestNonceLimitsAndExpiry(t *testing.T) {
-	st, err := Open(filepath.Join(t.TempDir(), "attestation.db"))
+// TestMigrationDropsNonces opens a version-3 database the previous binary
+// wrote (testdata/attestation-v3.db, made by the store of commit 8d689ed: a
+// policy, a VM with a verified boot, golden events and two outstanding
+// nonces): the nonces bucket goes, a nonce key comes, everything else stays,
+// and the key is the same at the next open.
+func TestMigrationDropsNonces(t *testing.T) {
+	raw, err := os.ReadFile("testdata/attestation-v3.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "attestation.db")
+	if err := os.WriteFile(path, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before int
+	_ = db.View(func(tx *bolt.Tx) error {
+		if b := tx.Bucket(bucketNonces); b != nil {
+			before = b.Bucket([]byte("0a0b0c0d")).Stats().KeyN
+		}
+		return nil
+	})
+	_, v, _ := boltdb.Version(db)
+	db.Close()
+	if v != 3 || before != 2 {
+		t.Fatalf("fixture: version %d with %d nonces, want version 3 with 2", v, before)
+	}
+
+	st, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, v, _ := boltdb.Version(st.db); v != 4 {
+		t.Fatalf("version %d, want 4", v)
+	}
+	_ = st.db.View(func(tx *bolt.Tx) error {
+		if tx.Bucket(bucketNonces) != nil {
+			t.Error("the nonces bucket survived the migration")
+		}
+		for err := range tx.Check() {
+			t.Errorf("bbolt check: %v", err)
+		}
+		return nil
+	})
+	vm, att, err := st.GetVM("0a0b0c0d")
+	if err != nil || vm.AKFingerprint != "sha256:ab" || vm.AKOrigin != OriginHost || att.GetBoot() != 3 || !att.GetUserDataReleased() || !att.GetInitrd().GetVerified() {
+		t.Fatalf("vm after migration: %+v %v %v", vm, att, err)
+	}
+	if p, err := st.GetPolicy("img_1"); err != nil || len(p.GetGoldenPcrs()) != 1 {
+		t.Fatalf("policy after migration: %v %v", p, err)
+	}
+	if ev, err := st.GoldenEvents("img_1"); err != nil || len(ev) != 1 {
+		t.Fatalf("golden events after migration: %v %v", ev, err)
+	}
+	key, err := st.NonceKey()
+	if err != nil || len(key) != 32 {
+		t.Fatalf("nonce key: %x %v", key, err)
+	}
+	if err := st.DeleteVM("0a0b0c0d"); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	st, err = Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	now := time.Now()
-	var first []byte
-	for i := 0; i < 10; i++ {
-		n := bytes.Repeat([]byte{byte(i)}, 32)
-		if i == 0 {
-			first = n
-		}
-		at := now.Add(time.Duration(i) * time.Second)
-		if err := st.AddNonce("vm", n, Nonce{Issued: at, Expires: at.Add(5 * time.Minute)}, at, 8); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if c := st.NonceCount("vm"); c != 8 {
-		t.Errorf("%d outstanding, want at most 8", c)
-	}
-	if _, ok, _ := st.ConsumeNonce("vm", first, now); ok {
-		t.Error("the oldest nonce should have been dropped")
-	}
-	last := bytes.Repeat([]byte{9}, 32)
-	if _, ok, _ := st.ConsumeNonce("vm", last, now.Add(10*time.Minute)); ok {
-		t.Error("an expired nonce was accepted")
-	}
-	if err := st.DeleteVM("vm"); err != nil {
-		t.Fatal(err)
-	}
-	if c := st.NonceCount("vm"); c != 0 {
-		t.Errorf("forgetting the vm left %d nonces", c)
+	if again, err := st.NonceKey(); err != nil || !bytes.Equal(again, key) {
+		t.Errorf("the nonce key changed across opens: %x, was %x (%v)", again, key, err)
 	}
 }
