@@ -147,6 +147,7 @@ bench: build guest-image ## benchmarks; ratios are printed side by side
 	cd tests && go test -run '^$$' -bench VerifyQuote -benchtime 200x .
 	cd tests && VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -run '^$$' -bench Surfaces -benchtime 1x .
 	cd services/attestation && go test -run '^$$' -bench . ./internal/verify/
+	cd services/attestation && go test -run '^$$' -bench . -benchtime 300x ./internal/nonce/
 
 # ---- images -----------------------------------------------------------------
 

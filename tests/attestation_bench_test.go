@@ -18,8 +18,8 @@ import (
 )
 
 // BenchmarkVerifyQuote measures verified quotes per second through the
-// attestation service (gRPC on its unix socket, nonce and policy lookups and
-// verdict writes in bbolt, one call at a time, so one core) next to the bare
+// attestation service (gRPC on its unix socket, the nonce in memory, policy
+// lookups and verdict writes in bbolt, one call at a time, so one core) next to the bare
 // ECDSA signature check of the same quotes. Quotes come from the real guest
 // agent and swtpm, made before the clock starts.
 // Run with a fixed count: go test -bench VerifyQuote -benchtime 100x.
