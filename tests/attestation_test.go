@@ -19,7 +19,9 @@ import (
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	"github.com/giantswarm/vm-manager/tests/cluster"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 )
 
 var zeros = strings.Repeat("0", 64)
@@ -100,8 +102,8 @@ func guestQuote(t testing.TB, tpm string, stage attestationv1.Stage, nonce []byt
 
 // TestAttestation drives the attestation service as the hypervisor does, over
 // its unix socket, with quotes from the real guest agent and a real swtpm:
-// nonces surviving a SIGKILL of the service, verdicts, pins, rejections, and
-// recording golden values.
+// nonces lost in a SIGKILL of the service (a retry, not a verdict), verdicts
+// and pins surviving it, rejections, and recording golden values.
 func TestAttestation(t *testing.T) {
 	images := t.TempDir()
 	for name, content := range map[string]string{
@@ -161,11 +163,30 @@ func TestAttestation(t *testing.T) {
 		return resp
 	}
 
-	// A nonce issued before a SIGKILL still verifies after the restart.
-	n := nonce(vm)
+	// Nonces live in attestation's memory: a SIGKILL loses them. A quote on
+	// one is answered unavailable, which the IMDS passes on as a 500 and
+	// vm-agent retries with a new nonce (a 403 verdict would be final), and
+	// records nothing. Another VM's nonce from before the kill is still
+	// refused as unknown, and a fresh nonce verifies.
+	n, otherN := nonce(vm), nonce(other)
 	c.StopService("attestation")
 	c.StartService("attestation")
 	initrd := guestQuote(t, tpm, attestationv1.Stage_STAGE_INITRD, n)
+	initrd.VmId = vm
+	if _, err := v.VerifyQuote(ctx, initrd); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "issued before attestation restarted") {
+		t.Fatalf("quote on a nonce issued before the kill: %v, want unavailable", err)
+	}
+	q := guestQuote(t, tpm, attestationv1.Stage_STAGE_INITRD, otherN)
+	q.VmId = vm
+	expect(q, false, "unknown or expired nonce")
+	var status0 struct {
+		Nonces struct{ Issued, Outstanding, LostInRestart json.Number }
+	}
+	getJSON(t, api+"/attestation", &status0)
+	if status0.Nonces.LostInRestart != "1" || status0.Nonces.Issued != "0" || status0.Nonces.Outstanding != "0" {
+		t.Errorf("nonce counters after the restart: %+v", status0.Nonces) // the restarted service issued none
+	}
+	initrd = guestQuote(t, tpm, attestationv1.Stage_STAGE_INITRD, nonce(vm))
 	initrd.VmId = vm
 	resp := expect(initrd, true, "verified: ak ")
 	if !resp.GetUserDataReleased() || resp.GetAttestation().GetInitrd().GetAkFingerprint() == "" {
@@ -175,7 +196,7 @@ func TestAttestation(t *testing.T) {
 	// The same nonce again: single use.
 	expect(initrd, false, "unknown or expired nonce")
 	// Another VM's nonce.
-	q := guestQuote(t, tpm, attestationv1.Stage_STAGE_INITRD, nonce(other))
+	q = guestQuote(t, tpm, attestationv1.Stage_STAGE_INITRD, nonce(other))
 	q.VmId = vm
 	expect(q, false, "unknown or expired nonce")
 

@@ -72,7 +72,7 @@ func TestFaultChecksCatch(t *testing.T) {
 	}
 	defer still.Close()
 	f.ledger["gone"] = &vmEntry{name: "gone", id: "0a0a0a0c", created: "acked", deleted: "acked", forwards: map[string]bool{still.Addr().String(): true}}
-	f.ledger["ghost"] = &vmEntry{name: "ghost", id: "0b0b0b02", created: "acked", akPin: "sha256:planted", forwards: map[string]bool{}}
+	f.ledger["ghost"] = &vmEntry{name: "ghost", id: "0b0b0b02", created: "acked", attest: true, akPin: "sha256:planted", forwards: map[string]bool{}}
 	closed, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -85,10 +85,11 @@ func TestFaultChecksCatch(t *testing.T) {
 		// Created by nobody, caught creating, without its directory or lease.
 		`{"id":"0b0b0b01","name":"stuck","state":"creating","network":"default","ip":"192.168.127.250","paths":{"dir":"` + vmDir("0b0b0b01") + `"}}`,
 		// Ready with processes that do not run, no exec, a dead forward,
-		// unknown to attestation and the ledger's AK pin.
+		// unknown to attestation and the ledger's AK pin; it requires
+		// attestation and its initrd quote was refused (user-data gated).
 		`{"id":"0b0b0b02","name":"ghost","state":"ready","network":"default","ip":"192.168.127.251","paths":{"dir":"` + vmDir("0b0b0b02") + `"},
 		  "processes":{"qemu":{"pid":999999999},"tpm":{"pid":999999998}},"forwards":[{"port":22,"address":"` + closedAddr + `"}],
-		  "attestation":{"boot":"1"}}`,
+		  "attestation":{"boot":"1","userDataReleased":false,"initrd":{"verified":false,"message":"unknown or expired nonce"}}}`,
 		// Failed without saying why.
 		`{"id":"0b0b0b03","name":"mute","state":"failed","paths":{"dir":"` + vmDir("0b0b0b03") + `"}}`,
 	} {

@@ -222,7 +222,12 @@ type vmJSONF struct {
 		Address string `json:"address"`
 	} `json:"forwards"`
 	Attestation struct {
-		Boot json.Number `json:"boot"`
+		Boot             json.Number `json:"boot"`
+		UserDataReleased bool        `json:"userDataReleased"`
+		Initrd           *struct {
+			Verified bool   `json:"verified"`
+			Message  string `json:"message"`
+		} `json:"initrd"`
 	} `json:"attestation"`
 }
 
@@ -625,6 +630,10 @@ func TestFaults(t *testing.T) {
 			bytes.Count(b, []byte("recorded the boot at the guest's first nonce")), bytes.Count(b, []byte("attestation forgot a vm deleted earlier")),
 			bytes.Count(b, []byte("releasing the lease of a vm without a record")), bytes.Count(b, []byte("removing the files of a deleted vm")))
 	}
+	if b, err := os.ReadFile(filepath.Join(c.Dir, "attestation.log")); err == nil {
+		t.Logf("in attestation's log: %d quotes on nonces lost in its restarts (answered unavailable: the guest retries with a new nonce)",
+			bytes.Count(b, []byte("quote on a nonce lost in a restart")))
+	}
 	t.Logf("VMs at the end: %d records; created %d VMs in all", len(final), len(f.ledger))
 	failed := 0
 	for _, k := range invariantOrder {
@@ -707,6 +716,7 @@ var invariantOrder = []string{
 	"golden values changed",
 	"AK pins lost or changed",
 	"VMs whose boot attestation does not know",
+	"attested VMs whose user-data stayed gated",
 	"attestation records of deleted VMs",
 	"unexpected API errors",
 	"bbolt check errors",
@@ -926,6 +936,20 @@ func (f *faultRun) check(final []vmJSONF) *invariants {
 		} else if v.Attestation.Boot != att.Boot {
 			inv.fail("VMs whose boot attestation does not know", "%s (%s, %s): the record is at boot %q, attestation at %q", v.ID, v.Name, v.State, v.Attestation.Boot, att.Boot)
 		}
+	}
+	for _, v := range final {
+		// A VM that requires attestation and got as far as ready has had
+		// its initrd quote verified: a kill of attestation between the
+		// guest's nonce and its quote costs a retry, not the user-data.
+		e := f.ledger[v.Name]
+		if e == nil || !e.attest || (v.State != "ready" && v.State != "running") || v.Attestation.UserDataReleased {
+			continue
+		}
+		verdict := "no initrd verdict"
+		if q := v.Attestation.Initrd; q != nil {
+			verdict = fmt.Sprintf("initrd verified %t: %q", q.Verified, q.Message)
+		}
+		inv.fail("attested VMs whose user-data stayed gated", "%s (%s, %s, boot %s): %s", v.ID, v.Name, v.State, v.Attestation.Boot, verdict)
 	}
 	for _, v := range final {
 		e := f.ledger[v.Name]
