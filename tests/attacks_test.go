@@ -295,6 +295,43 @@ func TestAttacks(t *testing.T) {
 		}
 	})
 
+	t.Run("a nonce lost when attestation restarts costs a retry, not a verdict", func(t *testing.T) {
+		a.t = t
+		// Nonces live in attestation's memory. A genuine quote on a nonce
+		// fetched before attestation's SIGKILL, submitted after its restart.
+		n := strings.TrimSpace(g.run(target.ID, "nonce"))
+		q := a.exec(target.ID, "/init", "attest", "--stage=initrd", "--print", "--nonce", n)
+		if q.ExitCode != 0 || !strings.Contains(q.Stdout, `"quote"`) {
+			t.Fatalf("vm-agent attest --print: %+v", q)
+		}
+		a.sh(target.ID, "cat > /tmp/lost.json <<'EOF'\n"+q.Stdout+"\nEOF")
+		verdict := func() string {
+			var att struct{ Initrd json.RawMessage }
+			getJSON(t, a.base+"/vms/"+target.ID+"/attestation", &att)
+			return string(att.Initrd)
+		}
+		before := verdict()
+		c.StopService("attestation")
+		c.StartService("attestation")
+		c.WaitReady(20 * time.Second)
+		quote := line(t, g.run(target.ID, "submit", "/tmp/lost.json"), "quote: ")
+		t.Logf("the IMDS answered: %s", quote)
+		// Not a 403: vm-agent takes that as final. A 500 it retries.
+		if !strings.HasPrefix(quote, "500 ") || !strings.Contains(quote, "attestation unavailable") {
+			t.Errorf("quote on a nonce lost in the restart: %s, want 500", quote)
+		}
+		if after := verdict(); after != before {
+			t.Errorf("the lost nonce's quote changed the verdict: %s, was %s", after, before)
+		}
+		if r := a.record(target.ID); !r.Attestation.UserDataReleased || strings.Contains(r.LastError, "nonce") {
+			t.Errorf("record after the lost nonce's quote: %+v", r)
+		}
+		// vm-agent fetches a new nonce and verifies.
+		if r := a.exec(target.ID, "/init", "attest", "--stage=initrd"); r.ExitCode != 0 {
+			t.Fatalf("vm-agent attest after the restart: %+v", r)
+		}
+	})
+
 	t.Run("another VM's nonce and quote", func(t *testing.T) {
 		a.t = t
 		g.upload(golden.ID)

@@ -116,6 +116,16 @@ func (s *Side) IssueNonce(ctx context.Context, vmID string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The record is written for the boot's first nonce only: a guest asks
+	// as often as it likes, and each write is an fsync in the database every
+	// VM's record is in. Later nonces' time comes with the next verdict.
+	if rec, err = s.records.Record(vmID); err != nil {
+		return nil, err
+	}
+	if rec.GetAttestation().GetNonceIssuedAt() != nil &&
+		!(rec.GetRequireAttestation() && rec.GetState() == hypervisorv1.State_STATE_BOOTING) {
+		return resp.GetNonce(), nil
+	}
 	err = s.records.Update(vmID, func(r *storepb.VirtualMachine) {
 		if r.Attestation == nil {
 			r.Attestation = &attestationv1.Attestation{}
