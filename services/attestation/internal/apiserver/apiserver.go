@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"regexp"
+	"sync"
 	"time"
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
@@ -40,6 +41,9 @@ type Server struct {
 	attestationv1.UnimplementedVerifierServiceServer
 	store  *store.Store
 	nonces *nonce.Store
+	// forget keeps a nonce from being issued to a VM being forgotten (its
+	// entry in nonces would outlive it): IssueNonce holds it shared.
+	forget sync.RWMutex
 	opts   Options
 	log    *slog.Logger
 	now    func() time.Time
@@ -256,6 +260,8 @@ func (s *Server) BeginBoot(_ context.Context, req *attestationv1.BeginBootReques
 }
 
 func (s *Server) ForgetVirtualMachine(_ context.Context, req *attestationv1.ForgetVirtualMachineRequest) (*attestationv1.ForgetVirtualMachineResponse, error) {
+	s.forget.Lock()
+	defer s.forget.Unlock()
 	if err := s.store.DeleteVM(req.GetVmId()); err != nil {
 		return nil, err
 	}

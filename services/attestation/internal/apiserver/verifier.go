@@ -25,6 +25,8 @@ import (
 // IssueNonce hands out a single-use nonce bound to the VM's current boot. It
 // is kept in memory and nothing is written: a guest asks as often as it likes.
 func (s *Server) IssueNonce(_ context.Context, req *attestationv1.IssueNonceRequest) (*attestationv1.IssueNonceResponse, error) {
+	s.forget.RLock()
+	defer s.forget.RUnlock()
 	vm, att, err := s.store.GetVM(req.GetVmId())
 	if err != nil {
 		return nil, err

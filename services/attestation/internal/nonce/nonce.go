@@ -277,7 +277,7 @@ func (s *Store) sweep(now time.Time) {
 
 // remove drops one nonce. The VM's entry stays (it remembers the latest
 // issue time) until Forget: one per VM in attestation.db, since only those
-// are issued nonces.
+// are issued nonces (the apiserver does not issue to a VM being forgotten).
 func (s *Store) remove(el *list.Element) {
 	e := s.order.Remove(el).(*entry)
 	if v := s.vms[e.vm]; v != nil {
