@@ -2,6 +2,8 @@ package nonce
 
 import (
 	"bytes"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 )
@@ -205,5 +207,51 @@ func flip(b []byte, i int) []byte {
 func TestKeyRequired(t *testing.T) {
 	if _, err := New(Options{Key: []byte("short")}); err == nil {
 		t.Error("a 5-byte key was accepted")
+	}
+}
+
+// TestConcurrentGuests: guests of many VMs issuing and consuming at once
+// (run with -race) each get their own nonces accepted once, and the bounds
+// hold throughout.
+func TestConcurrentGuests(t *testing.T) {
+	s, err := New(Options{Key: key, Max: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan string, 16)
+	for g := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			vm := fmt.Sprintf("%08x", g)
+			for range 200 {
+				n, _, err := s.Issue(vm, 1)
+				if err != nil {
+					errs <- err.Error()
+					return
+				}
+				if r := s.Consume(vm, 1, n); r != Valid && s.Stats().DroppedAtMax == 0 {
+					errs <- fmt.Sprintf("%s: own nonce %v with nothing dropped", vm, r)
+					return
+				}
+				if r := s.Consume(vm, 1, n); r != Unknown {
+					errs <- fmt.Sprintf("%s: second use %v", vm, r)
+					return
+				}
+				if o := s.Outstanding(vm); o > PerVM {
+					errs <- fmt.Sprintf("%s: %d outstanding", vm, o)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+	if st := s.Stats(); st.Issued != 16*200 || st.Outstanding > 64 {
+		t.Errorf("stats %+v", st)
 	}
 }
