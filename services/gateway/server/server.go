@@ -104,6 +104,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		// read-only TelemetryService.
 		met = metrics.New(hypervisorv1.NewTelemetryServiceClient(hconn), log)
 		observe = met.ObserveMCP
+		if verifier != nil {
+			met.AddKeyStats(verifier.KeyStats)
+		}
 		gopts = append(gopts, grpc.ChainUnaryInterceptor(met.UnaryServerInterceptor()), grpc.ChainStreamInterceptor(met.StreamServerInterceptor()))
 	}
 	gs := grpc.NewServer(append(gopts,
