@@ -322,6 +322,39 @@ func identityChecks(t *testing.T, c *cluster.Cluster, op *oidctest.Provider) {
 		}
 	})
 
+	// With a token required, Host and Origin are not checked (a browser
+	// never attaches the token by itself); bodies must still be JSON.
+	t.Run("cross-site rules with OIDC", func(t *testing.T) {
+		for _, tc := range []struct {
+			req  browserRequest
+			auth string
+			want int
+		}{
+			{browserRequest{"text/plain with a good token", "POST", "/api/v1/networks", "", "", "text/plain", `{"name":"nope","cidr":"10.9.0.0/24"}`}, bearer(good), http.StatusUnsupportedMediaType},
+			{browserRequest{"a proxy's Host and its portal's Origin", "GET", "/api/v1/networks", "vmm.corp.test", "https://portal.corp.test", "", ""}, bearer(good), http.StatusOK},
+			{browserRequest{"a cross-site page without the token", "GET", "/api/v1/networks", "", "http://evil.example", "", ""}, "", http.StatusUnauthorized},
+		} {
+			req, _ := http.NewRequest(tc.req.method, base+tc.req.path, strings.NewReader(tc.req.body))
+			if tc.req.host != "" {
+				req.Host = tc.req.host
+			}
+			for k, v := range map[string]string{"Origin": tc.req.origin, "Content-Type": tc.req.contentType, "Authorization": tc.auth} {
+				if v != "" {
+					req.Header.Set(k, v)
+				}
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.want {
+				t.Errorf("%s: %d %s, want %d", tc.req.name, resp.StatusCode, b, tc.want)
+			}
+		}
+	})
+
 	t.Run("identity-provider keys", func(t *testing.T) { keyChecks(t, c, op) })
 }
 

@@ -46,6 +46,8 @@ type Options struct {
 	// OIDCJWKSRefreshInterval is --oidc-jwks-refresh-interval (0: the
 	// default); it also caps the minimum time between JWKS fetches.
 	OIDCJWKSRefreshInterval time.Duration
+	// AllowedHosts is the gateway's --allowed-hosts.
+	AllowedHosts []string
 	// LogLevel is the services' log level (VM_MANAGER_LOG_LEVEL); default
 	// debug. Load tests use info: no per-request lines.
 	LogLevel string
@@ -139,6 +141,7 @@ func (c *Cluster) env() []string {
 		"VM_MANAGER_METRICS_ENABLED=true",
 		"VM_MANAGER_OIDC_ISSUER=" + c.options.OIDCIssuer,
 		"VM_MANAGER_OIDC_AUDIENCES=" + strings.Join(c.options.OIDCAudiences, ","),
+		"VM_MANAGER_ALLOWED_HOSTS=" + strings.Join(c.options.AllowedHosts, ","),
 	}
 	if c.options.OIDCJWKSRefreshInterval != 0 {
 		env = append(env, "VM_MANAGER_OIDC_JWKS_REFRESH_INTERVAL="+c.options.OIDCJWKSRefreshInterval.String())
@@ -338,7 +341,7 @@ func (c *Cluster) startInProcess(name string) proc {
 		}
 	case "gateway":
 		run = func() error {
-			return gateway.Run(ctx, gateway.Config{Listen: c.Addr, HypervisorSocket: c.Socket("hypervisor"), AttestationSocket: c.Socket("attestation"), Identity: c.identity(), MetricsEnabled: true}, log)
+			return gateway.Run(ctx, gateway.Config{Listen: c.Addr, HypervisorSocket: c.Socket("hypervisor"), AttestationSocket: c.Socket("attestation"), Identity: c.identity(), MetricsEnabled: true, AllowedHosts: c.options.AllowedHosts}, log)
 		}
 	default:
 		c.t.Fatalf("unknown service %q", name)
