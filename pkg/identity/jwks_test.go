@@ -94,6 +94,7 @@ func TestNoStoreIsRateLimited(t *testing.T) {
 	}
 	elapsed := time.Since(start)
 	fetches := p.JWKSFetches()
+	t.Logf("%d verifications in %s: %d JWKS fetches", n, elapsed.Round(time.Millisecond), fetches)
 	if most := 1 + int(elapsed/minFetch); fetches > most || fetches < 2 {
 		t.Errorf("%d verifications in %s fetched the no-store JWKS %d times, want 2..%d", n, elapsed, fetches, most)
 	}
@@ -148,10 +149,12 @@ func TestUnknownKidFlood(t *testing.T) {
 	}
 
 	flood("first flood, nothing cached")
+	t.Logf("first flood: %d JWKS fetches, %+v", p.JWKSFetches(), v.KeyStats())
 	if n := p.JWKSFetches(); n != 1 {
 		t.Errorf("first flood: %d JWKS fetches, want 1 shared by all", n)
 	}
 	flood("second flood")
+	t.Logf("second flood: %d JWKS fetches, %+v", p.JWKSFetches(), v.KeyStats())
 	if n := p.JWKSFetches(); n != 1 {
 		t.Errorf("second flood, within the minimum interval: %d JWKS fetches, want still 1", n)
 	}
@@ -164,6 +167,7 @@ func TestUnknownKidFlood(t *testing.T) {
 	start := time.Now()
 	flood("after the interval")
 	elapsed := time.Since(start)
+	t.Logf("after the interval: %d JWKS fetches in all, %+v", p.JWKSFetches(), v.KeyStats())
 	if n, most := p.JWKSFetches(), 2+int(elapsed/minFetch); n < 2 || n > most {
 		t.Errorf("flood after the interval (%s): %d JWKS fetches in all, want 2..%d", elapsed, n, most)
 	}
