@@ -98,21 +98,19 @@ func (s *keySet) VerifySignature(ctx context.Context, jws *jose.JSONWebSignature
 // key finds the published key for kid and alg, fetching the JWKS when the
 // cache has expired or lacks the key, if the rate limit allows.
 func (s *keySet) key(ctx context.Context, kid, alg string) (jose.JSONWebKey, error) {
-	waited := false
+	waited := false // for a fetch, in this call
 	s.mu.Lock()
 	for {
-		fresh := s.now().Before(s.expires)
-		if fresh || waited {
+		if waited && s.lastErr != nil {
+			s.mu.Unlock()
+			return jose.JSONWebKey{}, errKeysUnavailable
+		}
+		// Keys a fetch this call waited for are used even if their
+		// lifetime ran out while the call was being scheduled.
+		fresh := waited || s.now().Before(s.expires)
+		if fresh {
 			k, err := oidc.FindMatchingKey(kid, oidc.KeyUseSignature, alg, s.keys...)
 			switch {
-			case waited && s.lastErr != nil:
-				s.mu.Unlock()
-				return k, errKeysUnavailable
-			case !fresh:
-				// Fetched but already stale (a clock jump): refuse
-				// rather than fetch in a loop.
-				s.mu.Unlock()
-				return k, errKeysUnavailable
 			case err == nil:
 				s.mu.Unlock()
 				return k, nil
