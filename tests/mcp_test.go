@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -300,4 +301,17 @@ func scrapeMetrics(t *testing.T, addr string) string {
 		t.Fatalf("/metrics: %d", resp.StatusCode)
 	}
 	return b.String()
+}
+
+// metricValue is the value of one series in a /metrics text, or -1.
+func metricValue(text, series string) float64 {
+	for line := range strings.SplitSeq(text, "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err == nil {
+				return f
+			}
+		}
+	}
+	return -1
 }

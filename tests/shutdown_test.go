@@ -336,6 +336,9 @@ func restDo(ctx context.Context, method, url, body string) (int, []byte, error) 
 	if err != nil {
 		return 0, nil, err
 	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return 0, nil, err

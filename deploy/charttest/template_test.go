@@ -236,6 +236,11 @@ func TestTemplate(t *testing.T) {
 			if !hasArg(gw, "--allow-anonymous-non-loopback") || !hasArg(gw, "--metrics-enabled=true") {
 				t.Errorf("gateway args %q", gw.Args)
 			}
+			// The anonymous API answers the Service's names (muster's
+			// MCPServer URL among them), refusing other Hosts.
+			if !hasArg(gw, "--allowed-hosts=vm-manager,vm-manager.agent-platform,vm-manager.agent-platform.svc,vm-manager.agent-platform.svc.cluster.local") {
+				t.Errorf("gateway args %q lack the Service's names in --allowed-hosts", gw.Args)
+			}
 			for _, c := range pod.Containers {
 				if _, ok := env(&c)["VM_MANAGER_OIDC_ISSUER"]; ok {
 					t.Errorf("%s: an OIDC issuer without oidc.issuer", c.Name)
@@ -377,8 +382,8 @@ networkPolicy: {enabled: true, ingressNamespaces: [muster, monitoring]}
 					t.Errorf("%s: the CA's mount %+v", c.Name, mnt)
 				}
 			}
-			if hasArg(Container(pod, "gateway"), "--allow-anonymous-non-loopback") {
-				t.Errorf("the gateway allows anonymous non-loopback with an issuer")
+			if gw := Container(pod, "gateway"); hasArg(gw, "--allow-anonymous-non-loopback") || slices.ContainsFunc(gw.Args, func(a string) bool { return strings.HasPrefix(a, "--allowed-hosts") }) {
+				t.Errorf("the gateway allows anonymous non-loopback (or lists hosts) with an issuer: %q", gw.Args)
 			}
 			for _, v := range pod.Volumes {
 				if v.Name == "oidc-ca" && (v.Secret == nil || v.Secret.SecretName != "dex-ca" || v.Secret.Items[0].Key != "ca.pem") {
@@ -427,14 +432,17 @@ networkPolicy: {enabled: true, ingressNamespaces: [muster, monitoring]}
 		},
 	}, {
 		name:  "extraArgs, extraEnv, a parent chart's globals",
-		vals:  "global: {identity: {issuer: https://dex.example.com}}\nhypervisor: {extraArgs: [--notify-port=4000], extraEnv: [{name: A, value: b}]}\ngateway: {allowAnonymousNonLoopback: true, extraArgs: ['--log-level=debug']}\n",
+		vals:  "global: {identity: {issuer: https://dex.example.com}}\nhypervisor: {extraArgs: [--notify-port=4000], extraEnv: [{name: A, value: b}]}\ngateway: {allowAnonymousNonLoopback: true, allowedHosts: [vmm.lab.example, 'localhost:9000'], extraArgs: ['--log-level=debug']}\n",
 		kinds: "Deployment=1,Service=1,ServiceAccount=1",
 		check: func(t *testing.T, m *Manifest, pod *corev1.PodSpec) {
 			hv := Container(pod, "hypervisor")
 			if hv.Args[len(hv.Args)-1] != "--notify-port=4000" || env(hv)["A"] != "b" {
 				t.Errorf("hypervisor args %q env %v", hv.Args, hv.Env)
 			}
-			if gw := Container(pod, "gateway"); gw.Args[len(gw.Args)-1] != "--log-level=debug" {
+			gw := Container(pod, "gateway")
+			if gw.Args[len(gw.Args)-1] != "--log-level=debug" || !slices.ContainsFunc(gw.Args, func(a string) bool {
+				return strings.HasPrefix(a, "--allowed-hosts=vm-manager,") && strings.HasSuffix(a, ".svc.cluster.local,vmm.lab.example,localhost:9000")
+			}) {
 				t.Errorf("gateway args %q", gw.Args)
 			}
 		},

@@ -25,7 +25,6 @@ import (
 	"github.com/giantswarm/vm-manager/gen/apierr"
 	"github.com/giantswarm/vm-manager/pkg/cli"
 	"github.com/zitadel/oidc/v3/pkg/client"
-	"github.com/zitadel/oidc/v3/pkg/client/rp"
 	"github.com/zitadel/oidc/v3/pkg/oidc"
 )
 
@@ -48,6 +47,14 @@ type Config struct {
 	// Log receives a debug line per authenticated request and per refusal
 	// (never the token); nil discards them.
 	Log *slog.Logger
+	// JWKSRefreshInterval is the longest a fetched key is trusted (the
+	// provider's Cache-Control max-age or Expires when shorter); 0 means
+	// DefaultJWKSRefreshInterval. At least MinJWKSRefreshInterval.
+	JWKSRefreshInterval time.Duration
+	// JWKSMinFetchInterval is the least time between two JWKS fetches and
+	// the floor of the provider's cache lifetime; 0 means the shorter of
+	// DefaultJWKSMinFetchInterval and the refresh interval. Tests shorten it.
+	JWKSMinFetchInterval time.Duration
 }
 
 // Enabled reports whether callers must present a token.
@@ -108,15 +115,17 @@ type Verifier struct {
 	issuer    string
 	audiences []string
 	algs      []string
-	keys      oidc.KeySet
+	keys      *keySet
 	log       *slog.Logger
 	now       func() time.Time
 }
 
 // New discovers the issuer (its /.well-known/openid-configuration) and returns
-// a verifier whose JWKS is fetched on first use, cached, and fetched again
-// when a token names a key the cache does not have (key rotation). An empty
-// Issuer returns a nil verifier: anonymous.
+// a verifier whose JWKS is fetched on first use, cached for the refresh
+// interval (or the provider's shorter cache lifetime), and fetched again
+// before that when a token names a key the cache does not have (key
+// rotation), at most once per minimum fetch interval. An empty Issuer
+// returns a nil verifier: anonymous.
 func New(ctx context.Context, cfg Config) (*Verifier, error) {
 	if !cfg.Enabled() {
 		return nil, nil
@@ -129,6 +138,10 @@ func New(ctx context.Context, cfg Config) (*Verifier, error) {
 	}
 	if len(auds) == 0 {
 		return nil, fmt.Errorf("oidc issuer %s: at least one trusted audience is required", cfg.Issuer)
+	}
+	refresh, minFetch, err := cfg.jwksIntervals()
+	if err != nil {
+		return nil, err
 	}
 	hc := cfg.HTTPClient
 	if hc == nil {
@@ -161,10 +174,38 @@ func New(ctx context.Context, cfg Config) (*Verifier, error) {
 		issuer:    cfg.Issuer,
 		audiences: auds,
 		algs:      algs,
-		keys:      rp.NewRemoteKeySet(hc, disc.JwksURI),
+		keys:      &keySet{hc: hc, url: disc.JwksURI, refresh: refresh, minFetch: minFetch, now: time.Now, log: log},
 		log:       log,
 		now:       time.Now,
 	}, nil
+}
+
+// jwksIntervals are the refresh and minimum fetch intervals, defaults
+// applied; the minimum is never above the refresh interval.
+func (c Config) jwksIntervals() (refresh, minFetch time.Duration, err error) {
+	refresh, minFetch = c.JWKSRefreshInterval, c.JWKSMinFetchInterval
+	switch {
+	case refresh == 0:
+		refresh = DefaultJWKSRefreshInterval
+	case refresh < MinJWKSRefreshInterval:
+		return 0, 0, fmt.Errorf("oidc JWKS refresh interval %s: must be at least %s", refresh, MinJWKSRefreshInterval)
+	}
+	switch {
+	case minFetch == 0:
+		minFetch = DefaultJWKSMinFetchInterval
+	case minFetch < 0:
+		return 0, 0, fmt.Errorf("oidc JWKS minimum fetch interval %s: must not be negative", minFetch)
+	}
+	return refresh, min(minFetch, refresh), nil
+}
+
+// KeyStats counts the verifier's JWKS fetches and unknown-key refusals
+// (zero for a nil verifier).
+func (v *Verifier) KeyStats() KeyStats {
+	if v == nil {
+		return KeyStats{}
+	}
+	return v.keys.stats()
 }
 
 // Issuer is the trusted issuer ("" for a nil verifier).
@@ -222,11 +263,8 @@ func (v *Verifier) Verify(ctx context.Context, raw string) (Identity, error) {
 			return Identity{}, unauthenticated("token signature algorithm not supported")
 		case errors.Is(err, oidc.ErrParse):
 			return Identity{}, unauthenticated("malformed token")
-		case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-			return Identity{}, unauthenticated("token signing keys unavailable")
-		case strings.Contains(err.Error(), "unable to fetch key"):
-			v.log.Warn("oidc: JWKS fetch failed", "issuer", v.issuer, "error", err)
-			return Identity{}, unauthenticated("token signing keys unavailable")
+		case errors.Is(err, errKeysUnavailable), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+			return Identity{}, unauthenticated("token signing keys unavailable") // the fetch logged why
 		default:
 			return Identity{}, unauthenticated("token signature invalid")
 		}
@@ -291,13 +329,16 @@ func (v *Verifier) authenticate(ctx context.Context, values []string, what strin
 	return withToken(NewContext(ctx, id), raw), nil
 }
 
-// Flags defines --oidc-issuer ($VM_MANAGER_OIDC_ISSUER) and --oidc-audiences
-// ($VM_MANAGER_OIDC_AUDIENCES, comma-separated) on fs, the same on every
-// process; the returned function reads them once fs is parsed.
+// Flags defines --oidc-issuer ($VM_MANAGER_OIDC_ISSUER), --oidc-audiences
+// ($VM_MANAGER_OIDC_AUDIENCES, comma-separated) and
+// --oidc-jwks-refresh-interval ($VM_MANAGER_OIDC_JWKS_REFRESH_INTERVAL) on
+// fs, the same on every process; the returned function reads them once fs is
+// parsed.
 func Flags(fs *cli.FlagSet) func() Config {
 	issuer := fs.String("oidc-issuer", "VM_MANAGER_OIDC_ISSUER", "", "OIDC issuer URL whose id_tokens callers must present (empty: anonymous API)")
 	audiences := fs.StringList("oidc-audiences", "VM_MANAGER_OIDC_AUDIENCES", nil, "trusted token audiences, comma-separated; a token's aud must contain one (required with --oidc-issuer)")
+	refresh := fs.Duration("oidc-jwks-refresh-interval", "VM_MANAGER_OIDC_JWKS_REFRESH_INTERVAL", DefaultJWKSRefreshInterval, "longest time a key of the issuer's JWKS is trusted before it is fetched again (shorter if the issuer's Cache-Control says so); a key the issuer retired stops working within it")
 	return func() Config {
-		return Config{Issuer: *issuer, Audiences: *audiences}
+		return Config{Issuer: *issuer, Audiences: *audiences, JWKSRefreshInterval: *refresh}
 	}
 }

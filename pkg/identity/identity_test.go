@@ -33,7 +33,12 @@ func newVerifier(t *testing.T, p *oidctest.Provider, audiences ...string) *ident
 	if len(audiences) == 0 {
 		audiences = []string{"vm-manager"}
 	}
-	v, err := identity.New(context.Background(), identity.Config{Issuer: p.Issuer(), Audiences: audiences})
+	return newVerifierConfig(t, identity.Config{Issuer: p.Issuer(), Audiences: audiences})
+}
+
+func newVerifierConfig(t *testing.T, cfg identity.Config) *identity.Verifier {
+	t.Helper()
+	v, err := identity.New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +186,9 @@ func TestIdentityClaims(t *testing.T) {
 
 func TestKeyRotation(t *testing.T) {
 	p := oidctest.Start(t)
-	v := newVerifier(t, p)
+	// Rotations back to back: no minimum between fetches here (the rate
+	// limit has tests of its own, in jwks_test.go).
+	v := newVerifierConfig(t, identity.Config{Issuer: p.Issuer(), Audiences: []string{"vm-manager"}, JWKSMinFetchInterval: time.Nanosecond})
 	if _, err := v.Verify(context.Background(), p.Token(oidctest.Claims{})); err != nil {
 		t.Fatal(err)
 	}

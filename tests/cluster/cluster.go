@@ -43,6 +43,11 @@ type Options struct {
 	// (--oidc-issuer, --oidc-audiences): every API call then needs a token.
 	OIDCIssuer    string
 	OIDCAudiences []string
+	// OIDCJWKSRefreshInterval is --oidc-jwks-refresh-interval (0: the
+	// default); it also caps the minimum time between JWKS fetches.
+	OIDCJWKSRefreshInterval time.Duration
+	// AllowedHosts is the gateway's --allowed-hosts.
+	AllowedHosts []string
 	// LogLevel is the services' log level (VM_MANAGER_LOG_LEVEL); default
 	// debug. Load tests use info: no per-request lines.
 	LogLevel string
@@ -136,6 +141,10 @@ func (c *Cluster) env() []string {
 		"VM_MANAGER_METRICS_ENABLED=true",
 		"VM_MANAGER_OIDC_ISSUER=" + c.options.OIDCIssuer,
 		"VM_MANAGER_OIDC_AUDIENCES=" + strings.Join(c.options.OIDCAudiences, ","),
+		"VM_MANAGER_ALLOWED_HOSTS=" + strings.Join(c.options.AllowedHosts, ","),
+	}
+	if c.options.OIDCJWKSRefreshInterval != 0 {
+		env = append(env, "VM_MANAGER_OIDC_JWKS_REFRESH_INTERVAL="+c.options.OIDCJWKSRefreshInterval.String())
 	}
 	if c.options.StopVMsOnExit {
 		env = append(env, "VM_MANAGER_DETACH_VMS_ON_EXIT=false")
@@ -145,7 +154,7 @@ func (c *Cluster) env() []string {
 
 // identity is the services' in-process identity configuration.
 func (c *Cluster) identity() identity.Config {
-	return identity.Config{Issuer: c.options.OIDCIssuer, Audiences: c.options.OIDCAudiences}
+	return identity.Config{Issuer: c.options.OIDCIssuer, Audiences: c.options.OIDCAudiences, JWKSRefreshInterval: c.options.OIDCJWKSRefreshInterval}
 }
 
 // SetLearnGolden sets attestation's learn mode for its next start.
@@ -332,7 +341,7 @@ func (c *Cluster) startInProcess(name string) proc {
 		}
 	case "gateway":
 		run = func() error {
-			return gateway.Run(ctx, gateway.Config{Listen: c.Addr, HypervisorSocket: c.Socket("hypervisor"), AttestationSocket: c.Socket("attestation"), Identity: c.identity(), MetricsEnabled: true}, log)
+			return gateway.Run(ctx, gateway.Config{Listen: c.Addr, HypervisorSocket: c.Socket("hypervisor"), AttestationSocket: c.Socket("attestation"), Identity: c.identity(), MetricsEnabled: true, AllowedHosts: c.options.AllowedHosts}, log)
 		}
 	default:
 		c.t.Fatalf("unknown service %q", name)

@@ -107,6 +107,9 @@ type Provider struct {
 	keys    []*Key // published in the JWKS
 	signing *Key
 	fetches atomic.Int64
+	header  http.Header   // added to JWKS answers
+	delay   time.Duration // before each JWKS answer
+	status  int           // of JWKS answers; 0: 200 with the keys
 }
 
 // Start runs a provider with one RS256 key until the test ends.
@@ -156,15 +159,59 @@ func (p *Provider) discovery(w http.ResponseWriter, _ *http.Request) {
 	})
 }
 
-func (p *Provider) jwks(w http.ResponseWriter, _ *http.Request) {
+func (p *Provider) jwks(w http.ResponseWriter, r *http.Request) {
 	p.fetches.Add(1)
 	p.mu.Lock()
 	set := jose.JSONWebKeySet{}
 	for _, k := range p.keys {
 		set.Keys = append(set.Keys, k.public())
 	}
+	header, delay, status := p.header.Clone(), p.delay, p.status
 	p.mu.Unlock()
+	select {
+	case <-time.After(delay):
+	case <-r.Context().Done():
+		return
+	}
+	for k, vs := range header {
+		w.Header()[k] = vs
+	}
+	if status != 0 {
+		http.Error(w, http.StatusText(status), status)
+		return
+	}
 	writeJSON(w, set)
+}
+
+// SetJWKSHeader sets a header of the JWKS answers from now on (Cache-Control,
+// Expires, Date); an empty value removes it.
+func (p *Provider) SetJWKSHeader(name, value string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.header == nil {
+		p.header = http.Header{}
+	}
+	if value == "" {
+		p.header.Del(name)
+		return
+	}
+	p.header.Set(name, value)
+}
+
+// SetJWKSDelay makes every JWKS answer wait d, so that verifiers' fetches
+// overlap.
+func (p *Provider) SetJWKSDelay(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.delay = d
+}
+
+// SetJWKSStatus makes JWKS answers fail with status (a 5xx, say); 0 serves
+// the keys again.
+func (p *Provider) SetJWKSStatus(status int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.status = status
 }
 
 func writeJSON(w http.ResponseWriter, v any) {

@@ -2,7 +2,8 @@
 // API (forwarded to the backends, with reflection), REST under /api/v1
 // (grpc-gateway), the OpenAPI document, /healthz and /readyz. With an OIDC
 // issuer every request but the probes, metrics and the OpenAPI document needs
-// a valid bearer token, which is forwarded to the backends.
+// a valid bearer token, which is forwarded to the backends. REST and MCP
+// refuse what a web page could send them (xsite).
 package server
 
 import (
@@ -25,6 +26,7 @@ import (
 	"github.com/giantswarm/vm-manager/services/gateway/internal/metrics"
 	"github.com/giantswarm/vm-manager/services/gateway/internal/proxy"
 	"github.com/giantswarm/vm-manager/services/gateway/internal/rest"
+	"github.com/giantswarm/vm-manager/services/gateway/internal/xsite"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -42,6 +44,10 @@ type Config struct {
 	AttestationSocket string
 	// AllowNonLoopback lets an anonymous gateway listen beyond loopback.
 	AllowNonLoopback bool
+	// AllowedHosts are the names (any port) or name:port an anonymous
+	// gateway answers besides its listen address and loopback with its port
+	// (xsite): a reverse proxy's name, a port-forward's local port.
+	AllowedHosts []string
 	// Identity, with an issuer, requires a valid bearer token on every gRPC
 	// call and every HTTP request but the open paths (OpenPaths), and allows
 	// a non-loopback Listen. The caller's authorization is forwarded to the
@@ -68,6 +74,9 @@ var OpenPaths = []string{"/healthz", "/readyz", "/metrics", "/api/v1/openapi.jso
 // Run serves until ctx ends, then drains in-flight calls.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := checkListen(cfg.Listen, cfg.AllowNonLoopback || cfg.Identity.Enabled()); err != nil {
+		return err
+	}
+	if _, err := xsite.New(xsite.Config{AllowedHosts: cfg.AllowedHosts}); err != nil {
 		return err
 	}
 	if cfg.Identity.Log == nil {
@@ -104,6 +113,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		// read-only TelemetryService.
 		met = metrics.New(hypervisorv1.NewTelemetryServiceClient(hconn), log)
 		observe = met.ObserveMCP
+		if verifier != nil {
+			met.AddKeyStats(verifier.KeyStats)
+		}
 		gopts = append(gopts, grpc.ChainUnaryInterceptor(met.UnaryServerInterceptor()), grpc.ChainStreamInterceptor(met.StreamServerInterceptor()))
 	}
 	gs := grpc.NewServer(append(gopts,
@@ -146,9 +158,31 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	mux.Handle("/mcp", mcpHandler)
 	mux.HandleFunc("/", rest.NotFound)
 
-	// With an issuer, everything on the mux but OpenPaths needs a token;
-	// grpc-gateway forwards the Authorization header as "authorization".
-	guarded := verifier.HTTP(rest.RefuseUncleanPaths(mux), identity.OpenPaths(OpenPaths...))
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return err
+	}
+	defer ln.Close() // Serve closes it; not when a step below fails
+
+	// Web pages are kept out first (xsite: JSON bodies only; an anonymous
+	// gateway checks Host and Origin). Then, with an issuer, everything on
+	// the mux but OpenPaths needs a token; grpc-gateway forwards the
+	// Authorization header as "authorization".
+	open := identity.OpenPaths(OpenPaths...)
+	guard, err := xsite.New(xsite.Config{
+		CheckHosts:   !cfg.Identity.Enabled(),
+		Listen:       boundListen(cfg.Listen, ln.Addr()),
+		AllowedHosts: cfg.AllowedHosts,
+		Exempt: func(r *http.Request) bool {
+			return (r.Method == http.MethodGet || r.Method == http.MethodHead) && open(r)
+		},
+		Refused: met.Refused,
+		Log:     log,
+	})
+	if err != nil {
+		return err
+	}
+	guarded := guard.Handler(verifier.HTTP(rest.RefuseUncleanPaths(mux), open))
 	root := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
 			gs.ServeHTTP(w, r)
@@ -167,10 +201,6 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	srv.RegisterOnShutdown(mcpHandler.drain)
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return err
-	}
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	log.Info("gateway serving", "listen", ln.Addr().String(), "hypervisor", cfg.HypervisorSocket, "attestation", cfg.AttestationSocket, "oidc_issuer", verifier.Issuer())
 	if cfg.Ready != nil {
@@ -247,6 +277,14 @@ func (d *mcpDrain) drain() {
 	if d.inflight == 0 {
 		d.end()
 	}
+}
+
+// boundListen is the listen address as configured with the port bound (":0"
+// picks one).
+func boundListen(configured string, bound net.Addr) string {
+	host, _, _ := net.SplitHostPort(configured) // checkListen parsed it
+	_, port, _ := net.SplitHostPort(bound.String())
+	return net.JoinHostPort(host, port)
 }
 
 // checkListen refuses a non-loopback address for an anonymous API.

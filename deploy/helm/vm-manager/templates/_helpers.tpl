@@ -337,6 +337,10 @@ spec:
         - {{ printf "--metrics-enabled=%t" $v.metrics.enabled | quote }}
         {{- if not $v.oidc.issuer }}
         - --allow-anonymous-non-loopback
+        {{- $svc := include "vm-manager.fullname" . }}
+        {{- $hosts := list $svc (printf "%s.%s" $svc .Release.Namespace) (printf "%s.%s.svc" $svc .Release.Namespace) (printf "%s.%s.svc.cluster.local" $svc .Release.Namespace) }}
+        {{- /* the anonymous API answers only the Hosts it knows (DNS rebinding): the Service's names, and the operator's */}}
+        - {{ printf "--allowed-hosts=%s" (join "," (concat $hosts $v.gateway.allowedHosts)) | quote }}
         {{- end }}
         {{- range $v.gateway.extraArgs }}
         - {{ . | quote }}

@@ -26,6 +26,7 @@ func main() {
 			hvSock := fs.String("hypervisor-socket", "VM_MANAGER_HYPERVISOR_SOCKET", "", "hypervisor socket (default <run-dir>/"+mesh.HypervisorSocket+")")
 			atSock := fs.String("attestation-socket", "VM_MANAGER_ATTESTATION_SOCKET", "", "attestation socket (default <run-dir>/"+mesh.AttestationSocket+")")
 			allow := fs.Bool("allow-anonymous-non-loopback", "VM_MANAGER_ALLOW_ANONYMOUS_NON_LOOPBACK", false, "let the anonymous API listen on a non-loopback address")
+			allowedHosts := fs.StringList("allowed-hosts", "VM_MANAGER_ALLOWED_HOSTS", nil, "names (any port) or name:port the anonymous API answers besides its listen address and localhost with its port, comma-separated; other Host and Origin headers are refused (DNS rebinding, cross-site pages)")
 			oidc := identity.Flags(fs)
 			metricsOn := fs.Bool("metrics-enabled", "VM_MANAGER_METRICS_ENABLED", false, "serve Prometheus metrics at /metrics (VMs, networks, requests per surface)")
 			logger := logging.Flags(fs, "info", "gateway")
@@ -39,6 +40,7 @@ func main() {
 					HypervisorSocket:  cmp.Or(*hvSock, filepath.Join(*runDir, mesh.HypervisorSocket)),
 					AttestationSocket: cmp.Or(*atSock, filepath.Join(*runDir, mesh.AttestationSocket)),
 					AllowNonLoopback:  *allow,
+					AllowedHosts:      *allowedHosts,
 					Identity:          oidc(),
 					MetricsEnabled:    *metricsOn,
 				}

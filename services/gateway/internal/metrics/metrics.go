@@ -37,6 +37,7 @@ type Metrics struct {
 	guest    *guestCollector
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
+	refused  *prometheus.CounterVec
 }
 
 // Source is what the host and guest collectors read at scrape time: the
@@ -63,6 +64,7 @@ func New(hv Source, log *slog.Logger) *Metrics {
 			Help:    "Request latency, by surface (rest, grpc, mcp) and method.",
 			Buckets: prometheus.DefBuckets,
 		}, []string{"surface", "method"}),
+		refused: newRefused(),
 	}
 	m.host = newHostCollector(hv, log, DefaultScrapeTimeout)
 	m.guest = &guestCollector{hv: hv, log: log, timeout: DefaultScrapeTimeout, errors: m.host.scrapeErrors}
@@ -79,6 +81,7 @@ func New(hv Source, log *slog.Logger) *Metrics {
 		m.guest,
 		m.requests,
 		m.duration,
+		m.refused,
 	)
 	return m
 }
