@@ -346,6 +346,9 @@ func parseQuote(vmID string, in *QuoteRequest) (*attestationv1.VerifyQuoteReques
 	}, ""
 }
 
+// drainBytes is how much of a refused body is read to answer its 413.
+const drainBytes = 8 << 20
+
 // tooLarge says whether a body is over limit by its Content-Length (before
 // anything is read) or by what reading it found, and then answers 413 and
 // counts it.
@@ -355,6 +358,13 @@ func (s *server) tooLarge(w http.ResponseWriter, r *http.Request, vm *hypervisor
 		return false
 	}
 	s.guard.tooLarge(vm.GetId(), body)
+	// A client like busybox wget sends its whole body before it reads the
+	// answer: a connection closed under it loses the 413. What is left of a
+	// body up to drainBytes is read and discarded, so such a client hears
+	// why; beyond, the connection is closed (the listener's read timeout
+	// bounds a slow sender).
+	_, _ = io.CopyN(io.Discard, r.Body, drainBytes)
+	w.Header().Set("Connection", "close")
 	msg := body + " body is larger than " + strconv.FormatInt(limit, 10) + " bytes"
 	if body == BodyQuote {
 		writeJSON(w, http.StatusRequestEntityTooLarge, QuoteResponse{Message: msg})
