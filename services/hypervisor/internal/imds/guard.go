@@ -21,10 +21,12 @@ type Limits struct {
 	MaxReportBytes int64
 }
 
-// Defaults of the limits. A boot of the test guest makes about 15 requests
-// (hostname, keys, nonce and quote twice, user-data, reports); a real
-// quote with its event logs is tens of KiB, a systemd-report upload of a
-// busy host a few hundred.
+// Defaults of the limits, far above what a guest needs: a boot of the test
+// guest makes a few dozen requests over seconds (hostname, keys, user-data
+// polled every 2 s while gated, a nonce and a quote per stage, sysupdate
+// files, a report every 15 s), and boots within 5/s and a burst of 40
+// (TestBoundsFromGuests); a quote with its event logs is tens of KiB, a
+// systemd-report upload of a busy host a few hundred.
 const (
 	DefaultRequestsPerSecond = 20
 	DefaultBurst             = 100
