@@ -31,7 +31,8 @@ const Domain = "vm-manager"
 type Code string
 
 // The codes of the original vm-manager's REST API, plus the ones a split
-// service needs (unauthenticated, forbidden, unavailable).
+// service needs (unauthenticated, forbidden, unavailable) and the one of a
+// per-host bound (resource_exhausted: too many VMs, networks or forwards).
 const (
 	InvalidRequest  Code = "invalid_request"
 	NotFound        Code = "not_found"
@@ -43,10 +44,12 @@ const (
 	Unauthenticated Code = "unauthenticated"
 	Forbidden       Code = "forbidden"
 	Unavailable     Code = "unavailable"
+	// ResourceExhausted is a per-host bound reached: nothing was created.
+	ResourceExhausted Code = "resource_exhausted"
 )
 
 // Codes lists every code, for documentation and tests.
-var Codes = []Code{InvalidRequest, NotFound, Conflict, Unsupported, Timeout, VMFailed, Internal, Unauthenticated, Forbidden, Unavailable}
+var Codes = []Code{InvalidRequest, NotFound, Conflict, Unsupported, Timeout, VMFailed, Internal, Unauthenticated, Forbidden, Unavailable, ResourceExhausted}
 
 // Sentinels for errors.Is. Errors built with Errorf match the sentinel of their code.
 var (
@@ -60,6 +63,7 @@ var (
 	ErrUnauthenticated error = sentinel(Unauthenticated)
 	ErrForbidden       error = sentinel(Forbidden)
 	ErrUnavailable     error = sentinel(Unavailable)
+	ErrExhausted       error = sentinel(ResourceExhausted)
 )
 
 type sentinel Code
@@ -219,6 +223,8 @@ var wires = map[Code]wire{
 	Unauthenticated: {codes.Unauthenticated, http.StatusUnauthorized},
 	Forbidden:       {codes.PermissionDenied, http.StatusForbidden},
 	Unavailable:     {codes.Unavailable, http.StatusServiceUnavailable},
+	// 429, as Google's APIs answer RESOURCE_EXHAUSTED: a quota, not a fault.
+	ResourceExhausted: {codes.ResourceExhausted, http.StatusTooManyRequests},
 }
 
 var internalWire = wire{codes.Internal, http.StatusInternalServerError}
@@ -256,6 +262,8 @@ func codeFromGRPC(c codes.Code) Code {
 		return Forbidden
 	case codes.Unavailable, codes.Canceled:
 		return Unavailable
+	case codes.ResourceExhausted:
+		return ResourceExhausted
 	default:
 		return Internal
 	}

@@ -14,29 +14,31 @@ import (
 )
 
 var sentinels = map[apierr.Code]error{
-	apierr.InvalidRequest:  apierr.ErrInvalid,
-	apierr.NotFound:        apierr.ErrNotFound,
-	apierr.Conflict:        apierr.ErrConflict,
-	apierr.Unsupported:     apierr.ErrUnsupported,
-	apierr.Timeout:         apierr.ErrTimeout,
-	apierr.VMFailed:        apierr.ErrFailed,
-	apierr.Internal:        apierr.ErrInternal,
-	apierr.Unauthenticated: apierr.ErrUnauthenticated,
-	apierr.Forbidden:       apierr.ErrForbidden,
-	apierr.Unavailable:     apierr.ErrUnavailable,
+	apierr.InvalidRequest:    apierr.ErrInvalid,
+	apierr.NotFound:          apierr.ErrNotFound,
+	apierr.Conflict:          apierr.ErrConflict,
+	apierr.Unsupported:       apierr.ErrUnsupported,
+	apierr.Timeout:           apierr.ErrTimeout,
+	apierr.VMFailed:          apierr.ErrFailed,
+	apierr.Internal:          apierr.ErrInternal,
+	apierr.Unauthenticated:   apierr.ErrUnauthenticated,
+	apierr.Forbidden:         apierr.ErrForbidden,
+	apierr.Unavailable:       apierr.ErrUnavailable,
+	apierr.ResourceExhausted: apierr.ErrExhausted,
 }
 
 var wantGRPC = map[apierr.Code]codes.Code{
-	apierr.InvalidRequest:  codes.InvalidArgument,
-	apierr.NotFound:        codes.NotFound,
-	apierr.Conflict:        codes.FailedPrecondition,
-	apierr.Unsupported:     codes.Unimplemented,
-	apierr.Timeout:         codes.DeadlineExceeded,
-	apierr.VMFailed:        codes.Internal,
-	apierr.Internal:        codes.Internal,
-	apierr.Unauthenticated: codes.Unauthenticated,
-	apierr.Forbidden:       codes.PermissionDenied,
-	apierr.Unavailable:     codes.Unavailable,
+	apierr.InvalidRequest:    codes.InvalidArgument,
+	apierr.NotFound:          codes.NotFound,
+	apierr.Conflict:          codes.FailedPrecondition,
+	apierr.Unsupported:       codes.Unimplemented,
+	apierr.Timeout:           codes.DeadlineExceeded,
+	apierr.VMFailed:          codes.Internal,
+	apierr.Internal:          codes.Internal,
+	apierr.Unauthenticated:   codes.Unauthenticated,
+	apierr.Forbidden:         codes.PermissionDenied,
+	apierr.Unavailable:       codes.Unavailable,
+	apierr.ResourceExhausted: codes.ResourceExhausted,
 }
 
 func errorInfo(t *testing.T, st *status.Status) *errdetails.ErrorInfo {
@@ -54,8 +56,8 @@ func errorInfo(t *testing.T, st *status.Status) *errdetails.ErrorInfo {
 }
 
 func TestCodesListIsComplete(t *testing.T) {
-	if len(apierr.Codes) != 10 {
-		t.Fatalf("len(Codes) = %d, want 10", len(apierr.Codes))
+	if len(apierr.Codes) != 11 {
+		t.Fatalf("len(Codes) = %d, want 11", len(apierr.Codes))
 	}
 	seen := map[apierr.Code]bool{}
 	for _, c := range apierr.Codes {
@@ -217,6 +219,7 @@ func TestPlainStatusMapsByGRPCCode(t *testing.T) {
 		{codes.DeadlineExceeded, apierr.Timeout},
 		{codes.PermissionDenied, apierr.Forbidden},
 		{codes.Unauthenticated, apierr.Unauthenticated},
+		{codes.ResourceExhausted, apierr.ResourceExhausted},
 		{codes.Unknown, apierr.Internal},
 		{codes.DataLoss, apierr.Internal},
 	}
@@ -297,16 +300,17 @@ func TestNil(t *testing.T) {
 
 func TestHTTPStatus(t *testing.T) {
 	want := map[apierr.Code]int{
-		apierr.InvalidRequest:  400,
-		apierr.NotFound:        404,
-		apierr.Conflict:        409,
-		apierr.Unsupported:     501,
-		apierr.Timeout:         504,
-		apierr.VMFailed:        500,
-		apierr.Internal:        500,
-		apierr.Unauthenticated: 401,
-		apierr.Forbidden:       403,
-		apierr.Unavailable:     503,
+		apierr.InvalidRequest:    400,
+		apierr.NotFound:          404,
+		apierr.Conflict:          409,
+		apierr.Unsupported:       501,
+		apierr.Timeout:           504,
+		apierr.VMFailed:          500,
+		apierr.Internal:          500,
+		apierr.Unauthenticated:   401,
+		apierr.Forbidden:         403,
+		apierr.Unavailable:       503,
+		apierr.ResourceExhausted: 429,
 	}
 	for _, c := range apierr.Codes {
 		w, ok := want[c]

@@ -54,6 +54,10 @@ type Options struct {
 	// StopVMsOnExit starts the hypervisor with --detach-vms-on-exit=false:
 	// a graceful stop powers its VMs down (the pod's behaviour).
 	StopVMsOnExit bool
+	// Env adds NAME=value settings to the services' environments: the
+	// binaries' flags by their variables (Processes mode only; SetEnv
+	// changes them for the next start of a service).
+	Env []string
 }
 
 // Cluster is a running set of the three services.
@@ -104,6 +108,8 @@ func Start(t testing.TB, mode Mode, binDir string, opts Options) *Cluster {
 	}
 	if mode == Processes {
 		c.binDir = binDir
+	} else if len(opts.Env) > 0 {
+		t.Fatalf("cluster.Options.Env %q needs Processes mode", opts.Env)
 	}
 	c.Addr = FreeAddr(t)
 	t.Cleanup(c.StopAll)
@@ -149,7 +155,7 @@ func (c *Cluster) env() []string {
 	if c.options.StopVMsOnExit {
 		env = append(env, "VM_MANAGER_DETACH_VMS_ON_EXIT=false")
 	}
-	return env
+	return append(env, c.options.Env...)
 }
 
 // identity is the services' in-process identity configuration.
@@ -162,6 +168,13 @@ func (c *Cluster) SetLearnGolden(on bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.options.LearnGolden = on
+}
+
+// SetEnv replaces Options.Env for the next start of a service.
+func (c *Cluster) SetEnv(env ...string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.options.Env = env
 }
 
 // SetStopVMsOnExit sets the hypervisor's --detach-vms-on-exit=false for its

@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -62,6 +63,15 @@ type Config struct {
 	// GuestSeriesLimit bounds the exported series of one guest's report
 	// (--metrics-guest-series-limit).
 	GuestSeriesLimit int
+	// Limits are the per-host and per-VM bounds; MaxMemoryMiB and MaxCPUs 0
+	// take the host's MemTotal and logical CPUs, the others' zero values
+	// their defaults.
+	Limits vm.Limits
+	// IMDS are the IMDS's per-VM bounds (zero values: the defaults).
+	IMDS imds.Limits
+	// ConsoleLogMaxBytes bounds each VM's serial console files
+	// (vm.DefaultConsoleLogMaxBytes when 0).
+	ConsoleLogMaxBytes int64
 	// Identity, with an issuer, requires every HypervisorService call to carry
 	// a valid token (the gateway forwards the caller's) and records the caller
 	// on the VMs and networks it creates. Health and reflection stay open.
@@ -148,6 +158,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}()
 		log.Info("readiness over AF_VSOCK", "port", port)
 	}
+	limits := cfg.Limits
+	if limits.MaxMemoryMiB == 0 {
+		limits.MaxMemoryMiB = int32(min(report.GetMemoryBytes()>>20, math.MaxInt32)) // 0 when unknown: no bound
+	}
+	if limits.MaxCPUs == 0 {
+		limits.MaxCPUs = report.GetCpus()
+	}
 	drv := driver.New(driver.Config{
 		StateDir:        cfg.StateDir,
 		QEMUBinary:      qemuBin,
@@ -161,18 +178,21 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		VTPMCA:          ca,
 	}, log)
 	vms, err := vm.New(vm.Config{
-		StateDir:         cfg.StateDir,
-		ImageDir:         cfg.ImageDir,
-		Accelerator:      report.GetAccelerator(),
-		Region:           hostname,
-		Firmware:         report.GetFirmware(),
-		DefaultNetwork:   cfg.DefaultNetwork,
-		DefaultSubnet:    cfg.DefaultSubnet,
-		InstallTimeout:   cfg.InstallTimeout,
-		BootTimeout:      cfg.BootTimeout,
-		StopTimeout:      cfg.StopTimeout,
-		StopVMsOnExit:    cfg.StopVMsOnExit,
-		GuestSeriesLimit: cfg.GuestSeriesLimit,
+		StateDir:           cfg.StateDir,
+		ImageDir:           cfg.ImageDir,
+		Accelerator:        report.GetAccelerator(),
+		Region:             hostname,
+		Firmware:           report.GetFirmware(),
+		DefaultNetwork:     cfg.DefaultNetwork,
+		DefaultSubnet:      cfg.DefaultSubnet,
+		InstallTimeout:     cfg.InstallTimeout,
+		BootTimeout:        cfg.BootTimeout,
+		StopTimeout:        cfg.StopTimeout,
+		StopVMsOnExit:      cfg.StopVMsOnExit,
+		GuestSeriesLimit:   cfg.GuestSeriesLimit,
+		Limits:             limits,
+		IMDS:               cfg.IMDS,
+		ConsoleLogMaxBytes: cfg.ConsoleLogMaxBytes,
 	}, log, st, cat, attestationv1.NewVerifierServiceClient(aconn), router, drv)
 	if err != nil {
 		return err
@@ -182,7 +202,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// The internal TelemetryService is read-only and needs no token: the
 	// gateway's metrics scrape has no caller (see its proto).
 	srv := mesh.NewServer(log, verifier.ServerOptions(hypervisorv1.TelemetryService_ServiceDesc.ServiceName)...)
-	api := apiserver.New(prober, cat, vms, vms.Guest())
+	api := apiserver.New(prober, cat, vms, vms.Guest(), vms)
 	hypervisorv1.RegisterHypervisorServiceServer(srv, api)
 	hypervisorv1.RegisterTelemetryServiceServer(srv, api.Telemetry())
 	ln, err := mesh.Listen(cfg.Socket)

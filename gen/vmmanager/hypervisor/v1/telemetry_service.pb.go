@@ -339,6 +339,188 @@ func (x *GuestSeries) GetInfo() string {
 	return ""
 }
 
+type GetBoundCountersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetBoundCountersRequest) Reset() {
+	*x = GetBoundCountersRequest{}
+	mi := &file_vmmanager_hypervisor_v1_telemetry_service_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetBoundCountersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetBoundCountersRequest) ProtoMessage() {}
+
+func (x *GetBoundCountersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_vmmanager_hypervisor_v1_telemetry_service_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetBoundCountersRequest.ProtoReflect.Descriptor instead.
+func (*GetBoundCountersRequest) Descriptor() ([]byte, []int) {
+	return file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDescGZIP(), []int{4}
+}
+
+type GetBoundCountersResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One entry per VM, by VM id.
+	Vms []*VirtualMachineBoundCounters `protobuf:"bytes,1,rep,name=vms,proto3" json:"vms,omitempty"`
+	// Creates refused at a per-host bound, by bound: "vms" (--max-vms),
+	// "networks" (--max-networks), "forwards_per_vm" (--max-forwards-per-vm).
+	RefusedTotal  map[string]uint64 `protobuf:"bytes,2,rep,name=refused_total,json=refusedTotal,proto3" json:"refused_total,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetBoundCountersResponse) Reset() {
+	*x = GetBoundCountersResponse{}
+	mi := &file_vmmanager_hypervisor_v1_telemetry_service_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetBoundCountersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetBoundCountersResponse) ProtoMessage() {}
+
+func (x *GetBoundCountersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_vmmanager_hypervisor_v1_telemetry_service_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetBoundCountersResponse.ProtoReflect.Descriptor instead.
+func (*GetBoundCountersResponse) Descriptor() ([]byte, []int) {
+	return file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *GetBoundCountersResponse) GetVms() []*VirtualMachineBoundCounters {
+	if x != nil {
+		return x.Vms
+	}
+	return nil
+}
+
+func (x *GetBoundCountersResponse) GetRefusedTotal() map[string]uint64 {
+	if x != nil {
+		return x.RefusedTotal
+	}
+	return nil
+}
+
+// VirtualMachineBoundCounters are one VM's counters.
+type VirtualMachineBoundCounters struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	VmId  string                 `protobuf:"bytes,1,opt,name=vm_id,json=vmId,proto3" json:"vm_id,omitempty"`
+	// IMDS requests answered 429 (over --imds-requests-per-second and
+	// --imds-request-burst).
+	ImdsRateLimitedTotal uint64 `protobuf:"varint,2,opt,name=imds_rate_limited_total,json=imdsRateLimitedTotal,proto3" json:"imds_rate_limited_total,omitempty"`
+	// IMDS bodies answered 413, by body: "quote" (--imds-max-quote-bytes),
+	// "report" (--imds-max-report-bytes).
+	ImdsBodyTooLargeTotal map[string]uint64 `protobuf:"bytes,3,rep,name=imds_body_too_large_total,json=imdsBodyTooLargeTotal,proto3" json:"imds_body_too_large_total,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// Rotations of the serial console (--console-log-max-bytes), the bytes
+	// they moved out of console.log, and the console bytes no longer kept.
+	ConsoleRotationsTotal    uint64 `protobuf:"varint,4,opt,name=console_rotations_total,json=consoleRotationsTotal,proto3" json:"console_rotations_total,omitempty"`
+	ConsoleRotatedBytesTotal uint64 `protobuf:"varint,5,opt,name=console_rotated_bytes_total,json=consoleRotatedBytesTotal,proto3" json:"console_rotated_bytes_total,omitempty"`
+	ConsoleDroppedBytesTotal uint64 `protobuf:"varint,6,opt,name=console_dropped_bytes_total,json=consoleDroppedBytesTotal,proto3" json:"console_dropped_bytes_total,omitempty"`
+	unknownFields            protoimpl.UnknownFields
+	sizeCache                protoimpl.SizeCache
+}
+
+func (x *VirtualMachineBoundCounters) Reset() {
+	*x = VirtualMachineBoundCounters{}
+	mi := &file_vmmanager_hypervisor_v1_telemetry_service_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VirtualMachineBoundCounters) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VirtualMachineBoundCounters) ProtoMessage() {}
+
+func (x *VirtualMachineBoundCounters) ProtoReflect() protoreflect.Message {
+	mi := &file_vmmanager_hypervisor_v1_telemetry_service_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VirtualMachineBoundCounters.ProtoReflect.Descriptor instead.
+func (*VirtualMachineBoundCounters) Descriptor() ([]byte, []int) {
+	return file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *VirtualMachineBoundCounters) GetVmId() string {
+	if x != nil {
+		return x.VmId
+	}
+	return ""
+}
+
+func (x *VirtualMachineBoundCounters) GetImdsRateLimitedTotal() uint64 {
+	if x != nil {
+		return x.ImdsRateLimitedTotal
+	}
+	return 0
+}
+
+func (x *VirtualMachineBoundCounters) GetImdsBodyTooLargeTotal() map[string]uint64 {
+	if x != nil {
+		return x.ImdsBodyTooLargeTotal
+	}
+	return nil
+}
+
+func (x *VirtualMachineBoundCounters) GetConsoleRotationsTotal() uint64 {
+	if x != nil {
+		return x.ConsoleRotationsTotal
+	}
+	return 0
+}
+
+func (x *VirtualMachineBoundCounters) GetConsoleRotatedBytesTotal() uint64 {
+	if x != nil {
+		return x.ConsoleRotatedBytesTotal
+	}
+	return 0
+}
+
+func (x *VirtualMachineBoundCounters) GetConsoleDroppedBytesTotal() uint64 {
+	if x != nil {
+		return x.ConsoleDroppedBytesTotal
+	}
+	return 0
+}
+
 var File_vmmanager_hypervisor_v1_telemetry_service_proto protoreflect.FileDescriptor
 
 const file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDesc = "" +
@@ -367,17 +549,35 @@ const file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDesc = "" +
 	"\x04info\x18\x06 \x01(\tR\x04info\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\x8c\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x19\n" +
+	"\x17GetBoundCountersRequest\"\x8d\x02\n" +
+	"\x18GetBoundCountersResponse\x12F\n" +
+	"\x03vms\x18\x01 \x03(\v24.vmmanager.hypervisor.v1.VirtualMachineBoundCountersR\x03vms\x12h\n" +
+	"\rrefused_total\x18\x02 \x03(\v2C.vmmanager.hypervisor.v1.GetBoundCountersResponse.RefusedTotalEntryR\frefusedTotal\x1a?\n" +
+	"\x11RefusedTotalEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xf5\x03\n" +
+	"\x1bVirtualMachineBoundCounters\x12\x13\n" +
+	"\x05vm_id\x18\x01 \x01(\tR\x04vmId\x125\n" +
+	"\x17imds_rate_limited_total\x18\x02 \x01(\x04R\x14imdsRateLimitedTotal\x12\x89\x01\n" +
+	"\x19imds_body_too_large_total\x18\x03 \x03(\v2O.vmmanager.hypervisor.v1.VirtualMachineBoundCounters.ImdsBodyTooLargeTotalEntryR\x15imdsBodyTooLargeTotal\x126\n" +
+	"\x17console_rotations_total\x18\x04 \x01(\x04R\x15consoleRotationsTotal\x12=\n" +
+	"\x1bconsole_rotated_bytes_total\x18\x05 \x01(\x04R\x18consoleRotatedBytesTotal\x12=\n" +
+	"\x1bconsole_dropped_bytes_total\x18\x06 \x01(\x04R\x18consoleDroppedBytesTotal\x1aH\n" +
+	"\x1aImdsBodyTooLargeTotalEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01*\x8c\x01\n" +
 	"\x0fGuestSeriesType\x12!\n" +
 	"\x1dGUEST_SERIES_TYPE_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17GUEST_SERIES_TYPE_GAUGE\x10\x01\x12\x1d\n" +
 	"\x19GUEST_SERIES_TYPE_COUNTER\x10\x02\x12\x1a\n" +
-	"\x16GUEST_SERIES_TYPE_INFO\x10\x032\xff\x03\n" +
+	"\x16GUEST_SERIES_TYPE_INFO\x10\x032\xf8\x04\n" +
 	"\x10TelemetryService\x12\x80\x01\n" +
 	"\x13ListVirtualMachines\x123.vmmanager.hypervisor.v1.ListVirtualMachinesRequest\x1a4.vmmanager.hypervisor.v1.ListVirtualMachinesResponse\x12\x84\x01\n" +
 	"\x18GetVirtualMachineMetrics\x128.vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest\x1a..vmmanager.hypervisor.v1.VirtualMachineMetrics\x12k\n" +
 	"\fListNetworks\x12,.vmmanager.hypervisor.v1.ListNetworksRequest\x1a-.vmmanager.hypervisor.v1.ListNetworksResponse\x12t\n" +
-	"\x0fListGuestSeries\x12/.vmmanager.hypervisor.v1.ListGuestSeriesRequest\x1a0.vmmanager.hypervisor.v1.ListGuestSeriesResponseBKZIgithub.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1;hypervisorv1b\x06proto3"
+	"\x0fListGuestSeries\x12/.vmmanager.hypervisor.v1.ListGuestSeriesRequest\x1a0.vmmanager.hypervisor.v1.ListGuestSeriesResponse\x12w\n" +
+	"\x10GetBoundCounters\x120.vmmanager.hypervisor.v1.GetBoundCountersRequest\x1a1.vmmanager.hypervisor.v1.GetBoundCountersResponseBKZIgithub.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1;hypervisorv1b\x06proto3"
 
 var (
 	file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDescOnce sync.Once
@@ -392,43 +592,53 @@ func file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDescGZIP() []byte {
 }
 
 var file_vmmanager_hypervisor_v1_telemetry_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_vmmanager_hypervisor_v1_telemetry_service_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_vmmanager_hypervisor_v1_telemetry_service_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_vmmanager_hypervisor_v1_telemetry_service_proto_goTypes = []any{
 	(GuestSeriesType)(0),                    // 0: vmmanager.hypervisor.v1.GuestSeriesType
 	(*ListGuestSeriesRequest)(nil),          // 1: vmmanager.hypervisor.v1.ListGuestSeriesRequest
 	(*ListGuestSeriesResponse)(nil),         // 2: vmmanager.hypervisor.v1.ListGuestSeriesResponse
 	(*VirtualMachineGuestSeries)(nil),       // 3: vmmanager.hypervisor.v1.VirtualMachineGuestSeries
 	(*GuestSeries)(nil),                     // 4: vmmanager.hypervisor.v1.GuestSeries
-	nil,                                     // 5: vmmanager.hypervisor.v1.VirtualMachineGuestSeries.SeriesDroppedTotalEntry
-	nil,                                     // 6: vmmanager.hypervisor.v1.GuestSeries.LabelsEntry
-	(*timestamppb.Timestamp)(nil),           // 7: google.protobuf.Timestamp
-	(*ListVirtualMachinesRequest)(nil),      // 8: vmmanager.hypervisor.v1.ListVirtualMachinesRequest
-	(*GetVirtualMachineMetricsRequest)(nil), // 9: vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
-	(*ListNetworksRequest)(nil),             // 10: vmmanager.hypervisor.v1.ListNetworksRequest
-	(*ListVirtualMachinesResponse)(nil),     // 11: vmmanager.hypervisor.v1.ListVirtualMachinesResponse
-	(*VirtualMachineMetrics)(nil),           // 12: vmmanager.hypervisor.v1.VirtualMachineMetrics
-	(*ListNetworksResponse)(nil),            // 13: vmmanager.hypervisor.v1.ListNetworksResponse
+	(*GetBoundCountersRequest)(nil),         // 5: vmmanager.hypervisor.v1.GetBoundCountersRequest
+	(*GetBoundCountersResponse)(nil),        // 6: vmmanager.hypervisor.v1.GetBoundCountersResponse
+	(*VirtualMachineBoundCounters)(nil),     // 7: vmmanager.hypervisor.v1.VirtualMachineBoundCounters
+	nil,                                     // 8: vmmanager.hypervisor.v1.VirtualMachineGuestSeries.SeriesDroppedTotalEntry
+	nil,                                     // 9: vmmanager.hypervisor.v1.GuestSeries.LabelsEntry
+	nil,                                     // 10: vmmanager.hypervisor.v1.GetBoundCountersResponse.RefusedTotalEntry
+	nil,                                     // 11: vmmanager.hypervisor.v1.VirtualMachineBoundCounters.ImdsBodyTooLargeTotalEntry
+	(*timestamppb.Timestamp)(nil),           // 12: google.protobuf.Timestamp
+	(*ListVirtualMachinesRequest)(nil),      // 13: vmmanager.hypervisor.v1.ListVirtualMachinesRequest
+	(*GetVirtualMachineMetricsRequest)(nil), // 14: vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
+	(*ListNetworksRequest)(nil),             // 15: vmmanager.hypervisor.v1.ListNetworksRequest
+	(*ListVirtualMachinesResponse)(nil),     // 16: vmmanager.hypervisor.v1.ListVirtualMachinesResponse
+	(*VirtualMachineMetrics)(nil),           // 17: vmmanager.hypervisor.v1.VirtualMachineMetrics
+	(*ListNetworksResponse)(nil),            // 18: vmmanager.hypervisor.v1.ListNetworksResponse
 }
 var file_vmmanager_hypervisor_v1_telemetry_service_proto_depIdxs = []int32{
 	3,  // 0: vmmanager.hypervisor.v1.ListGuestSeriesResponse.vms:type_name -> vmmanager.hypervisor.v1.VirtualMachineGuestSeries
-	7,  // 1: vmmanager.hypervisor.v1.VirtualMachineGuestSeries.received_at:type_name -> google.protobuf.Timestamp
-	5,  // 2: vmmanager.hypervisor.v1.VirtualMachineGuestSeries.series_dropped_total:type_name -> vmmanager.hypervisor.v1.VirtualMachineGuestSeries.SeriesDroppedTotalEntry
+	12, // 1: vmmanager.hypervisor.v1.VirtualMachineGuestSeries.received_at:type_name -> google.protobuf.Timestamp
+	8,  // 2: vmmanager.hypervisor.v1.VirtualMachineGuestSeries.series_dropped_total:type_name -> vmmanager.hypervisor.v1.VirtualMachineGuestSeries.SeriesDroppedTotalEntry
 	4,  // 3: vmmanager.hypervisor.v1.VirtualMachineGuestSeries.series:type_name -> vmmanager.hypervisor.v1.GuestSeries
 	0,  // 4: vmmanager.hypervisor.v1.GuestSeries.type:type_name -> vmmanager.hypervisor.v1.GuestSeriesType
-	6,  // 5: vmmanager.hypervisor.v1.GuestSeries.labels:type_name -> vmmanager.hypervisor.v1.GuestSeries.LabelsEntry
-	8,  // 6: vmmanager.hypervisor.v1.TelemetryService.ListVirtualMachines:input_type -> vmmanager.hypervisor.v1.ListVirtualMachinesRequest
-	9,  // 7: vmmanager.hypervisor.v1.TelemetryService.GetVirtualMachineMetrics:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
-	10, // 8: vmmanager.hypervisor.v1.TelemetryService.ListNetworks:input_type -> vmmanager.hypervisor.v1.ListNetworksRequest
-	1,  // 9: vmmanager.hypervisor.v1.TelemetryService.ListGuestSeries:input_type -> vmmanager.hypervisor.v1.ListGuestSeriesRequest
-	11, // 10: vmmanager.hypervisor.v1.TelemetryService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
-	12, // 11: vmmanager.hypervisor.v1.TelemetryService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
-	13, // 12: vmmanager.hypervisor.v1.TelemetryService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
-	2,  // 13: vmmanager.hypervisor.v1.TelemetryService.ListGuestSeries:output_type -> vmmanager.hypervisor.v1.ListGuestSeriesResponse
-	10, // [10:14] is the sub-list for method output_type
-	6,  // [6:10] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	9,  // 5: vmmanager.hypervisor.v1.GuestSeries.labels:type_name -> vmmanager.hypervisor.v1.GuestSeries.LabelsEntry
+	7,  // 6: vmmanager.hypervisor.v1.GetBoundCountersResponse.vms:type_name -> vmmanager.hypervisor.v1.VirtualMachineBoundCounters
+	10, // 7: vmmanager.hypervisor.v1.GetBoundCountersResponse.refused_total:type_name -> vmmanager.hypervisor.v1.GetBoundCountersResponse.RefusedTotalEntry
+	11, // 8: vmmanager.hypervisor.v1.VirtualMachineBoundCounters.imds_body_too_large_total:type_name -> vmmanager.hypervisor.v1.VirtualMachineBoundCounters.ImdsBodyTooLargeTotalEntry
+	13, // 9: vmmanager.hypervisor.v1.TelemetryService.ListVirtualMachines:input_type -> vmmanager.hypervisor.v1.ListVirtualMachinesRequest
+	14, // 10: vmmanager.hypervisor.v1.TelemetryService.GetVirtualMachineMetrics:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
+	15, // 11: vmmanager.hypervisor.v1.TelemetryService.ListNetworks:input_type -> vmmanager.hypervisor.v1.ListNetworksRequest
+	1,  // 12: vmmanager.hypervisor.v1.TelemetryService.ListGuestSeries:input_type -> vmmanager.hypervisor.v1.ListGuestSeriesRequest
+	5,  // 13: vmmanager.hypervisor.v1.TelemetryService.GetBoundCounters:input_type -> vmmanager.hypervisor.v1.GetBoundCountersRequest
+	16, // 14: vmmanager.hypervisor.v1.TelemetryService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
+	17, // 15: vmmanager.hypervisor.v1.TelemetryService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
+	18, // 16: vmmanager.hypervisor.v1.TelemetryService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
+	2,  // 17: vmmanager.hypervisor.v1.TelemetryService.ListGuestSeries:output_type -> vmmanager.hypervisor.v1.ListGuestSeriesResponse
+	6,  // 18: vmmanager.hypervisor.v1.TelemetryService.GetBoundCounters:output_type -> vmmanager.hypervisor.v1.GetBoundCountersResponse
+	14, // [14:19] is the sub-list for method output_type
+	9,  // [9:14] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_vmmanager_hypervisor_v1_telemetry_service_proto_init() }
@@ -443,7 +653,7 @@ func file_vmmanager_hypervisor_v1_telemetry_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDesc), len(file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   6,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -23,6 +23,7 @@ const (
 	TelemetryService_GetVirtualMachineMetrics_FullMethodName = "/vmmanager.hypervisor.v1.TelemetryService/GetVirtualMachineMetrics"
 	TelemetryService_ListNetworks_FullMethodName             = "/vmmanager.hypervisor.v1.TelemetryService/ListNetworks"
 	TelemetryService_ListGuestSeries_FullMethodName          = "/vmmanager.hypervisor.v1.TelemetryService/ListGuestSeries"
+	TelemetryService_GetBoundCounters_FullMethodName         = "/vmmanager.hypervisor.v1.TelemetryService/GetBoundCounters"
 )
 
 // TelemetryServiceClient is the client API for TelemetryService service.
@@ -44,6 +45,9 @@ type TelemetryServiceClient interface {
 	// Every VM's series from its guest's last systemd-report upload, for the
 	// guest collector (vm_guest_*, contract §10).
 	ListGuestSeries(ctx context.Context, in *ListGuestSeriesRequest, opts ...grpc.CallOption) (*ListGuestSeriesResponse, error)
+	// What the per-VM and per-host bounds refused or cut since the hypervisor
+	// started (docs/reliability.md, "Per-VM and per-host bounds").
+	GetBoundCounters(ctx context.Context, in *GetBoundCountersRequest, opts ...grpc.CallOption) (*GetBoundCountersResponse, error)
 }
 
 type telemetryServiceClient struct {
@@ -94,6 +98,16 @@ func (c *telemetryServiceClient) ListGuestSeries(ctx context.Context, in *ListGu
 	return out, nil
 }
 
+func (c *telemetryServiceClient) GetBoundCounters(ctx context.Context, in *GetBoundCountersRequest, opts ...grpc.CallOption) (*GetBoundCountersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetBoundCountersResponse)
+	err := c.cc.Invoke(ctx, TelemetryService_GetBoundCounters_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // TelemetryServiceServer is the server API for TelemetryService service.
 // All implementations must embed UnimplementedTelemetryServiceServer
 // for forward compatibility.
@@ -113,6 +127,9 @@ type TelemetryServiceServer interface {
 	// Every VM's series from its guest's last systemd-report upload, for the
 	// guest collector (vm_guest_*, contract §10).
 	ListGuestSeries(context.Context, *ListGuestSeriesRequest) (*ListGuestSeriesResponse, error)
+	// What the per-VM and per-host bounds refused or cut since the hypervisor
+	// started (docs/reliability.md, "Per-VM and per-host bounds").
+	GetBoundCounters(context.Context, *GetBoundCountersRequest) (*GetBoundCountersResponse, error)
 	mustEmbedUnimplementedTelemetryServiceServer()
 }
 
@@ -134,6 +151,9 @@ func (UnimplementedTelemetryServiceServer) ListNetworks(context.Context, *ListNe
 }
 func (UnimplementedTelemetryServiceServer) ListGuestSeries(context.Context, *ListGuestSeriesRequest) (*ListGuestSeriesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListGuestSeries not implemented")
+}
+func (UnimplementedTelemetryServiceServer) GetBoundCounters(context.Context, *GetBoundCountersRequest) (*GetBoundCountersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetBoundCounters not implemented")
 }
 func (UnimplementedTelemetryServiceServer) mustEmbedUnimplementedTelemetryServiceServer() {}
 func (UnimplementedTelemetryServiceServer) testEmbeddedByValue()                          {}
@@ -228,6 +248,24 @@ func _TelemetryService_ListGuestSeries_Handler(srv interface{}, ctx context.Cont
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TelemetryService_GetBoundCounters_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetBoundCountersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TelemetryServiceServer).GetBoundCounters(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TelemetryService_GetBoundCounters_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TelemetryServiceServer).GetBoundCounters(ctx, req.(*GetBoundCountersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // TelemetryService_ServiceDesc is the grpc.ServiceDesc for TelemetryService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -250,6 +288,10 @@ var TelemetryService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListGuestSeries",
 			Handler:    _TelemetryService_ListGuestSeries_Handler,
+		},
+		{
+			MethodName: "GetBoundCounters",
+			Handler:    _TelemetryService_GetBoundCounters_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

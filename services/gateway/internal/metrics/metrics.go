@@ -35,6 +35,7 @@ type Metrics struct {
 	log      *slog.Logger
 	host     *hostCollector
 	guest    *guestCollector
+	bounds   *boundsCollector
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	refused  *prometheus.CounterVec
@@ -68,6 +69,7 @@ func New(hv Source, log *slog.Logger) *Metrics {
 	}
 	m.host = newHostCollector(hv, log, DefaultScrapeTimeout)
 	m.guest = &guestCollector{hv: hv, log: log, timeout: DefaultScrapeTimeout, errors: m.host.scrapeErrors}
+	m.bounds = &boundsCollector{hv: hv, log: log, timeout: DefaultScrapeTimeout, errors: m.host.scrapeErrors}
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "vm_manager_build_info",
 		Help: "Always 1; the labels say which build serves.",
@@ -79,6 +81,7 @@ func New(hv Source, log *slog.Logger) *Metrics {
 		build,
 		m.host,
 		m.guest,
+		m.bounds,
 		m.requests,
 		m.duration,
 		m.refused,

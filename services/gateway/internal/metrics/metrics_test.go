@@ -35,6 +35,7 @@ type fakeHV struct {
 	metrics  map[string]*hypervisorv1.VirtualMachineMetrics
 	networks []*hypervisorv1.Network
 	guests   []*hypervisorv1.VirtualMachineGuestSeries
+	bounds   *hypervisorv1.GetBoundCountersResponse // nil: Unimplemented, as an older hypervisor
 	// authSeen records whether any call carried an authorization header.
 	authSeen bool
 }
@@ -81,6 +82,14 @@ func (f *fakeHV) ListNetworks(ctx context.Context, _ *hypervisorv1.ListNetworksR
 func (f *fakeHV) ListGuestSeries(ctx context.Context, _ *hypervisorv1.ListGuestSeriesRequest) (*hypervisorv1.ListGuestSeriesResponse, error) {
 	defer f.begin(ctx)()
 	return &hypervisorv1.ListGuestSeriesResponse{Vms: clones(f.guests)}, nil
+}
+
+func (f *fakeHV) GetBoundCounters(ctx context.Context, _ *hypervisorv1.GetBoundCountersRequest) (*hypervisorv1.GetBoundCountersResponse, error) {
+	defer f.begin(ctx)()
+	if f.bounds == nil {
+		return nil, status.Error(codes.Unimplemented, "unknown method")
+	}
+	return proto.Clone(f.bounds).(*hypervisorv1.GetBoundCountersResponse), nil
 }
 
 var t0 = time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)

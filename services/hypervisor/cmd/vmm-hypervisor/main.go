@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"time"
@@ -18,6 +19,8 @@ import (
 	"github.com/giantswarm/vm-manager/pkg/statedir"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guest"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/host"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/imds"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vm"
 	"github.com/giantswarm/vm-manager/services/hypervisor/server"
 )
 
@@ -55,6 +58,16 @@ func serveCommand() cli.Command {
 			notifyPort := fs.Int("notify-port", "VM_MANAGER_NOTIFY_PORT", 0, "AF_VSOCK port for READY=1 on hosts with /dev/vhost-vsock (0: the recorded one, else any)")
 			guestSeries := fs.Int("metrics-guest-series-limit", "VM_MANAGER_METRICS_GUEST_SERIES_LIMIT", guest.DefaultGuestSeriesLimit, "series of one guest's systemd-report exported as vm_guest_* metrics; the rest are counted as dropped (>= 1)")
 			accel := fs.String("accelerator", "VM_MANAGER_ACCELERATOR", "auto", "auto (kvm where /dev/kvm is usable, else tcg) or tcg")
+			maxVMs := fs.Int("max-vms", "VM_MANAGER_MAX_VMS", vm.DefaultMaxVMs, "VMs this host keeps, in any state; a create beyond is refused (resource_exhausted)")
+			maxNets := fs.Int("max-networks", "VM_MANAGER_MAX_NETWORKS", vm.DefaultMaxNetworks, "networks this host keeps, the default one included")
+			maxFwds := fs.Int("max-forwards-per-vm", "VM_MANAGER_MAX_FORWARDS_PER_VM", vm.DefaultMaxForwardsPerVM, "port forwards of one VM")
+			maxMem := fs.Int("max-memory-mib", "VM_MANAGER_MAX_MEMORY_MIB", 0, "largest memory_mib of one VM (0: the host's MemTotal)")
+			maxCPUs := fs.Int("max-cpus", "VM_MANAGER_MAX_CPUS", 0, "most cpus of one VM (0: the host's logical CPUs)")
+			imdsRate := fs.Int("imds-requests-per-second", "VM_MANAGER_IMDS_REQUESTS_PER_SECOND", imds.DefaultRequestsPerSecond, "IMDS requests one VM may make per second on average; beyond, 429 with Retry-After")
+			imdsBurst := fs.Int("imds-request-burst", "VM_MANAGER_IMDS_REQUEST_BURST", imds.DefaultBurst, "IMDS requests one VM may make at once before the rate applies")
+			maxQuote := fs.Int("imds-max-quote-bytes", "VM_MANAGER_IMDS_MAX_QUOTE_BYTES", imds.DefaultMaxQuoteBytes, "largest body of POST attest/quote; beyond, 413")
+			maxReport := fs.Int("imds-max-report-bytes", "VM_MANAGER_IMDS_MAX_REPORT_BYTES", imds.DefaultMaxReportBytes, "largest body of POST report; beyond, 413")
+			consoleMax := fs.Int("console-log-max-bytes", "VM_MANAGER_CONSOLE_LOG_MAX_BYTES", vm.DefaultConsoleLogMaxBytes, "serial console kept per VM, console.log and console.log.1 together (at least 64 KiB)")
 			oidc := identity.Flags(fs)
 			logger := logging.Flags(fs, "info", "hypervisor")
 			return func(ctx context.Context) error {
@@ -71,6 +84,24 @@ func serveCommand() cli.Command {
 				if *accel != "auto" && *accel != "tcg" {
 					return fmt.Errorf("--accelerator=%q: want auto or tcg", *accel)
 				}
+				for _, f := range []struct {
+					name string
+					v    int
+					min  int
+				}{
+					{"max-vms", *maxVMs, 1}, {"max-networks", *maxNets, 1}, {"max-forwards-per-vm", *maxFwds, 1},
+					{"max-memory-mib", *maxMem, 0}, {"max-cpus", *maxCPUs, 0},
+					{"imds-requests-per-second", *imdsRate, 1}, {"imds-request-burst", *imdsBurst, 1},
+					{"imds-max-quote-bytes", *maxQuote, 1}, {"imds-max-report-bytes", *maxReport, 1},
+					{"console-log-max-bytes", *consoleMax, vm.MinConsoleLogMaxBytes},
+				} {
+					if f.v < f.min {
+						return fmt.Errorf("--%s=%d: want at least %d", f.name, f.v, f.min)
+					}
+				}
+				if *maxMem > math.MaxInt32 || *maxCPUs > math.MaxInt32 {
+					return fmt.Errorf("--max-memory-mib and --max-cpus: want at most %d", math.MaxInt32)
+				}
 				return server.Run(ctx, server.Config{
 					StateDir:         *stateDir,
 					ImageDir:         *imageDir,
@@ -84,8 +115,13 @@ func serveCommand() cli.Command {
 					DefaultNetwork:   *defaultNet,
 					DefaultSubnet:    *subnet,
 					GuestSeriesLimit: *guestSeries,
-					Host:             host.Config{QEMUBinary: *qemu, SwtpmBinary: *swtpm, OVMFCode: *ovmfCode, OVMFVars: *ovmfVars, ForceTCG: *accel == "tcg"},
-					Identity:         oidc(),
+					Limits: vm.Limits{MaxVMs: *maxVMs, MaxNetworks: *maxNets, MaxForwardsPerVM: *maxFwds,
+						MaxMemoryMiB: int32(*maxMem), MaxCPUs: int32(*maxCPUs)},
+					IMDS: imds.Limits{RequestsPerSecond: float64(*imdsRate), Burst: *imdsBurst,
+						MaxQuoteBytes: int64(*maxQuote), MaxReportBytes: int64(*maxReport)},
+					ConsoleLogMaxBytes: int64(*consoleMax),
+					Host:               host.Config{QEMUBinary: *qemu, SwtpmBinary: *swtpm, OVMFCode: *ovmfCode, OVMFVars: *ovmfVars, ForceTCG: *accel == "tcg"},
+					Identity:           oidc(),
 				}, log)
 			}
 		},

@@ -47,6 +47,11 @@ type Guests interface {
 	GuestSeries() []*hypervisorv1.VirtualMachineGuestSeries
 }
 
+// Bounds are the counters of the per-VM and per-host bounds.
+type Bounds interface {
+	BoundCounters() *hypervisorv1.GetBoundCountersResponse
+}
+
 // Server is the HypervisorService.
 type Server struct {
 	hypervisorv1.UnimplementedHypervisorServiceServer
@@ -54,11 +59,12 @@ type Server struct {
 	catalog Catalog
 	vms     VMs
 	guests  Guests
+	bounds  Bounds
 }
 
 // New returns a HypervisorService over its dependencies.
-func New(host HostProber, catalog Catalog, vms VMs, guests Guests) *Server {
-	return &Server{host: host, catalog: catalog, vms: vms, guests: guests}
+func New(host HostProber, catalog Catalog, vms VMs, guests Guests, bounds Bounds) *Server {
+	return &Server{host: host, catalog: catalog, vms: vms, guests: guests, bounds: bounds}
 }
 
 func (s *Server) GetHost(ctx context.Context, _ *hypervisorv1.GetHostRequest) (*hypervisorv1.Host, error) {
@@ -167,4 +173,8 @@ func (t *Telemetry) ListNetworks(ctx context.Context, req *hypervisorv1.ListNetw
 
 func (t *Telemetry) ListGuestSeries(context.Context, *hypervisorv1.ListGuestSeriesRequest) (*hypervisorv1.ListGuestSeriesResponse, error) {
 	return &hypervisorv1.ListGuestSeriesResponse{Vms: t.s.guests.GuestSeries()}, nil
+}
+
+func (t *Telemetry) GetBoundCounters(context.Context, *hypervisorv1.GetBoundCountersRequest) (*hypervisorv1.GetBoundCountersResponse, error) {
+	return t.s.bounds.BoundCounters(), nil
 }

@@ -25,6 +25,11 @@ type Records interface {
 	Record(id string) (*storepb.VirtualMachine, error)
 	// Records returns copies of every record, oldest first.
 	Records() []*storepb.VirtualMachine
+	// Leased calls fn with the record of the VM holding the lease on ip in
+	// network, under that record's lock, and says whether there is one. The
+	// IMDS looks its caller up on every request: nothing is copied but what
+	// fn takes, and fn must neither keep nor change the record.
+	Leased(network string, ip netip.Addr, fn func(*storepb.VirtualMachine)) bool
 	// Update applies fn to a VM's record and persists it.
 	Update(id string, fn func(*storepb.VirtualMachine)) error
 	// BeginBootRequest is how the VM's current boot is registered with
@@ -78,19 +83,18 @@ type NetworkView struct {
 // ByIP finds the VM holding a lease on ip in this network; VMs being
 // deleted are excluded.
 func (n *NetworkView) ByIP(ip netip.Addr) (*hypervisorv1.VirtualMachine, bool) {
-	ip = ip.Unmap()
-	for _, rec := range n.records.Records() {
-		if rec.GetNetwork() != n.network || rec.GetState() == hypervisorv1.State_STATE_DELETING {
-			continue
+	var vm *hypervisorv1.VirtualMachine
+	n.records.Leased(n.network, ip.Unmap(), func(rec *storepb.VirtualMachine) {
+		if rec.GetState() != hypervisorv1.State_STATE_DELETING {
+			vm = publicView(rec)
 		}
-		if a, err := netip.ParseAddr(rec.GetIp()); err == nil && a == ip {
-			return publicView(rec), true
-		}
-	}
-	return nil, false
+	})
+	return vm, vm != nil
 }
 
-// publicView is what the IMDS reads of a record: the fields it serves.
+// publicView is what the IMDS reads of a record: the fields it serves. The
+// metadata map is shared, not copied: it is set at create and nothing
+// changes it in place afterwards.
 func publicView(rec *storepb.VirtualMachine) *hypervisorv1.VirtualMachine {
 	return &hypervisorv1.VirtualMachine{
 		Id: rec.GetId(), Name: rec.GetName(), Hostname: rec.GetHostname(), Region: rec.GetRegion(), Zone: rec.GetZone(),

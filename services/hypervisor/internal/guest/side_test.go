@@ -49,6 +49,18 @@ func (r *records) Records() []*storepb.VirtualMachine {
 	return out
 }
 
+func (r *records) Leased(network string, ip netip.Addr, fn func(*storepb.VirtualMachine)) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, rec := range r.recs {
+		if a, err := netip.ParseAddr(rec.GetIp()); err == nil && a == ip && rec.GetNetwork() == network {
+			fn(rec)
+			return true
+		}
+	}
+	return false
+}
+
 func (r *records) Update(id string, fn func(*storepb.VirtualMachine)) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -238,7 +250,7 @@ func TestIMDSSysupdateTraversal(t *testing.T) {
 	if err := os.Symlink(filepath.Join(images, "secret"), filepath.Join(images, "sysupdate", "kubernetes", "absolute")); err != nil {
 		t.Fatal(err)
 	}
-	h := imds.New(s.Network("net"), nil)
+	h := imds.New(s.Network("net"), nil, nil)
 	get := func(target string) *httptest.ResponseRecorder {
 		raw := "GET " + target + " HTTP/1.1\r\nHost: 169.254.169.254\r\n\r\n"
 		r, err := http.ReadRequest(bufio.NewReader(strings.NewReader(raw)))

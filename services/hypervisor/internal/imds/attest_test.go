@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,7 +20,7 @@ import (
 
 func TestNonce(t *testing.T) {
 	f := newFake()
-	h := New(f, nil)
+	h := New(f, nil, nil)
 	w := get(t, h, ipFull, "/attest/nonce")
 	if w.Code != 200 || len(w.Body.String()) != 64 {
 		t.Fatalf("got %d %q", w.Code, w.Body.String())
@@ -84,7 +86,7 @@ func expectQuote(t *testing.T, w *httptest.ResponseRecorder, status int, want Qu
 
 func TestQuoteForwarded(t *testing.T) {
 	f := newFake()
-	h := New(f, nil)
+	h := New(f, nil, nil)
 	expectQuote(t, do(t, h, ipFull, "POST", BasePath+"/attest/quote", quoteBody(map[string]any{"stage": "ready"})), 200,
 		QuoteResponse{Stage: "ready", Verified: true})
 	if len(f.quotes) != 1 {
@@ -105,7 +107,7 @@ func TestQuoteForwarded(t *testing.T) {
 func TestQuoteRejected(t *testing.T) {
 	f := newFake()
 	f.verified = false
-	h := New(f, nil)
+	h := New(f, nil, nil)
 	expectQuote(t, do(t, h, ipFull, "POST", BasePath+"/attest/quote", quoteBody(nil)), 403,
 		QuoteResponse{Stage: "initrd", Message: "pcr 7 mismatch"})
 	expect(t, get(t, h, ipFull, "/user-data"), 503, UserDataGated)
@@ -113,7 +115,7 @@ func TestQuoteRejected(t *testing.T) {
 
 func TestQuoteBadRequest(t *testing.T) {
 	f := newFake()
-	h := New(f, nil)
+	h := New(f, nil, nil)
 	for name, edit := range map[string]map[string]any{
 		"stage missing":         {"stage": nil},
 		"stage invalid":         {"stage": "boot"},
@@ -193,7 +195,7 @@ func TestQuoteErrorMapping(t *testing.T) {
 	} {
 		f := newFake()
 		f.quoteErr = tc.err
-		h := New(f, nil)
+		h := New(f, nil, nil)
 		expectQuote(t, do(t, h, ipFull, "POST", BasePath+"/attest/quote", quoteBody(nil)), tc.status,
 			QuoteResponse{Stage: "initrd", Message: tc.msg})
 	}
@@ -207,29 +209,47 @@ func padded(prefix string, n int) []byte {
 
 func TestBodyLimits(t *testing.T) {
 	f := newFake()
-	h := New(f, nil)
+	g := NewGuard(Limits{MaxQuoteBytes: 64 << 10, MaxReportBytes: 32 << 10})
+	h := New(f, g, nil)
+	chunked := func(r *http.Request) { r.ContentLength = -1 }
 
-	w := do(t, h, ipFull, "POST", BasePath+"/attest/quote", padded(string(quoteBody(nil)), MaxBodyBytes))
-	if w.Code != 200 {
-		t.Fatalf("quote of 8 MiB: %d %s", w.Code, w.Body.String())
+	if w := do(t, h, ipFull, "POST", BasePath+"/attest/quote", padded(string(quoteBody(nil)), 64<<10)); w.Code != 200 {
+		t.Fatalf("quote at the limit: %d %s", w.Code, w.Body.String())
 	}
-	w = do(t, h, ipFull, "POST", BasePath+"/attest/quote", padded(string(quoteBody(nil)), MaxBodyBytes+1))
-	if w.Code != 400 {
-		t.Fatalf("quote over 8 MiB: %d", w.Code)
-	}
-	// A huge base64 field is cut at the limit, not buffered.
-	big := quoteBody(map[string]any{"event_log": base64.StdEncoding.EncodeToString(make([]byte, 7<<20))})
-	if w := do(t, h, ipFull, "POST", BasePath+"/attest/quote", big); w.Code != 400 {
-		t.Fatalf("quote with 9.3 MiB body: %d", w.Code)
+	for _, c := range []struct {
+		what string
+		body []byte
+		edit func(*http.Request)
+	}{
+		{"one byte over, with Content-Length", padded(string(quoteBody(nil)), 64<<10+1), nil},
+		{"one byte over, chunked", padded(string(quoteBody(nil)), 64<<10+1), chunked},
+		// A huge base64 field is cut at the limit, not buffered.
+		{"a 9.3 MiB event log, chunked", quoteBody(map[string]any{"event_log": base64.StdEncoding.EncodeToString(make([]byte, 7<<20))}), chunked},
+		{"valid JSON then a tail over the limit, chunked", append(quoteBody(nil), bytes.Repeat([]byte(" "), 64<<10)...), chunked},
+	} {
+		w := doWith(t, h, ipFull, "POST", BasePath+"/attest/quote", c.body, c.edit)
+		if w.Code != http.StatusRequestEntityTooLarge || !strings.Contains(w.Body.String(), `"message":"quote body is larger than 65536 bytes"`) {
+			t.Errorf("quote %s: %d %s", c.what, w.Code, w.Body.String())
+		}
 	}
 
-	if w := do(t, h, ipFull, "POST", BasePath+"/report", padded(`{"a":1}`, MaxBodyBytes)); w.Code != 204 {
-		t.Fatalf("report of 8 MiB: %d", w.Code)
+	if w := do(t, h, ipFull, "POST", BasePath+"/report", padded(`{"a":1}`, 32<<10)); w.Code != 204 {
+		t.Fatalf("report at the limit: %d", w.Code)
 	}
-	if len(f.reports["0a1b2c3d"]) != MaxBodyBytes {
+	if len(f.reports["0a1b2c3d"]) != 32<<10 {
 		t.Fatalf("stored %d bytes", len(f.reports["0a1b2c3d"]))
 	}
-	if w := do(t, h, ipFull, "POST", BasePath+"/report", padded(`{"a":1}`, MaxBodyBytes+1)); w.Code != 400 {
-		t.Fatalf("report over 8 MiB: %d", w.Code)
+	for _, edit := range []func(*http.Request){nil, chunked} {
+		w := doWith(t, h, ipFull, "POST", BasePath+"/report", padded(`{"b":1}`, 32<<10+1), edit)
+		if w.Code != http.StatusRequestEntityTooLarge || w.Body.String() != "report body is larger than 32768 bytes" {
+			t.Errorf("report over the limit: %d %s", w.Code, w.Body.String())
+		}
+	}
+	if string(f.reports["0a1b2c3d"][:7]) != `{"a":1}` {
+		t.Errorf("a refused report replaced the stored one")
+	}
+	want := []Counters{{VMID: "0a1b2c3d", BodiesTooLarge: map[string]uint64{BodyQuote: 4, BodyReport: 2}}}
+	if got := g.Counters(); !reflect.DeepEqual(got, want) {
+		t.Errorf("counters %+v, want %+v", got, want)
 	}
 }

@@ -8,7 +8,7 @@ import (
 
 func TestReport(t *testing.T) {
 	f := newFake()
-	h := New(f, nil)
+	h := New(f, nil, nil)
 	for _, body := range []string{"", "{", "not json", `{"a":1}x`} {
 		if w := do(t, h, ipFull, "POST", BasePath+"/report", []byte(body)); w.Code != 400 {
 			t.Errorf("%q: %d", body, w.Code)
@@ -29,7 +29,7 @@ func TestReport(t *testing.T) {
 }
 
 func TestSysupdate(t *testing.T) {
-	h := New(newFake(), nil)
+	h := New(newFake(), nil, nil)
 	w := get(t, h, ipBare, "/sysupdate/kubernetes/kubernetes_v1.33.1.raw")
 	if w.Code != 200 || w.Body.String() != "\x00\x01binary\xff" {
 		t.Fatalf("got %d %q", w.Code, w.Body.String())
@@ -70,7 +70,7 @@ func TestSysupdate(t *testing.T) {
 }
 
 func TestSysupdateError(t *testing.T) {
-	h := New(errFiles{newFake()}, nil)
+	h := New(errFiles{newFake()}, nil, nil)
 	if w := get(t, h, ipBare, "/sysupdate/a/b"); w.Code != 500 {
 		t.Fatalf("got %d", w.Code)
 	}

@@ -127,7 +127,7 @@ func FuzzIMDS(f *testing.F) {
 			ContentLength: int64(len(body)),
 		}
 		w := httptest.NewRecorder()
-		New(port, nil).ServeHTTP(w, r.WithContext(context.Background()))
+		New(port, nil, nil).ServeHTTP(w, r.WithContext(context.Background()))
 
 		lease := false
 		if ap, err := netip.ParseAddrPort(remote); err == nil {
@@ -209,7 +209,7 @@ var traversalTargets = []string{
 // server does (http.ReadRequest) before the handler sees it: every one is a
 // 404, and no unsafe name reaches the port (the fake panics on one).
 func TestSysupdateTraversalOnTheWire(t *testing.T) {
-	h := New(newFake(), nil)
+	h := New(newFake(), nil, nil)
 	parsed := 0
 	for _, target := range traversalTargets {
 		raw := "GET " + target + " HTTP/1.1\r\nHost: 169.254.169.254\r\nX-Forwarded-For: " + ipFull + "\r\n\r\n"

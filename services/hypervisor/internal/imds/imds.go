@@ -12,6 +12,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/netip"
 	"path"
@@ -31,14 +32,12 @@ const (
 	BaseURL  = "http://" + Address + BasePath
 )
 
-// MaxBodyBytes bounds the bodies of /attest/quote and /report.
-const MaxBodyBytes = 8 << 20
-
 // Fixed bodies the guest side (and tests) rely on.
 const (
 	ForbiddenBody          = "forbidden: client address is not a managed VM"
 	UserDataGated          = "user-data is released after the initrd-stage attestation verifies"
 	AttestationUnavailable = "attestation unavailable"
+	RateLimited            = "too many requests from this VM"
 )
 
 // VMs is the hypervisor, as the IMDS sees it (a port; the real one is the VM manager).
@@ -111,19 +110,24 @@ func HwdbRecord() string {
 }
 
 type server struct {
-	vms VMs
-	log *slog.Logger
-	mux *http.ServeMux
+	vms   VMs
+	guard *Guard
+	log   *slog.Logger
+	mux   *http.ServeMux
 }
 
 type vmKey struct{}
 
-// New returns the IMDS handler. log may be nil.
-func New(vms VMs, log *slog.Logger) http.Handler {
+// New returns the IMDS handler, bounded per VM by guard (shared by every
+// network's handler; nil: a guard of the default limits). log may be nil.
+func New(vms VMs, guard *Guard, log *slog.Logger) http.Handler {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &server{vms: vms, log: log, mux: http.NewServeMux()}
+	if guard == nil {
+		guard = NewGuard(Limits{})
+	}
+	s := &server{vms: vms, guard: guard, log: log, mux: http.NewServeMux()}
 	for _, k := range Keys {
 		serve := k.serve
 		s.mux.HandleFunc(k.Method+" "+BasePath+k.Path, func(w http.ResponseWriter, r *http.Request) {
@@ -143,6 +147,13 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if !ok || vm == nil {
 		text(w, http.StatusForbidden, ForbiddenBody)
+		return
+	}
+	// After the lookup, so that a VM's bucket is its own and cannot be
+	// emptied by a caller who is not that VM.
+	if ok, wait := s.guard.allow(vm.GetId()); !ok {
+		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(max(wait.Seconds(), 1)))))
+		text(w, http.StatusTooManyRequests, RateLimited)
 		return
 	}
 	// The mux would redirect unclean paths (".." or "//"); a guest gets 404.
@@ -335,15 +346,51 @@ func parseQuote(vmID string, in *QuoteRequest) (*attestationv1.VerifyQuoteReques
 	}, ""
 }
 
+// drainBytes is how much of a refused body is read to answer its 413.
+const drainBytes = 8 << 20
+
+// tooLarge says whether a body is over limit by its Content-Length (before
+// anything is read) or by what reading it found, and then answers 413 and
+// counts it.
+func (s *server) tooLarge(w http.ResponseWriter, r *http.Request, vm *hypervisorv1.VirtualMachine, body string, limit int64, err error) bool {
+	var mbe *http.MaxBytesError
+	if r.ContentLength <= limit && !errors.As(err, &mbe) {
+		return false
+	}
+	s.guard.tooLarge(vm.GetId(), body)
+	// A client like busybox wget sends its whole body before it reads the
+	// answer: a connection closed under it loses the 413. What is left of a
+	// body up to drainBytes is read and discarded, so such a client hears
+	// why; beyond, the connection is closed (the listener's read timeout
+	// bounds a slow sender).
+	_, _ = io.CopyN(io.Discard, r.Body, drainBytes)
+	w.Header().Set("Connection", "close")
+	msg := body + " body is larger than " + strconv.FormatInt(limit, 10) + " bytes"
+	if body == BodyQuote {
+		writeJSON(w, http.StatusRequestEntityTooLarge, QuoteResponse{Message: msg})
+	} else {
+		text(w, http.StatusRequestEntityTooLarge, msg)
+	}
+	return true
+}
+
 func (s *server) quote(w http.ResponseWriter, r *http.Request, vm *hypervisorv1.VirtualMachine) {
+	limit := s.guard.limits.MaxQuoteBytes
+	if s.tooLarge(w, r, vm, BodyQuote, limit, nil) {
+		return
+	}
 	var in QuoteRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
 	if err := dec.Decode(&in); err != nil {
-		writeJSON(w, http.StatusBadRequest, QuoteResponse{Message: "invalid quote request: " + err.Error()})
+		if !s.tooLarge(w, r, vm, BodyQuote, limit, err) {
+			writeJSON(w, http.StatusBadRequest, QuoteResponse{Message: "invalid quote request: " + err.Error()})
+		}
 		return
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		writeJSON(w, http.StatusBadRequest, QuoteResponse{Stage: in.Stage, Message: "invalid quote request: trailing data"})
+		if !s.tooLarge(w, r, vm, BodyQuote, limit, err) {
+			writeJSON(w, http.StatusBadRequest, QuoteResponse{Stage: in.Stage, Message: "invalid quote request: trailing data"})
+		}
 		return
 	}
 	req, msg := parseQuote(vm.GetId(), &in)
@@ -389,9 +436,15 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func (s *server) report(w http.ResponseWriter, r *http.Request, vm *hypervisorv1.VirtualMachine) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	limit := s.guard.limits.MaxReportBytes
+	if s.tooLarge(w, r, vm, BodyReport, limit, nil) {
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
-		text(w, http.StatusBadRequest, "report must be at most 8 MiB")
+		if !s.tooLarge(w, r, vm, BodyReport, limit, err) {
+			text(w, http.StatusBadRequest, "report not read: "+err.Error())
+		}
 		return
 	}
 	if !json.Valid(body) {

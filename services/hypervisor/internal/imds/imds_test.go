@@ -135,6 +135,12 @@ func (f *fakeVMs) SysupdateFile(component, file string) (io.ReadSeekCloser, int6
 // do sends one request from ip (a bare address or host:port) and returns the recorded response.
 func do(t testing.TB, h http.Handler, ip, method, p string, body []byte, hdr ...string) *httptest.ResponseRecorder {
 	t.Helper()
+	return doWith(t, h, ip, method, p, body, nil, hdr...)
+}
+
+// doWith is do with a last edit of the request.
+func doWith(t testing.TB, h http.Handler, ip, method, p string, body []byte, edit func(*http.Request), hdr ...string) *httptest.ResponseRecorder {
+	t.Helper()
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
@@ -146,6 +152,9 @@ func do(t testing.TB, h http.Handler, ip, method, p string, body []byte, hdr ...
 	}
 	for i := 0; i+1 < len(hdr); i += 2 {
 		r.Header.Set(hdr[i], hdr[i+1])
+	}
+	if edit != nil {
+		edit(r)
 	}
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, r)
@@ -175,7 +184,7 @@ func expect(t *testing.T, w *httptest.ResponseRecorder, status int, body string)
 }
 
 func TestUnknownAddressForbidden(t *testing.T) {
-	h := New(newFake(), nil)
+	h := New(newFake(), nil, nil)
 	for _, tc := range []struct{ method, path string }{
 		{"GET", "/giantswarm/v1/hostname"},
 		{"GET", "/giantswarm/v1/user-data"},
@@ -197,7 +206,7 @@ func TestUnknownAddressForbidden(t *testing.T) {
 }
 
 func TestForwardedForIgnored(t *testing.T) {
-	h := New(newFake(), nil)
+	h := New(newFake(), nil, nil)
 	w := do(t, h, ipUnknown, "GET", BasePath+"/instance-id", nil, "X-Forwarded-For", ipFull, "X-Real-IP", ipFull)
 	expect(t, w, http.StatusForbidden, ForbiddenBody)
 	w = do(t, h, ipBare, "GET", BasePath+"/instance-id", nil, "X-Forwarded-For", ipFull)
@@ -205,13 +214,13 @@ func TestForwardedForIgnored(t *testing.T) {
 }
 
 func TestIPv4MappedPeer(t *testing.T) {
-	h := New(newFake(), nil)
+	h := New(newFake(), nil, nil)
 	w := do(t, h, "[::ffff:"+ipFull+"]:5555", "GET", BasePath+"/instance-id", nil)
 	expect(t, w, http.StatusOK, "0a1b2c3d")
 }
 
 func TestKeys(t *testing.T) {
-	h := New(newFake(), nil)
+	h := New(newFake(), nil, nil)
 	for _, tc := range []struct {
 		ip, key string
 		status  int
@@ -249,7 +258,7 @@ func TestKeys(t *testing.T) {
 }
 
 func TestNoTrailingNewline(t *testing.T) {
-	h := New(newFake(), nil)
+	h := New(newFake(), nil, nil)
 	for _, k := range []string{"/hostname", "/region", "/zone", "/instance-id", "/public-keys/", "/public-keys/0", "/attest/nonce"} {
 		w := get(t, h, ipFull, k)
 		if w.Code != 200 || strings.HasSuffix(w.Body.String(), "\n") {
@@ -259,7 +268,7 @@ func TestNoTrailingNewline(t *testing.T) {
 }
 
 func TestRoutingStatuses(t *testing.T) {
-	h := New(newFake(), nil)
+	h := New(newFake(), nil, nil)
 	for _, tc := range []struct {
 		method, path string
 		status       int
@@ -293,7 +302,7 @@ func TestRoutingStatuses(t *testing.T) {
 
 func TestUserDataGate(t *testing.T) {
 	f := newFake()
-	h := New(f, nil)
+	h := New(f, nil, nil)
 	w := get(t, h, ipFull, "/user-data")
 	expect(t, w, http.StatusServiceUnavailable, UserDataGated)
 	if ra := w.Header().Get("Retry-After"); ra != "2" {
@@ -312,7 +321,7 @@ func TestUserDataGate(t *testing.T) {
 }
 
 func TestUserDataError(t *testing.T) {
-	h := New(errUserData{newFake()}, nil)
+	h := New(errUserData{newFake()}, nil, nil)
 	if w := get(t, h, ipFull, "/user-data"); w.Code != 500 {
 		t.Fatalf("got %d", w.Code)
 	}
@@ -343,7 +352,7 @@ func TestHwdbRecord(t *testing.T) {
 // record names is served (200 for a VM with everything set), and every key
 // the contract gives an hwdb property is in the record.
 func TestHwdbParity(t *testing.T) {
-	h := New(newFake(), nil)
+	h := New(newFake(), nil, nil)
 	props := map[string]string{}
 	sc := bufio.NewScanner(strings.NewReader(HwdbRecord()))
 	for sc.Scan() {

@@ -156,8 +156,11 @@ func (s Spec) Args() ([]string, error) {
 		"-m", strconv.Itoa(s.MemoryMiB) + "M",
 		"-nodefaults",
 		"-display", "none",
-		// The legacy "file:" form takes the rest verbatim: no comma escaping.
-		"-serial", "file:" + s.ConsoleLog,
+		// append=on: every write goes to the end of the file, so the
+		// hypervisor can rotate it from outside while QEMU runs (and a new
+		// run, the installed boot after the installer, keeps what was there).
+		"-chardev", "file,id=serial0,path=" + esc(s.ConsoleLog) + ",append=on",
+		"-serial", "chardev:serial0",
 		"-qmp", "unix:" + esc(s.QMPSocket) + ",server=on,wait=off",
 		"-drive", "if=pflash,format=raw,unit=0,readonly=on,file=" + esc(s.OVMFCode),
 		"-drive", "if=pflash,format=raw,unit=1,file=" + esc(s.OVMFVars),

@@ -64,7 +64,7 @@ func TestArgsInstallFullOrder(t *testing.T) {
 		"-name", "guest=0a1b2c3d",
 		"-machine", "q35", "-accel", "kvm", "-cpu", "host", "-smp", "2", "-m", "2048M",
 		"-nodefaults", "-display", "none",
-		"-serial", "file:" + vmDir + "/console.log",
+		"-chardev", "file,id=serial0,path=" + vmDir + "/console.log,append=on", "-serial", "chardev:serial0",
 		"-qmp", "unix:" + vmDir + "/qmp.sock,server=on,wait=off",
 		"-drive", "if=pflash,format=raw,unit=0,readonly=on,file=/usr/share/OVMF/OVMF_CODE_4M.fd",
 		"-drive", "if=pflash,format=raw,unit=1,file=" + vmDir + "/ovmf_vars.fd",
@@ -202,7 +202,7 @@ func TestArgsEscapesCommas(t *testing.T) {
 	got := strings.Join(mustArgs(t, s), " ")
 	for _, want := range []string{
 		"guest=a,,b ",
-		"-serial file:/d,x/console.log ", // the legacy file: form is verbatim (checked on QEMU 7.2)
+		"-chardev file,id=serial0,path=/d,,x/console.log,append=on -serial chardev:serial0 ",
 		"unix:/d,,x/qmp.sock,server=on",
 		"unit=1,file=/d,,x/vars.fd ",
 		"-kernel /d,x/uki.efi ", // verbatim too

@@ -149,6 +149,9 @@ func (m *Manager) Forward(_ context.Context, id string, port int32) (*hypervisor
 			return &hypervisorv1.ForwardVirtualMachinePortResponse{Id: id, Port: port, Address: f.GetAddress()}, nil
 		}
 	}
+	if n, max := len(rec.GetForwards()), m.cfg.Limits.MaxForwardsPerVM; n >= max {
+		return nil, m.refuse(limitForwards, "vm %s has %d port forwards, the maximum is %d (--max-forwards-per-vm)", id, n, max)
+	}
 	f, err := forward.Listen("127.0.0.1:0", m.guestDialer(rec, port), m.log.With("vm", id, "port", port))
 	if err != nil {
 		return nil, apierr.Errorf(apierr.Internal, "vm %s: listen for a port forward: %v", id, err)

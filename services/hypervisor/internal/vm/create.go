@@ -46,7 +46,7 @@ func (m *Manager) freeIDLocked() string {
 
 // Create validates, allocates and boots a VM, then waits per wait_for.
 func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMachineRequest, createdBy string) (*hypervisorv1.VirtualMachine, error) {
-	r, err := validate(req, m.images)
+	r, err := validate(req, m.images, m.cfg.Limits)
 	if err != nil {
 		return nil, err
 	}
@@ -54,6 +54,10 @@ func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMac
 	if m.closing {
 		m.mu.Unlock()
 		return nil, apierr.Errorf(apierr.Conflict, "vm-manager is shutting down")
+	}
+	if n, max := len(m.machines), m.cfg.Limits.MaxVMs; n >= max {
+		m.mu.Unlock()
+		return nil, m.refuse(limitVMs, "this host has %d VMs, the maximum is %d (--max-vms): delete one first", n, max)
 	}
 	for _, other := range m.machines {
 		other.mu.Lock()
@@ -125,7 +129,12 @@ func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMac
 			mc.op.Unlock()
 			return nil, err
 		}
+		mc.mu.Lock()
 		rec.Network, rec.Ip, rec.Mac, rec.Zone = netName, ip.String(), mac, netName
+		mc.mu.Unlock()
+		m.mu.Lock()
+		m.leases[lease{netName, ip.Unmap()}] = mc
+		m.mu.Unlock()
 	}
 
 	// The directory, marked, before the record: a restart in between sweeps it.
@@ -199,11 +208,17 @@ func (m *Manager) drop(mc *machine) error {
 	}
 	m.mu.Lock()
 	delete(m.machines, mc.id)
+	mc.mu.Lock()
+	if l, ok := leaseOf(mc.rec); ok && m.leases[l] == mc {
+		delete(m.leases, l)
+	}
+	mc.mu.Unlock()
 	m.mu.Unlock()
 	if n := mc.rec.GetNetwork(); n != "" {
 		m.nets.Detach(n, mc.id)
 	}
 	m.removeDir(mc.id)
+	m.imds.Forget(mc.id)
 	mc.mu.Lock()
 	last := mc.rec.GetState()
 	close(mc.changed)

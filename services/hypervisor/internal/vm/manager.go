@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -67,6 +68,15 @@ type Config struct {
 	// end kills its children anyway). By default they keep running for the
 	// next hypervisor to re-adopt.
 	StopVMsOnExit bool
+	// Limits are the per-host and per-VM bounds.
+	Limits Limits
+	// IMDS are the per-VM bounds of the IMDS (request rate, body sizes).
+	IMDS imds.Limits
+	// ConsoleLogMaxBytes bounds each VM's console.log and console.log.1
+	// together (--console-log-max-bytes); ConsoleCheckInterval is how often
+	// their sizes are looked at (tests shorten it).
+	ConsoleLogMaxBytes   int64
+	ConsoleCheckInterval time.Duration
 }
 
 func (c *Config) defaults() {
@@ -81,6 +91,10 @@ func (c *Config) defaults() {
 	}
 	if c.KillGrace == 0 {
 		c.KillGrace = 5 * time.Second
+	}
+	c.Limits.defaults()
+	if c.ConsoleLogMaxBytes <= 0 {
+		c.ConsoleLogMaxBytes = DefaultConsoleLogMaxBytes
 	}
 }
 
@@ -114,12 +128,36 @@ type Manager struct {
 
 	mu       sync.Mutex
 	machines map[string]*machine
-	nets     *network.Registry
-	events   *lifecycle.Broker
-	illegal  atomic.Uint64
-	guest    *guest.Side
-	closing  bool
-	wg       sync.WaitGroup
+	// leases index the machines by address, for the IMDS's lookup of its
+	// caller on every request (Leased).
+	leases  map[lease]*machine
+	nets    *network.Registry
+	events  *lifecycle.Broker
+	illegal atomic.Uint64
+	guest   *guest.Side
+	imds    *imds.Guard
+	closing bool
+	wg      sync.WaitGroup
+
+	refused refusals
+	// netCreate serialises network creates, so that two cannot both pass
+	// the MaxNetworks check.
+	netCreate sync.Mutex
+}
+
+// lease is an address on a network: one VM's at a time.
+type lease struct {
+	network string
+	ip      netip.Addr
+}
+
+// leaseOf is a record's lease; ok is false without one.
+func leaseOf(rec *storepb.VirtualMachine) (lease, bool) {
+	ip, err := netip.ParseAddr(rec.GetIp())
+	if rec.GetNetwork() == "" || err != nil {
+		return lease{}, false
+	}
+	return lease{rec.GetNetwork(), ip.Unmap()}, true
 }
 
 type machine struct {
@@ -132,6 +170,7 @@ type machine struct {
 	fwd     map[int32]*forward.Forward // guest port -> listener
 	changed chan struct{}
 	resets  []time.Time // guest resets within GuestResetWindow
+	console consoleCounters
 }
 
 // New loads the records and re-adopts the VMs whose processes still run.
@@ -139,10 +178,11 @@ func New(cfg Config, log *slog.Logger, st Store, images ImageResolver, verifier 
 	cfg.defaults()
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{cfg: cfg, log: log, store: st, images: images, verifier: verifier, router: router, driver: driver, ctx: ctx, cancel: cancel,
-		machines: map[string]*machine{}, newID: newID, events: lifecycle.NewBroker(0)}
+		machines: map[string]*machine{}, leases: map[lease]*machine{}, newID: newID, events: lifecycle.NewBroker(0)}
 	m.guest = guest.New(m, verifier, guest.Config{ImageDir: cfg.ImageDir, SeriesLimit: cfg.GuestSeriesLimit}, log)
+	m.imds = imds.NewGuard(cfg.IMDS)
 	m.nets = network.NewRegistry(ctx, st, func(name string) http.Handler {
-		return imds.New(m.guest.Network(name), log.With("network", name))
+		return imds.New(m.guest.Network(name), m.imds, log.With("network", name))
 	}, log)
 	// Networks first: re-adopted VMs redial their network's socket.
 	if err := m.nets.Restore(cfg.DefaultNetwork, cfg.DefaultSubnet); err != nil {
@@ -158,6 +198,9 @@ func New(cfg Config, log *slog.Logger, st Store, images ImageResolver, verifier 
 	for _, rec := range recs {
 		mc := &machine{id: rec.GetId(), rec: rec, changed: make(chan struct{})}
 		m.machines[mc.id] = mc
+		if l, ok := leaseOf(rec); ok {
+			m.leases[l] = mc
+		}
 		m.restore(mc, strays[mc.id])
 		m.restoreForwards(mc)
 		delete(strays, mc.id)
@@ -167,6 +210,7 @@ func New(cfg Config, log *slog.Logger, st Store, images ImageResolver, verifier 
 	}
 	m.sweepDeleted()
 	m.wg.Go(m.forgetLoop)
+	m.wg.Go(m.consoleLoop)
 	return m, nil
 }
 
@@ -270,6 +314,21 @@ func (m *Manager) List() []*hypervisorv1.VirtualMachine {
 		out[i] = View(r)
 	}
 	return out
+}
+
+// Leased calls fn with the record of the VM holding the lease on ip in
+// network, under the record's lock (guest.Records).
+func (m *Manager) Leased(network string, ip netip.Addr, fn func(*storepb.VirtualMachine)) bool {
+	m.mu.Lock()
+	mc := m.leases[lease{network, ip.Unmap()}]
+	m.mu.Unlock()
+	if mc == nil {
+		return false
+	}
+	mc.mu.Lock()
+	defer mc.mu.Unlock()
+	fn(mc.rec)
+	return true
 }
 
 // Records returns copies of every stored record, oldest first.

@@ -67,6 +67,8 @@ func (b *bootLog) ForgetVirtualMachine(_ context.Context, req *attestationv1.For
 
 type harness struct {
 	t      *testing.T
+	limits Limits        // of the next start
+	tweak  func(*Config) // changes the next start's configuration
 	dir    string
 	st     *store.Store
 	drv    *fakeDriver
@@ -93,8 +95,11 @@ func newHarness(t *testing.T) *harness {
 // start runs a (new) manager on the harness's store and driver.
 func (h *harness) start() {
 	h.t.Helper()
-	m, err := New(Config{StateDir: h.dir, StopTimeout: 2 * time.Second, BootTimeout: time.Minute, KillGrace: time.Second},
-		slog.New(slog.DiscardHandler), h.st, kernelImage{}, h.att, h.router, h.drv)
+	cfg := Config{StateDir: h.dir, StopTimeout: 2 * time.Second, BootTimeout: time.Minute, KillGrace: time.Second, Limits: h.limits}
+	if h.tweak != nil {
+		h.tweak(&cfg)
+	}
+	m, err := New(cfg, slog.New(slog.DiscardHandler), h.st, kernelImage{}, h.att, h.router, h.drv)
 	if err != nil {
 		h.t.Fatal(err)
 	}

@@ -9,8 +9,14 @@ import (
 // The networks are the network package's Registry; the manager only says
 // which VMs are on them (the IMDS's callers, a delete's check).
 
-// CreateNetwork validates and starts a network.
+// CreateNetwork validates and starts a network, unless the host has
+// MaxNetworks already.
 func (m *Manager) CreateNetwork(_ context.Context, req *hypervisorv1.CreateNetworkRequest, createdBy string) (*hypervisorv1.Network, error) {
+	m.netCreate.Lock()
+	defer m.netCreate.Unlock()
+	if n, max := len(m.nets.List()), m.cfg.Limits.MaxNetworks; n >= max {
+		return nil, m.refuse(limitNetworks, "this host has %d networks, the maximum is %d (--max-networks): delete one first", n, max)
+	}
 	return m.nets.Create(req, createdBy)
 }
 

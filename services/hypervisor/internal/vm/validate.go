@@ -51,8 +51,9 @@ func validateLabel(field, v string) error {
 	return nil
 }
 
-// validate checks a create request once, at the edge of the domain.
-func validate(req *hypervisorv1.CreateVirtualMachineRequest, images ImageResolver) (*request, error) {
+// validate checks a create request once, at the edge of the domain; lim
+// bounds its size.
+func validate(req *hypervisorv1.CreateVirtualMachineRequest, images ImageResolver, lim Limits) (*request, error) {
 	r := &request{name: req.GetName(), userData: req.GetUserData(), metadata: req.GetMetadata()}
 	if err := validateLabel("name", r.name); err != nil {
 		return nil, err
@@ -100,12 +101,18 @@ func validate(req *hypervisorv1.CreateVirtualMachineRequest, images ImageResolve
 	if r.cpus < 1 || r.cpus > 256 {
 		return nil, apierr.Invalidf("cpus", "cpus %d is not within 1..256", r.cpus)
 	}
+	if lim.MaxCPUs > 0 && r.cpus > lim.MaxCPUs {
+		return nil, apierr.Invalidf("cpus", "cpus %d is above this host's maximum of %d (--max-cpus)", r.cpus, lim.MaxCPUs)
+	}
 	r.memoryMiB = hypervisorv1.DefaultMemoryMiB
 	if req.MemoryMib != nil {
 		r.memoryMiB = req.GetMemoryMib()
 	}
 	if r.memoryMiB < 256 {
 		return nil, apierr.Invalidf("memory_mib", "memory_mib %d is below 256", r.memoryMiB)
+	}
+	if lim.MaxMemoryMiB > 0 && r.memoryMiB > lim.MaxMemoryMiB {
+		return nil, apierr.Invalidf("memory_mib", "memory_mib %d is above this host's maximum of %d (--max-memory-mib)", r.memoryMiB, lim.MaxMemoryMiB)
 	}
 	r.diskGiB = hypervisorv1.DefaultDiskGiB
 	if req.DiskGib != nil {
@@ -114,9 +121,15 @@ func validate(req *hypervisorv1.CreateVirtualMachineRequest, images ImageResolve
 	if r.diskGiB < 1 || r.diskGiB > 4096 {
 		return nil, apierr.Invalidf("disk_gib", "disk_gib %d is not within 1..4096", r.diskGiB)
 	}
+	if n := len(req.GetSshAuthorizedKeys()); n > MaxSSHKeys {
+		return nil, apierr.Invalidf("ssh_authorized_keys", "at most %d ssh_authorized_keys, got %d", MaxSSHKeys, n)
+	}
 	for i, k := range req.GetSshAuthorizedKeys() {
 		if k == "" || strings.ContainsAny(k, "\r\n") {
 			return nil, apierr.Invalidf("ssh_authorized_keys", "ssh_authorized_keys[%d] must be one non-empty line", i)
+		}
+		if len(k) > MaxSSHKeyBytes {
+			return nil, apierr.Invalidf("ssh_authorized_keys", "ssh_authorized_keys[%d] is %d bytes, at most %d", i, len(k), MaxSSHKeyBytes)
 		}
 	}
 	r.sshKeys = req.GetSshAuthorizedKeys()

@@ -26,7 +26,7 @@ func (images) Get(ref string) (*hypervisorv1.Image, error) {
 func (images) Default() (*hypervisorv1.Image, error) { return testImage, nil }
 
 func TestValidateDefaults(t *testing.T) {
-	r, err := validate(&hypervisorv1.CreateVirtualMachineRequest{Name: "t1"}, images{})
+	r, err := validate(&hypervisorv1.CreateVirtualMachineRequest{Name: "t1"}, images{}, Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,6 +57,10 @@ func TestValidateRejects(t *testing.T) {
 		{"disk 0", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", DiskGib: proto.Int32(0), RequireAttestation: no}, apierr.InvalidRequest, "1..4096"},
 		{"disk 4097", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", DiskGib: proto.Int32(4097), RequireAttestation: no}, apierr.InvalidRequest, "1..4096"},
 		{"ssh key lines", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", SshAuthorizedKeys: []string{"a\nb"}, RequireAttestation: no}, apierr.InvalidRequest, "one non-empty line"},
+		{"ssh keys count", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", SshAuthorizedKeys: sshKeys(MaxSSHKeys+1, 80), RequireAttestation: no}, apierr.InvalidRequest, "at most 32 ssh_authorized_keys, got 33"},
+		{"ssh key size", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", SshAuthorizedKeys: append(sshKeys(1, 80), sshKeys(1, MaxSSHKeyBytes+1)...), RequireAttestation: no}, apierr.InvalidRequest, "ssh_authorized_keys[1] is 8193 bytes, at most 8192"},
+		{"memory over the host's", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", MemoryMib: proto.Int32(4097), RequireAttestation: no}, apierr.InvalidRequest, "memory_mib 4097 is above this host's maximum of 4096 (--max-memory-mib)"},
+		{"cpus over the host's", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", Cpus: proto.Int32(5), RequireAttestation: no}, apierr.InvalidRequest, "cpus 5 is above this host's maximum of 4 (--max-cpus)"},
 		{"metadata key", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", Metadata: map[string]string{"a/b": "x"}, RequireAttestation: no}, apierr.InvalidRequest, "metadata key"},
 		// Hostile keys (issue 8): each would be unreachable or ambiguous at /metadata/<key>.
 		{"metadata key ..", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", Metadata: map[string]string{"..": "x"}, RequireAttestation: no}, apierr.InvalidRequest, "metadata key"},
@@ -71,11 +75,38 @@ func TestValidateRejects(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := validate(c.req, images{})
+			_, err := validate(c.req, images{}, testLimits)
 			if apierr.CodeOf(err) != c.code || !strings.Contains(apierr.MessageOf(err), c.want) {
 				t.Errorf("got %v (%s), want %s containing %q", err, apierr.CodeOf(err), c.code, c.want)
 			}
 		})
+	}
+}
+
+var testLimits = Limits{MaxMemoryMiB: 4096, MaxCPUs: 4}
+
+// sshKeys are n keys of size bytes each.
+func sshKeys(n, size int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = "ssh-ed25519 " + strings.Repeat("A", size-len("ssh-ed25519 "))
+	}
+	return keys
+}
+
+func TestValidateAtTheBounds(t *testing.T) {
+	req := &hypervisorv1.CreateVirtualMachineRequest{Name: "a", SshAuthorizedKeys: sshKeys(MaxSSHKeys, MaxSSHKeyBytes),
+		MemoryMib: proto.Int32(4096), Cpus: proto.Int32(4)}
+	r, err := validate(req, images{}, testLimits)
+	if err != nil {
+		t.Fatalf("a request at every bound: %v", err)
+	}
+	if len(r.sshKeys) != MaxSSHKeys || r.memoryMiB != 4096 || r.cpus != 4 {
+		t.Errorf("validated %d keys, %d MiB, %d cpus", len(r.sshKeys), r.memoryMiB, r.cpus)
+	}
+	// Without host bounds (0) only the fixed ones apply.
+	if _, err := validate(&hypervisorv1.CreateVirtualMachineRequest{Name: "a", MemoryMib: proto.Int32(1 << 20), Cpus: proto.Int32(256)}, images{}, Limits{}); err != nil {
+		t.Errorf("no host bounds: %v", err)
 	}
 }
 
@@ -95,7 +126,7 @@ func TestValidateMetadataLimits(t *testing.T) {
 	md["a.b_c-d:é"] = "x"
 	delete(md, "k1")
 	delete(md, "k2")
-	if _, err := validate(&hypervisorv1.CreateVirtualMachineRequest{Name: "a", Metadata: md}, images{}); err != nil {
+	if _, err := validate(&hypervisorv1.CreateVirtualMachineRequest{Name: "a", Metadata: md}, images{}, testLimits); err != nil {
 		t.Fatalf("metadata at the limits: %v", err)
 	}
 }
