@@ -49,6 +49,9 @@ type Options struct {
 	// StopVMsOnExit starts the hypervisor with --detach-vms-on-exit=false:
 	// a graceful stop powers its VMs down (the pod's behaviour).
 	StopVMsOnExit bool
+	// Env is extra VM_MANAGER_* settings for the binaries (Processes mode
+	// only), e.g. a small limit a test wants to hit.
+	Env []string
 }
 
 // Cluster is a running set of the three services.
@@ -140,7 +143,7 @@ func (c *Cluster) env() []string {
 	if c.options.StopVMsOnExit {
 		env = append(env, "VM_MANAGER_DETACH_VMS_ON_EXIT=false")
 	}
-	return env
+	return append(env, c.options.Env...)
 }
 
 // identity is the services' in-process identity configuration.

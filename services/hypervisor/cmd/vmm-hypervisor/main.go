@@ -18,6 +18,7 @@ import (
 	"github.com/giantswarm/vm-manager/pkg/statedir"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guest"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/host"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/network"
 	"github.com/giantswarm/vm-manager/services/hypervisor/server"
 )
 
@@ -54,6 +55,13 @@ func serveCommand() cli.Command {
 			subnet := fs.String("network-subnet", "VM_MANAGER_NETWORK_SUBNET", "192.168.127.0/24", "IPv4 CIDR of the default network")
 			notifyPort := fs.Int("notify-port", "VM_MANAGER_NOTIFY_PORT", 0, "AF_VSOCK port for READY=1 on hosts with /dev/vhost-vsock (0: the recorded one, else any)")
 			guestSeries := fs.Int("metrics-guest-series-limit", "VM_MANAGER_METRICS_GUEST_SERIES_LIMIT", guest.DefaultGuestSeriesLimit, "series of one guest's systemd-report exported as vm_guest_* metrics; the rest are counted as dropped (>= 1)")
+			natTCP := fs.Int("max-nat-flows-tcp", "VM_MANAGER_MAX_NAT_FLOWS_TCP", network.DefaultNATTCPPerVM, "open NAT TCP flows (host sockets) per VM; new ones over it are refused and counted (>= 1)")
+			natUDP := fs.Int("max-nat-flows-udp", "VM_MANAGER_MAX_NAT_FLOWS_UDP", network.DefaultNATUDPPerVM, "open NAT UDP flows (host sockets) per VM; new ones over it are dropped and counted (>= 1)")
+			natAll := fs.Int("max-nat-flows", "VM_MANAGER_MAX_NAT_FLOWS", network.DefaultNATFlows, "open NAT flows of all VMs together, at most half the descriptor limit (>= 1)")
+			natUDPIdle := fs.Duration("nat-udp-idle-timeout", "VM_MANAGER_NAT_UDP_IDLE_TIMEOUT", network.DefaultNATUDPIdle, "a NAT UDP flow without a datagram either way for this long is closed")
+			imdsConns := fs.Int("max-imds-connections", "VM_MANAGER_MAX_IMDS_CONNECTIONS", network.DefaultIMDSConnsPerVM, "open IMDS connections per VM; more are closed at once and counted (>= 1)")
+			imdsRead := fs.Duration("imds-read-timeout", "VM_MANAGER_IMDS_READ_TIMEOUT", network.DefaultIMDSReadTimeout, "how long the IMDS waits for a whole request, body included (headers: at most 10s)")
+			imdsIdle := fs.Duration("imds-idle-timeout", "VM_MANAGER_IMDS_IDLE_TIMEOUT", network.DefaultIMDSIdleTimeout, "how long the IMDS keeps an idle kept-alive connection")
 			accel := fs.String("accelerator", "VM_MANAGER_ACCELERATOR", "auto", "auto (kvm where /dev/kvm is usable, else tcg) or tcg")
 			oidc := identity.Flags(fs)
 			logger := logging.Flags(fs, "info", "hypervisor")
@@ -71,21 +79,38 @@ func serveCommand() cli.Command {
 				if *accel != "auto" && *accel != "tcg" {
 					return fmt.Errorf("--accelerator=%q: want auto or tcg", *accel)
 				}
+				for name, v := range map[string]int{"max-nat-flows-tcp": *natTCP, "max-nat-flows-udp": *natUDP, "max-nat-flows": *natAll, "max-imds-connections": *imdsConns} {
+					if v < 1 {
+						return fmt.Errorf("--%s=%d: want at least 1", name, v)
+					}
+				}
+				for name, v := range map[string]time.Duration{"nat-udp-idle-timeout": *natUDPIdle, "imds-read-timeout": *imdsRead, "imds-idle-timeout": *imdsIdle} {
+					if v < time.Second {
+						return fmt.Errorf("--%s=%s: want at least 1s", name, v)
+					}
+				}
 				return server.Run(ctx, server.Config{
-					StateDir:         *stateDir,
-					ImageDir:         *imageDir,
-					Socket:           cmp.Or(*socket, filepath.Join(*runDir, mesh.HypervisorSocket)),
-					VerifierSocket:   cmp.Or(*verifierSock, filepath.Join(*stateDir, mesh.VerifierSocket)),
-					InstallTimeout:   *installTimeout,
-					BootTimeout:      *bootTimeout,
-					StopTimeout:      *stopTimeout,
-					StopVMsOnExit:    !*detach,
-					NotifyPort:       uint32(*notifyPort),
-					DefaultNetwork:   *defaultNet,
-					DefaultSubnet:    *subnet,
-					GuestSeriesLimit: *guestSeries,
-					Host:             host.Config{QEMUBinary: *qemu, SwtpmBinary: *swtpm, OVMFCode: *ovmfCode, OVMFVars: *ovmfVars, ForceTCG: *accel == "tcg"},
-					Identity:         oidc(),
+					StateDir:           *stateDir,
+					ImageDir:           *imageDir,
+					Socket:             cmp.Or(*socket, filepath.Join(*runDir, mesh.HypervisorSocket)),
+					VerifierSocket:     cmp.Or(*verifierSock, filepath.Join(*stateDir, mesh.VerifierSocket)),
+					InstallTimeout:     *installTimeout,
+					BootTimeout:        *bootTimeout,
+					StopTimeout:        *stopTimeout,
+					StopVMsOnExit:      !*detach,
+					NotifyPort:         uint32(*notifyPort),
+					DefaultNetwork:     *defaultNet,
+					DefaultSubnet:      *subnet,
+					GuestSeriesLimit:   *guestSeries,
+					MaxNATFlowsTCP:     *natTCP,
+					MaxNATFlowsUDP:     *natUDP,
+					MaxNATFlows:        *natAll,
+					NATUDPIdleTimeout:  *natUDPIdle,
+					MaxIMDSConnections: *imdsConns,
+					IMDSReadTimeout:    *imdsRead,
+					IMDSIdleTimeout:    *imdsIdle,
+					Host:               host.Config{QEMUBinary: *qemu, SwtpmBinary: *swtpm, OVMFCode: *ovmfCode, OVMFVars: *ovmfVars, ForceTCG: *accel == "tcg"},
+					Identity:           oidc(),
 				}, log)
 			}
 		},

@@ -67,6 +67,9 @@ type Config struct {
 	// end kills its children anyway). By default they keep running for the
 	// next hypervisor to re-adopt.
 	StopVMsOnExit bool
+	// Network bounds what a VM can make its network hold (NAT flows, IMDS
+	// connections); zero fields take the defaults.
+	Network network.Limits
 }
 
 func (c *Config) defaults() {
@@ -143,7 +146,7 @@ func New(cfg Config, log *slog.Logger, st Store, images ImageResolver, verifier 
 	m.guest = guest.New(m, verifier, guest.Config{ImageDir: cfg.ImageDir, SeriesLimit: cfg.GuestSeriesLimit}, log)
 	m.nets = network.NewRegistry(ctx, st, func(name string) http.Handler {
 		return imds.New(m.guest.Network(name), log.With("network", name))
-	}, log)
+	}, cfg.Network, log)
 	// Networks first: re-adopted VMs redial their network's socket.
 	if err := m.nets.Restore(cfg.DefaultNetwork, cfg.DefaultSubnet); err != nil {
 		cancel()
