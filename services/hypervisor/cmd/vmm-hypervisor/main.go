@@ -79,14 +79,20 @@ func serveCommand() cli.Command {
 				if *accel != "auto" && *accel != "tcg" {
 					return fmt.Errorf("--accelerator=%q: want auto or tcg", *accel)
 				}
-				for name, v := range map[string]int{"max-nat-flows-tcp": *natTCP, "max-nat-flows-udp": *natUDP, "max-nat-flows": *natAll, "max-imds-connections": *imdsConns} {
-					if v < 1 {
-						return fmt.Errorf("--%s=%d: want at least 1", name, v)
+				for _, f := range []struct {
+					name string
+					v    int
+				}{{"max-nat-flows-tcp", *natTCP}, {"max-nat-flows-udp", *natUDP}, {"max-nat-flows", *natAll}, {"max-imds-connections", *imdsConns}} {
+					if f.v < 1 {
+						return fmt.Errorf("--%s=%d: want at least 1", f.name, f.v)
 					}
 				}
-				for name, v := range map[string]time.Duration{"nat-udp-idle-timeout": *natUDPIdle, "imds-read-timeout": *imdsRead, "imds-idle-timeout": *imdsIdle} {
-					if v < time.Second {
-						return fmt.Errorf("--%s=%s: want at least 1s", name, v)
+				for _, f := range []struct {
+					name string
+					v    time.Duration
+				}{{"nat-udp-idle-timeout", *natUDPIdle}, {"imds-read-timeout", *imdsRead}, {"imds-idle-timeout", *imdsIdle}} {
+					if f.v < time.Second {
+						return fmt.Errorf("--%s=%s: want at least 1s", f.name, f.v)
 					}
 				}
 				return server.Run(ctx, server.Config{

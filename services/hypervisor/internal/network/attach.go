@@ -132,7 +132,8 @@ func (n *Network) serve(ctx context.Context, vmID string, conn net.Conn, log *sl
 	n.mu.Unlock()
 
 	mac, _ := net.ParseMAC(MAC(n.spec.Name, ip))
-	vc := &vmConn{Conn: conn, n: n, mac: mac, ip: ip, vs: vs, log: log}
+	vc := &vmConn{Conn: conn, n: n, mac: mac, ip: ip, vs: vs, log: log, isLease: n.isLease}
+	vc.pinned = func(rule int, ip netip.Addr) bool { return vs.pinned(rule, ip, time.Now()) }
 	vc.r = bufio.NewReader(readCounter{conn, &n.fromVMs})
 	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
 	log.Info("VM attached", "ip", ip, "mac", mac.String())
@@ -185,6 +186,9 @@ type vmConn struct {
 	ip  netip.Addr
 	vs  *vmState // the VM's counters, flows and pins
 	log *slog.Logger
+	// The egress policy's views of the network, made once, not per packet.
+	isLease func(netip.Addr) bool
+	pinned  func(rule int, ip netip.Addr) bool
 
 	r       *bufio.Reader
 	buf     [4 + maxFrame]byte
@@ -254,15 +258,13 @@ func (c *vmConn) next() ([]byte, error) {
 // have expired since).
 func (c *vmConn) permit(frame []byte) (bool, egressReason, string) {
 	p := parsePacket(frame)
-	ok, why, msg := c.n.egress.check(p, c.n.isLease, c.pinned)
+	ok, why, msg := c.n.egress.check(p, c.isLease, c.pinned)
 	if !ok && why == egressRule && p.hasPorts && c.vs.hasFlow(flowKey{proto: p.proto,
 		src: netip.AddrPortFrom(c.ip, p.sport), dst: netip.AddrPortFrom(p.dst, p.dport)}) {
 		return true, 0, ""
 	}
 	return ok, why, msg
 }
-
-func (c *vmConn) pinned(rule int, ip netip.Addr) bool { return c.vs.pinned(rule, ip, time.Now()) }
 
 // parsePacket reads what the egress policy needs from an Ethernet frame
 // carrying IPv4 (allowed has checked its header).

@@ -196,7 +196,8 @@ func TestVMConnFilters(t *testing.T) {
 			plan, _ := PlanFor("10.1.0.0/24")
 			n := &Network{egress: egressPolicy{plan: plan}}
 			vs := newVMState("vm", ip)
-			c := &vmConn{n: n, mac: mac, ip: ip, vs: vs, log: slog.New(slog.DiscardHandler)}
+			c := &vmConn{n: n, mac: mac, ip: ip, vs: vs, log: slog.New(slog.DiscardHandler), isLease: n.isLease,
+				pinned: func(int, netip.Addr) bool { return false }}
 			c.r = bufio.NewReader(readCounter{bytes.NewReader(tc.stream), &n.fromVMs})
 			// Small reads, as a bufio.Reader with a tiny buffer would do.
 			var got []byte
