@@ -132,7 +132,7 @@ func crossSiteChecks(t *testing.T, c *cluster.Cluster) {
 	for _, s := range []string{"rest", "mcp"} {
 		for _, r := range []string{"content_type", "host", "origin"} {
 			series := refusedSeries(s, r)
-			if got := metricValue(after, series) - metricValue(before, series); got != want[series] {
+			if got := seriesValue(after, series) - seriesValue(before, series); got != want[series] {
 				t.Errorf("%s rose by %v, want %v", series, got, want[series])
 			}
 		}

@@ -408,12 +408,12 @@ func keyChecks(t *testing.T, c *cluster.Cluster, op *oidctest.Provider) {
 	if most := 2 + int(elapsed/time.Second); fetches > most || fetches < 1 {
 		t.Errorf("%d made-up kids in %s made %d JWKS fetches, want 1 to %d", flood, elapsed, fetches, most)
 	}
-	if d := metricValue(after, "vm_manager_oidc_unknown_key_tokens_total") - metricValue(before, "vm_manager_oidc_unknown_key_tokens_total"); d < flood {
+	if d := seriesValue(after, "vm_manager_oidc_unknown_key_tokens_total") - seriesValue(before, "vm_manager_oidc_unknown_key_tokens_total"); d < flood {
 		t.Errorf("vm_manager_oidc_unknown_key_tokens_total rose by %v, want %d", d, flood)
 	}
 	// How many waited for the one fetch and how many came after it
 	// (refused from the cache) depends on timing: logged, not asserted.
-	t.Logf("refused from the cache without a fetch: %v", metricValue(after, "vm_manager_oidc_jwks_fetches_denied_total")-metricValue(before, "vm_manager_oidc_jwks_fetches_denied_total"))
+	t.Logf("refused from the cache without a fetch: %v", seriesValue(after, "vm_manager_oidc_jwks_fetches_denied_total")-seriesValue(before, "vm_manager_oidc_jwks_fetches_denied_total"))
 
 	// Retirement: the current key's token works everywhere, then the
 	// provider retires the key.

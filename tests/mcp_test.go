@@ -304,7 +304,7 @@ func scrapeMetrics(t *testing.T, addr string) string {
 }
 
 // metricValue is the value of one series in a /metrics text, or -1.
-func metricValue(text, series string) float64 {
+func seriesValue(text, series string) float64 {
 	for line := range strings.SplitSeq(text, "\n") {
 		if v, ok := strings.CutPrefix(line, series+" "); ok {
 			f, err := strconv.ParseFloat(v, 64)

@@ -25,12 +25,14 @@ import (
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guest"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/host"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/imds"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/network"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/policysync"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/swtpm"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vm"
+	"golang.org/x/sys/unix"
 )
 
 // Config is what the hypervisor needs.
@@ -72,10 +74,43 @@ type Config struct {
 	// ConsoleLogMaxBytes bounds each VM's serial console files
 	// (vm.DefaultConsoleLogMaxBytes when 0).
 	ConsoleLogMaxBytes int64
+	// What one VM can make its network hold on the host, and the IMDS's
+	// patience (--max-nat-flows-tcp, --max-nat-flows-udp,
+	// --nat-udp-idle-timeout, --max-imds-connections, --imds-read-timeout,
+	// --imds-idle-timeout); MaxNATFlows bounds all networks' NAT flows
+	// together (--max-nat-flows), at most half the descriptor limit. Zero
+	// values take the defaults.
+	MaxNATFlowsTCP, MaxNATFlowsUDP, MaxNATFlows int
+	NATUDPIdleTimeout                           time.Duration
+	MaxIMDSConnections                          int
+	IMDSReadTimeout, IMDSIdleTimeout            time.Duration
 	// Identity, with an issuer, requires every HypervisorService call to carry
 	// a valid token (the gateway forwards the caller's) and records the caller
 	// on the VMs and networks it creates. Health and reflection stay open.
 	Identity identity.Config
+}
+
+// networkLimits turns the configuration into the networks' limits, keeping
+// the host's NAT flows below half the process's descriptor limit.
+func networkLimits(cfg Config, log *slog.Logger) network.Limits {
+	flows := cfg.MaxNATFlows
+	if flows <= 0 {
+		flows = network.DefaultNATFlows
+	}
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err == nil && rl.Cur != unix.RLIM_INFINITY && uint64(flows) > rl.Cur/2 {
+		log.Warn("NAT flow bound lowered to half the descriptor limit", "max_nat_flows", flows, "nofile", rl.Cur, "now", rl.Cur/2)
+		flows = int(rl.Cur / 2)
+	}
+	return network.Limits{
+		NATTCPPerVM:     cfg.MaxNATFlowsTCP,
+		NATUDPPerVM:     cfg.MaxNATFlowsUDP,
+		NATUDPIdle:      cfg.NATUDPIdleTimeout,
+		Host:            network.NewFlowBudget(flows),
+		IMDSConnsPerVM:  cfg.MaxIMDSConnections,
+		IMDSReadTimeout: cfg.IMDSReadTimeout,
+		IMDSIdleTimeout: cfg.IMDSIdleTimeout,
+	}
 }
 
 // Run serves until ctx ends.
@@ -193,6 +228,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Limits:             limits,
 		IMDS:               cfg.IMDS,
 		ConsoleLogMaxBytes: cfg.ConsoleLogMaxBytes,
+		Network:            networkLimits(cfg, log),
 	}, log, st, cat, attestationv1.NewVerifierServiceClient(aconn), router, drv)
 	if err != nil {
 		return err

@@ -441,9 +441,14 @@ type CreateNetworkRequest struct {
 	// What guests may reach through NAT. Empty is the default: everything but
 	// loopback, 0/8, the private ranges (10/8, 172.16/12, 192.168/16),
 	// 100.64/10, link-local (169.254/16, except the IMDS), 198.18/15 and
-	// 240/4. With rules, only the listed ranges and ports (and the network
-	// itself and the IMDS); loopback is never reachable. At most 64 rules.
-	Egress        []*EgressRule `protobuf:"bytes,4,rep,name=egress,proto3" json:"egress,omitempty"`
+	// 240/4. With rules, only the listed ranges, domains and ports (and the
+	// network's own services and VMs, and the IMDS); loopback is never
+	// reachable. At most 64 rules.
+	Egress []*EgressRule `protobuf:"bytes,4,rep,name=egress,proto3" json:"egress,omitempty"`
+	// A records the network's DNS answers itself (at most 64).
+	DnsRecords []*DnsRecord `protobuf:"bytes,5,rep,name=dns_records,json=dnsRecords,proto3" json:"dns_records,omitempty"`
+	// Which names the network's DNS resolves; default open.
+	DnsPolicy     DnsPolicy `protobuf:"varint,6,opt,name=dns_policy,json=dnsPolicy,proto3,enum=vmmanager.hypervisor.v1.DnsPolicy" json:"dns_policy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -504,6 +509,20 @@ func (x *CreateNetworkRequest) GetEgress() []*EgressRule {
 		return x.Egress
 	}
 	return nil
+}
+
+func (x *CreateNetworkRequest) GetDnsRecords() []*DnsRecord {
+	if x != nil {
+		return x.DnsRecords
+	}
+	return nil
+}
+
+func (x *CreateNetworkRequest) GetDnsPolicy() DnsPolicy {
+	if x != nil {
+		return x.DnsPolicy
+	}
+	return DnsPolicy_DNS_POLICY_UNSPECIFIED
 }
 
 type DeleteNetworkRequest struct {
@@ -1796,8 +1815,30 @@ type NetworkMetrics struct {
 	// Packets this VM sent to destinations its network's egress policy does
 	// not allow, dropped before the NAT.
 	EgressDropped int64 `protobuf:"varint,6,opt,name=egress_dropped,proto3" json:"egress_dropped,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// egress_dropped by reason: "rule" (not allowed by the network's rules or
+	// the default policy) and "local" (an address of the network that it does
+	// not serve: the host alias, a gateway port, an address no VM holds, or a
+	// VM's address sent through the gateway).
+	EgressDroppedByReason map[string]int64 `protobuf:"bytes,7,rep,name=egress_dropped_by_reason,proto3" json:"egress_dropped_by_reason,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// NAT flows (host sockets) open for this VM.
+	NatTcpFlows int32 `protobuf:"varint,8,opt,name=nat_tcp_flows,proto3" json:"nat_tcp_flows,omitempty"`
+	NatUdpFlows int32 `protobuf:"varint,9,opt,name=nat_udp_flows,proto3" json:"nat_udp_flows,omitempty"`
+	// New NAT flows refused, by reason: "tcp_vm_limit" and "udp_vm_limit"
+	// (--max-nat-flows-tcp, --max-nat-flows-udp), "tcp_host_limit" and
+	// "udp_host_limit" (--max-nat-flows).
+	NatRefused map[string]int64 `protobuf:"bytes,10,rep,name=nat_refused,proto3" json:"nat_refused,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// DNS lookups refused, by reason: "policy" (dns_policy rules), "busy"
+	// (too many of the VM's lookups in flight) and "pins" (too many addresses
+	// pinned for domain rules).
+	DnsRefused map[string]int64 `protobuf:"bytes,11,rep,name=dns_refused,proto3" json:"dns_refused,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// Open IMDS connections of this VM.
+	ImdsConnections int32 `protobuf:"varint,12,opt,name=imds_connections,proto3" json:"imds_connections,omitempty"`
+	// IMDS connections closed at once (over --max-imds-connections) or because
+	// a request did not arrive in time (--imds-read-timeout).
+	ImdsConnectionsRefused  int64 `protobuf:"varint,13,opt,name=imds_connections_refused,proto3" json:"imds_connections_refused,omitempty"`
+	ImdsConnectionsTimedOut int64 `protobuf:"varint,14,opt,name=imds_connections_timed_out,proto3" json:"imds_connections_timed_out,omitempty"`
+	unknownFields           protoimpl.UnknownFields
+	sizeCache               protoimpl.SizeCache
 }
 
 func (x *NetworkMetrics) Reset() {
@@ -1868,6 +1909,62 @@ func (x *NetworkMetrics) GetDroppedFrames() int64 {
 func (x *NetworkMetrics) GetEgressDropped() int64 {
 	if x != nil {
 		return x.EgressDropped
+	}
+	return 0
+}
+
+func (x *NetworkMetrics) GetEgressDroppedByReason() map[string]int64 {
+	if x != nil {
+		return x.EgressDroppedByReason
+	}
+	return nil
+}
+
+func (x *NetworkMetrics) GetNatTcpFlows() int32 {
+	if x != nil {
+		return x.NatTcpFlows
+	}
+	return 0
+}
+
+func (x *NetworkMetrics) GetNatUdpFlows() int32 {
+	if x != nil {
+		return x.NatUdpFlows
+	}
+	return 0
+}
+
+func (x *NetworkMetrics) GetNatRefused() map[string]int64 {
+	if x != nil {
+		return x.NatRefused
+	}
+	return nil
+}
+
+func (x *NetworkMetrics) GetDnsRefused() map[string]int64 {
+	if x != nil {
+		return x.DnsRefused
+	}
+	return nil
+}
+
+func (x *NetworkMetrics) GetImdsConnections() int32 {
+	if x != nil {
+		return x.ImdsConnections
+	}
+	return 0
+}
+
+func (x *NetworkMetrics) GetImdsConnectionsRefused() int64 {
+	if x != nil {
+		return x.ImdsConnectionsRefused
+	}
+	return 0
+}
+
+func (x *NetworkMetrics) GetImdsConnectionsTimedOut() int64 {
+	if x != nil {
+		return x.ImdsConnectionsTimedOut
 	}
 	return 0
 }
@@ -2055,12 +2152,16 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\x14ListNetworksResponse\x12<\n" +
 	"\bnetworks\x18\x01 \x03(\v2 .vmmanager.hypervisor.v1.NetworkR\bnetworks\",\n" +
 	"\x11GetNetworkRequest\x12\x17\n" +
-	"\x04name\x18\x01 \x01(\tB\x03\xe0A\x02R\x04name\"\xbb\x01\n" +
+	"\x04name\x18\x01 \x01(\tB\x03\xe0A\x02R\x04name\"\xcd\x02\n" +
 	"\x14CreateNetworkRequest\x12\x17\n" +
 	"\x04name\x18\x01 \x01(\tB\x03\xe0A\x02R\x04name\x12\x17\n" +
 	"\x04cidr\x18\x02 \x01(\tB\x03\xe0A\x02R\x04cidr\x12/\n" +
 	"\x11dns_search_domain\x18\x03 \x01(\tB\x03\xe0A\x01R\x0fdnsSearchDomain\x12@\n" +
-	"\x06egress\x18\x04 \x03(\v2#.vmmanager.hypervisor.v1.EgressRuleB\x03\xe0A\x01R\x06egress\"/\n" +
+	"\x06egress\x18\x04 \x03(\v2#.vmmanager.hypervisor.v1.EgressRuleB\x03\xe0A\x01R\x06egress\x12H\n" +
+	"\vdns_records\x18\x05 \x03(\v2\".vmmanager.hypervisor.v1.DnsRecordB\x03\xe0A\x01R\n" +
+	"dnsRecords\x12F\n" +
+	"\n" +
+	"dns_policy\x18\x06 \x01(\x0e2\".vmmanager.hypervisor.v1.DnsPolicyB\x03\xe0A\x01R\tdnsPolicy\"/\n" +
 	"\x14DeleteNetworkRequest\x12\x17\n" +
 	"\x04name\x18\x01 \x01(\tB\x03\xe0A\x02R\x04name\"E\n" +
 	"\x15DeleteNetworkResponse\x12\x12\n" +
@@ -2157,7 +2258,7 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\f_cpu_secondsB\x13\n" +
 	"\x11_memory_rss_bytesB\x12\n" +
 	"\x10_install_secondsB\x18\n" +
-	"\x16_boot_to_ready_seconds\"\xd4\x01\n" +
+	"\x16_boot_to_ready_seconds\"\xc6\a\n" +
 	"\x0eNetworkMetrics\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1e\n" +
 	"\n" +
@@ -2166,7 +2267,25 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\x0ebytes_received\x18\x03 \x01(\x03R\x0ebytes_received\x12\x16\n" +
 	"\x06leases\x18\x04 \x01(\x05R\x06leases\x12&\n" +
 	"\x0edropped_frames\x18\x05 \x01(\x03R\x0edropped_frames\x12&\n" +
-	"\x0eegress_dropped\x18\x06 \x01(\x03R\x0eegress_dropped\"\x81\x03\n" +
+	"\x0eegress_dropped\x18\x06 \x01(\x03R\x0eegress_dropped\x12~\n" +
+	"\x18egress_dropped_by_reason\x18\a \x03(\v2B.vmmanager.hypervisor.v1.NetworkMetrics.EgressDroppedByReasonEntryR\x18egress_dropped_by_reason\x12$\n" +
+	"\rnat_tcp_flows\x18\b \x01(\x05R\rnat_tcp_flows\x12$\n" +
+	"\rnat_udp_flows\x18\t \x01(\x05R\rnat_udp_flows\x12Y\n" +
+	"\vnat_refused\x18\n" +
+	" \x03(\v27.vmmanager.hypervisor.v1.NetworkMetrics.NatRefusedEntryR\vnat_refused\x12Y\n" +
+	"\vdns_refused\x18\v \x03(\v27.vmmanager.hypervisor.v1.NetworkMetrics.DnsRefusedEntryR\vdns_refused\x12*\n" +
+	"\x10imds_connections\x18\f \x01(\x05R\x10imds_connections\x12:\n" +
+	"\x18imds_connections_refused\x18\r \x01(\x03R\x18imds_connections_refused\x12>\n" +
+	"\x1aimds_connections_timed_out\x18\x0e \x01(\x03R\x1aimds_connections_timed_out\x1aH\n" +
+	"\x1aEgressDroppedByReasonEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a=\n" +
+	"\x0fNatRefusedEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a=\n" +
+	"\x0fDnsRefusedEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x81\x03\n" +
 	"\fGuestMetrics\x12<\n" +
 	"\vreceived_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\vreceived_at\x12>\n" +
 	"\fgenerated_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\fgenerated_at\x12.\n" +
@@ -2232,7 +2351,7 @@ func file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP() []byte 
 }
 
 var file_vmmanager_hypervisor_v1_hypervisor_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_vmmanager_hypervisor_v1_hypervisor_service_proto_goTypes = []any{
 	(WaitFor)(0),                              // 0: vmmanager.hypervisor.v1.WaitFor
 	(AttestationState)(0),                     // 1: vmmanager.hypervisor.v1.AttestationState
@@ -2270,78 +2389,88 @@ var file_vmmanager_hypervisor_v1_hypervisor_service_proto_goTypes = []any{
 	(*GuestMetrics)(nil),                      // 33: vmmanager.hypervisor.v1.GuestMetrics
 	(*MetricSample)(nil),                      // 34: vmmanager.hypervisor.v1.MetricSample
 	nil,                                       // 35: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.MetadataEntry
-	nil,                                       // 36: vmmanager.hypervisor.v1.MetricSample.FieldsEntry
-	(*Image)(nil),                             // 37: vmmanager.hypervisor.v1.Image
-	(*Network)(nil),                           // 38: vmmanager.hypervisor.v1.Network
-	(*EgressRule)(nil),                        // 39: vmmanager.hypervisor.v1.EgressRule
-	(*VirtualMachine)(nil),                    // 40: vmmanager.hypervisor.v1.VirtualMachine
-	(*structpb.Value)(nil),                    // 41: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil),             // 42: google.protobuf.Timestamp
-	(State)(0),                                // 43: vmmanager.hypervisor.v1.State
-	(*Host)(nil),                              // 44: vmmanager.hypervisor.v1.Host
+	nil,                                       // 36: vmmanager.hypervisor.v1.NetworkMetrics.EgressDroppedByReasonEntry
+	nil,                                       // 37: vmmanager.hypervisor.v1.NetworkMetrics.NatRefusedEntry
+	nil,                                       // 38: vmmanager.hypervisor.v1.NetworkMetrics.DnsRefusedEntry
+	nil,                                       // 39: vmmanager.hypervisor.v1.MetricSample.FieldsEntry
+	(*Image)(nil),                             // 40: vmmanager.hypervisor.v1.Image
+	(*Network)(nil),                           // 41: vmmanager.hypervisor.v1.Network
+	(*EgressRule)(nil),                        // 42: vmmanager.hypervisor.v1.EgressRule
+	(*DnsRecord)(nil),                         // 43: vmmanager.hypervisor.v1.DnsRecord
+	(DnsPolicy)(0),                            // 44: vmmanager.hypervisor.v1.DnsPolicy
+	(*VirtualMachine)(nil),                    // 45: vmmanager.hypervisor.v1.VirtualMachine
+	(*structpb.Value)(nil),                    // 46: google.protobuf.Value
+	(*timestamppb.Timestamp)(nil),             // 47: google.protobuf.Timestamp
+	(State)(0),                                // 48: vmmanager.hypervisor.v1.State
+	(*Host)(nil),                              // 49: vmmanager.hypervisor.v1.Host
 }
 var file_vmmanager_hypervisor_v1_hypervisor_service_proto_depIdxs = []int32{
-	37, // 0: vmmanager.hypervisor.v1.ListImagesResponse.images:type_name -> vmmanager.hypervisor.v1.Image
-	38, // 1: vmmanager.hypervisor.v1.ListNetworksResponse.networks:type_name -> vmmanager.hypervisor.v1.Network
-	39, // 2: vmmanager.hypervisor.v1.CreateNetworkRequest.egress:type_name -> vmmanager.hypervisor.v1.EgressRule
-	40, // 3: vmmanager.hypervisor.v1.ListVirtualMachinesResponse.vms:type_name -> vmmanager.hypervisor.v1.VirtualMachine
-	35, // 4: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.metadata:type_name -> vmmanager.hypervisor.v1.CreateVirtualMachineRequest.MetadataEntry
-	0,  // 5: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.wait_for:type_name -> vmmanager.hypervisor.v1.WaitFor
-	41, // 6: vmmanager.hypervisor.v1.GetVirtualMachineReportResponse.report:type_name -> google.protobuf.Value
-	42, // 7: vmmanager.hypervisor.v1.GetVirtualMachineReportResponse.received_at:type_name -> google.protobuf.Timestamp
-	31, // 8: vmmanager.hypervisor.v1.VirtualMachineMetrics.host:type_name -> vmmanager.hypervisor.v1.HostMetrics
-	33, // 9: vmmanager.hypervisor.v1.VirtualMachineMetrics.guest:type_name -> vmmanager.hypervisor.v1.GuestMetrics
-	43, // 10: vmmanager.hypervisor.v1.HostMetrics.state:type_name -> vmmanager.hypervisor.v1.State
-	1,  // 11: vmmanager.hypervisor.v1.HostMetrics.attestation:type_name -> vmmanager.hypervisor.v1.AttestationState
-	32, // 12: vmmanager.hypervisor.v1.HostMetrics.network:type_name -> vmmanager.hypervisor.v1.NetworkMetrics
-	42, // 13: vmmanager.hypervisor.v1.GuestMetrics.received_at:type_name -> google.protobuf.Timestamp
-	42, // 14: vmmanager.hypervisor.v1.GuestMetrics.generated_at:type_name -> google.protobuf.Timestamp
-	34, // 15: vmmanager.hypervisor.v1.GuestMetrics.sample:type_name -> vmmanager.hypervisor.v1.MetricSample
-	36, // 16: vmmanager.hypervisor.v1.MetricSample.fields:type_name -> vmmanager.hypervisor.v1.MetricSample.FieldsEntry
-	41, // 17: vmmanager.hypervisor.v1.MetricSample.value:type_name -> google.protobuf.Value
-	2,  // 18: vmmanager.hypervisor.v1.HypervisorService.GetHost:input_type -> vmmanager.hypervisor.v1.GetHostRequest
-	3,  // 19: vmmanager.hypervisor.v1.HypervisorService.ListImages:input_type -> vmmanager.hypervisor.v1.ListImagesRequest
-	5,  // 20: vmmanager.hypervisor.v1.HypervisorService.GetImage:input_type -> vmmanager.hypervisor.v1.GetImageRequest
-	6,  // 21: vmmanager.hypervisor.v1.HypervisorService.ListNetworks:input_type -> vmmanager.hypervisor.v1.ListNetworksRequest
-	8,  // 22: vmmanager.hypervisor.v1.HypervisorService.GetNetwork:input_type -> vmmanager.hypervisor.v1.GetNetworkRequest
-	9,  // 23: vmmanager.hypervisor.v1.HypervisorService.CreateNetwork:input_type -> vmmanager.hypervisor.v1.CreateNetworkRequest
-	10, // 24: vmmanager.hypervisor.v1.HypervisorService.DeleteNetwork:input_type -> vmmanager.hypervisor.v1.DeleteNetworkRequest
-	12, // 25: vmmanager.hypervisor.v1.HypervisorService.ListVirtualMachines:input_type -> vmmanager.hypervisor.v1.ListVirtualMachinesRequest
-	14, // 26: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachine:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineRequest
-	15, // 27: vmmanager.hypervisor.v1.HypervisorService.CreateVirtualMachine:input_type -> vmmanager.hypervisor.v1.CreateVirtualMachineRequest
-	16, // 28: vmmanager.hypervisor.v1.HypervisorService.DeleteVirtualMachine:input_type -> vmmanager.hypervisor.v1.DeleteVirtualMachineRequest
-	18, // 29: vmmanager.hypervisor.v1.HypervisorService.StartVirtualMachine:input_type -> vmmanager.hypervisor.v1.StartVirtualMachineRequest
-	19, // 30: vmmanager.hypervisor.v1.HypervisorService.StopVirtualMachine:input_type -> vmmanager.hypervisor.v1.StopVirtualMachineRequest
-	20, // 31: vmmanager.hypervisor.v1.HypervisorService.RebootVirtualMachine:input_type -> vmmanager.hypervisor.v1.RebootVirtualMachineRequest
-	21, // 32: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachine:input_type -> vmmanager.hypervisor.v1.ExecVirtualMachineRequest
-	23, // 33: vmmanager.hypervisor.v1.HypervisorService.ForwardVirtualMachinePort:input_type -> vmmanager.hypervisor.v1.ForwardVirtualMachinePortRequest
-	25, // 34: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineConsole:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineConsoleRequest
-	27, // 35: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineMetrics:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
-	28, // 36: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineReport:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineReportRequest
-	44, // 37: vmmanager.hypervisor.v1.HypervisorService.GetHost:output_type -> vmmanager.hypervisor.v1.Host
-	4,  // 38: vmmanager.hypervisor.v1.HypervisorService.ListImages:output_type -> vmmanager.hypervisor.v1.ListImagesResponse
-	37, // 39: vmmanager.hypervisor.v1.HypervisorService.GetImage:output_type -> vmmanager.hypervisor.v1.Image
-	7,  // 40: vmmanager.hypervisor.v1.HypervisorService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
-	38, // 41: vmmanager.hypervisor.v1.HypervisorService.GetNetwork:output_type -> vmmanager.hypervisor.v1.Network
-	38, // 42: vmmanager.hypervisor.v1.HypervisorService.CreateNetwork:output_type -> vmmanager.hypervisor.v1.Network
-	11, // 43: vmmanager.hypervisor.v1.HypervisorService.DeleteNetwork:output_type -> vmmanager.hypervisor.v1.DeleteNetworkResponse
-	13, // 44: vmmanager.hypervisor.v1.HypervisorService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
-	40, // 45: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	40, // 46: vmmanager.hypervisor.v1.HypervisorService.CreateVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	17, // 47: vmmanager.hypervisor.v1.HypervisorService.DeleteVirtualMachine:output_type -> vmmanager.hypervisor.v1.DeleteVirtualMachineResponse
-	40, // 48: vmmanager.hypervisor.v1.HypervisorService.StartVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	40, // 49: vmmanager.hypervisor.v1.HypervisorService.StopVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	40, // 50: vmmanager.hypervisor.v1.HypervisorService.RebootVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	22, // 51: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachine:output_type -> vmmanager.hypervisor.v1.ExecVirtualMachineResponse
-	24, // 52: vmmanager.hypervisor.v1.HypervisorService.ForwardVirtualMachinePort:output_type -> vmmanager.hypervisor.v1.ForwardVirtualMachinePortResponse
-	26, // 53: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineConsole:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineConsoleResponse
-	30, // 54: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
-	29, // 55: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineReport:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineReportResponse
-	37, // [37:56] is the sub-list for method output_type
-	18, // [18:37] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	40, // 0: vmmanager.hypervisor.v1.ListImagesResponse.images:type_name -> vmmanager.hypervisor.v1.Image
+	41, // 1: vmmanager.hypervisor.v1.ListNetworksResponse.networks:type_name -> vmmanager.hypervisor.v1.Network
+	42, // 2: vmmanager.hypervisor.v1.CreateNetworkRequest.egress:type_name -> vmmanager.hypervisor.v1.EgressRule
+	43, // 3: vmmanager.hypervisor.v1.CreateNetworkRequest.dns_records:type_name -> vmmanager.hypervisor.v1.DnsRecord
+	44, // 4: vmmanager.hypervisor.v1.CreateNetworkRequest.dns_policy:type_name -> vmmanager.hypervisor.v1.DnsPolicy
+	45, // 5: vmmanager.hypervisor.v1.ListVirtualMachinesResponse.vms:type_name -> vmmanager.hypervisor.v1.VirtualMachine
+	35, // 6: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.metadata:type_name -> vmmanager.hypervisor.v1.CreateVirtualMachineRequest.MetadataEntry
+	0,  // 7: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.wait_for:type_name -> vmmanager.hypervisor.v1.WaitFor
+	46, // 8: vmmanager.hypervisor.v1.GetVirtualMachineReportResponse.report:type_name -> google.protobuf.Value
+	47, // 9: vmmanager.hypervisor.v1.GetVirtualMachineReportResponse.received_at:type_name -> google.protobuf.Timestamp
+	31, // 10: vmmanager.hypervisor.v1.VirtualMachineMetrics.host:type_name -> vmmanager.hypervisor.v1.HostMetrics
+	33, // 11: vmmanager.hypervisor.v1.VirtualMachineMetrics.guest:type_name -> vmmanager.hypervisor.v1.GuestMetrics
+	48, // 12: vmmanager.hypervisor.v1.HostMetrics.state:type_name -> vmmanager.hypervisor.v1.State
+	1,  // 13: vmmanager.hypervisor.v1.HostMetrics.attestation:type_name -> vmmanager.hypervisor.v1.AttestationState
+	32, // 14: vmmanager.hypervisor.v1.HostMetrics.network:type_name -> vmmanager.hypervisor.v1.NetworkMetrics
+	36, // 15: vmmanager.hypervisor.v1.NetworkMetrics.egress_dropped_by_reason:type_name -> vmmanager.hypervisor.v1.NetworkMetrics.EgressDroppedByReasonEntry
+	37, // 16: vmmanager.hypervisor.v1.NetworkMetrics.nat_refused:type_name -> vmmanager.hypervisor.v1.NetworkMetrics.NatRefusedEntry
+	38, // 17: vmmanager.hypervisor.v1.NetworkMetrics.dns_refused:type_name -> vmmanager.hypervisor.v1.NetworkMetrics.DnsRefusedEntry
+	47, // 18: vmmanager.hypervisor.v1.GuestMetrics.received_at:type_name -> google.protobuf.Timestamp
+	47, // 19: vmmanager.hypervisor.v1.GuestMetrics.generated_at:type_name -> google.protobuf.Timestamp
+	34, // 20: vmmanager.hypervisor.v1.GuestMetrics.sample:type_name -> vmmanager.hypervisor.v1.MetricSample
+	39, // 21: vmmanager.hypervisor.v1.MetricSample.fields:type_name -> vmmanager.hypervisor.v1.MetricSample.FieldsEntry
+	46, // 22: vmmanager.hypervisor.v1.MetricSample.value:type_name -> google.protobuf.Value
+	2,  // 23: vmmanager.hypervisor.v1.HypervisorService.GetHost:input_type -> vmmanager.hypervisor.v1.GetHostRequest
+	3,  // 24: vmmanager.hypervisor.v1.HypervisorService.ListImages:input_type -> vmmanager.hypervisor.v1.ListImagesRequest
+	5,  // 25: vmmanager.hypervisor.v1.HypervisorService.GetImage:input_type -> vmmanager.hypervisor.v1.GetImageRequest
+	6,  // 26: vmmanager.hypervisor.v1.HypervisorService.ListNetworks:input_type -> vmmanager.hypervisor.v1.ListNetworksRequest
+	8,  // 27: vmmanager.hypervisor.v1.HypervisorService.GetNetwork:input_type -> vmmanager.hypervisor.v1.GetNetworkRequest
+	9,  // 28: vmmanager.hypervisor.v1.HypervisorService.CreateNetwork:input_type -> vmmanager.hypervisor.v1.CreateNetworkRequest
+	10, // 29: vmmanager.hypervisor.v1.HypervisorService.DeleteNetwork:input_type -> vmmanager.hypervisor.v1.DeleteNetworkRequest
+	12, // 30: vmmanager.hypervisor.v1.HypervisorService.ListVirtualMachines:input_type -> vmmanager.hypervisor.v1.ListVirtualMachinesRequest
+	14, // 31: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachine:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineRequest
+	15, // 32: vmmanager.hypervisor.v1.HypervisorService.CreateVirtualMachine:input_type -> vmmanager.hypervisor.v1.CreateVirtualMachineRequest
+	16, // 33: vmmanager.hypervisor.v1.HypervisorService.DeleteVirtualMachine:input_type -> vmmanager.hypervisor.v1.DeleteVirtualMachineRequest
+	18, // 34: vmmanager.hypervisor.v1.HypervisorService.StartVirtualMachine:input_type -> vmmanager.hypervisor.v1.StartVirtualMachineRequest
+	19, // 35: vmmanager.hypervisor.v1.HypervisorService.StopVirtualMachine:input_type -> vmmanager.hypervisor.v1.StopVirtualMachineRequest
+	20, // 36: vmmanager.hypervisor.v1.HypervisorService.RebootVirtualMachine:input_type -> vmmanager.hypervisor.v1.RebootVirtualMachineRequest
+	21, // 37: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachine:input_type -> vmmanager.hypervisor.v1.ExecVirtualMachineRequest
+	23, // 38: vmmanager.hypervisor.v1.HypervisorService.ForwardVirtualMachinePort:input_type -> vmmanager.hypervisor.v1.ForwardVirtualMachinePortRequest
+	25, // 39: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineConsole:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineConsoleRequest
+	27, // 40: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineMetrics:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
+	28, // 41: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineReport:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineReportRequest
+	49, // 42: vmmanager.hypervisor.v1.HypervisorService.GetHost:output_type -> vmmanager.hypervisor.v1.Host
+	4,  // 43: vmmanager.hypervisor.v1.HypervisorService.ListImages:output_type -> vmmanager.hypervisor.v1.ListImagesResponse
+	40, // 44: vmmanager.hypervisor.v1.HypervisorService.GetImage:output_type -> vmmanager.hypervisor.v1.Image
+	7,  // 45: vmmanager.hypervisor.v1.HypervisorService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
+	41, // 46: vmmanager.hypervisor.v1.HypervisorService.GetNetwork:output_type -> vmmanager.hypervisor.v1.Network
+	41, // 47: vmmanager.hypervisor.v1.HypervisorService.CreateNetwork:output_type -> vmmanager.hypervisor.v1.Network
+	11, // 48: vmmanager.hypervisor.v1.HypervisorService.DeleteNetwork:output_type -> vmmanager.hypervisor.v1.DeleteNetworkResponse
+	13, // 49: vmmanager.hypervisor.v1.HypervisorService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
+	45, // 50: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	45, // 51: vmmanager.hypervisor.v1.HypervisorService.CreateVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	17, // 52: vmmanager.hypervisor.v1.HypervisorService.DeleteVirtualMachine:output_type -> vmmanager.hypervisor.v1.DeleteVirtualMachineResponse
+	45, // 53: vmmanager.hypervisor.v1.HypervisorService.StartVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	45, // 54: vmmanager.hypervisor.v1.HypervisorService.StopVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	45, // 55: vmmanager.hypervisor.v1.HypervisorService.RebootVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	22, // 56: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachine:output_type -> vmmanager.hypervisor.v1.ExecVirtualMachineResponse
+	24, // 57: vmmanager.hypervisor.v1.HypervisorService.ForwardVirtualMachinePort:output_type -> vmmanager.hypervisor.v1.ForwardVirtualMachinePortResponse
+	26, // 58: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineConsole:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineConsoleResponse
+	30, // 59: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
+	29, // 60: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineReport:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineReportResponse
+	42, // [42:61] is the sub-list for method output_type
+	23, // [23:42] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_vmmanager_hypervisor_v1_hypervisor_service_proto_init() }
@@ -2361,7 +2490,7 @@ func file_vmmanager_hypervisor_v1_hypervisor_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc), len(file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   35,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

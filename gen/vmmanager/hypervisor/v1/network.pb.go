@@ -22,6 +22,60 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// DnsPolicy says which names the network's DNS resolves.
+type DnsPolicy int32
+
+const (
+	// The same as DNS_POLICY_OPEN.
+	DnsPolicy_DNS_POLICY_UNSPECIFIED DnsPolicy = 0
+	// Every name: the network's records, then the host's resolver.
+	DnsPolicy_DNS_POLICY_OPEN DnsPolicy = 1
+	// Only the network's records and names matching a domain egress rule;
+	// other lookups are refused (REFUSED) and counted.
+	DnsPolicy_DNS_POLICY_RULES DnsPolicy = 2
+)
+
+// Enum value maps for DnsPolicy.
+var (
+	DnsPolicy_name = map[int32]string{
+		0: "DNS_POLICY_UNSPECIFIED",
+		1: "DNS_POLICY_OPEN",
+		2: "DNS_POLICY_RULES",
+	}
+	DnsPolicy_value = map[string]int32{
+		"DNS_POLICY_UNSPECIFIED": 0,
+		"DNS_POLICY_OPEN":        1,
+		"DNS_POLICY_RULES":       2,
+	}
+)
+
+func (x DnsPolicy) Enum() *DnsPolicy {
+	p := new(DnsPolicy)
+	*p = x
+	return p
+}
+
+func (x DnsPolicy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DnsPolicy) Descriptor() protoreflect.EnumDescriptor {
+	return file_vmmanager_hypervisor_v1_network_proto_enumTypes[0].Descriptor()
+}
+
+func (DnsPolicy) Type() protoreflect.EnumType {
+	return &file_vmmanager_hypervisor_v1_network_proto_enumTypes[0]
+}
+
+func (x DnsPolicy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DnsPolicy.Descriptor instead.
+func (DnsPolicy) EnumDescriptor() ([]byte, []int) {
+	return file_vmmanager_hypervisor_v1_network_proto_rawDescGZIP(), []int{0}
+}
+
 // Network is a userspace L2 switch with a gateway, DHCP, DNS, NAT and the IMDS.
 type Network struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -108,7 +162,11 @@ type NetworkSpec struct {
 	// Whether .254 reaches the host's loopback. Off for every network the API creates.
 	EnableHostAlias bool `protobuf:"varint,6,opt,name=enable_host_alias,json=enableHostAlias,proto3" json:"enable_host_alias,omitempty"`
 	// What guests may reach through NAT; empty means the built-in default.
-	Egress        []*EgressRule `protobuf:"bytes,7,rep,name=egress,proto3" json:"egress,omitempty"`
+	Egress []*EgressRule `protobuf:"bytes,7,rep,name=egress,proto3" json:"egress,omitempty"`
+	// Names the network's DNS answers itself.
+	DnsRecords []*DnsRecord `protobuf:"bytes,8,rep,name=dns_records,json=dnsRecords,proto3" json:"dns_records,omitempty"`
+	// Which names the network's DNS resolves.
+	DnsPolicy     DnsPolicy `protobuf:"varint,9,opt,name=dns_policy,json=dnsPolicy,proto3,enum=vmmanager.hypervisor.v1.DnsPolicy" json:"dns_policy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -192,13 +250,33 @@ func (x *NetworkSpec) GetEgress() []*EgressRule {
 	return nil
 }
 
-// EgressRule allows guest traffic to a destination range and ports.
+func (x *NetworkSpec) GetDnsRecords() []*DnsRecord {
+	if x != nil {
+		return x.DnsRecords
+	}
+	return nil
+}
+
+func (x *NetworkSpec) GetDnsPolicy() DnsPolicy {
+	if x != nil {
+		return x.DnsPolicy
+	}
+	return DnsPolicy_DNS_POLICY_UNSPECIFIED
+}
+
+// EgressRule allows guest traffic to a destination range or domain, and ports.
+// Exactly one of cidr and domain is set.
 type EgressRule struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// IPv4 CIDR.
 	Cidr string `protobuf:"bytes,1,opt,name=cidr,proto3" json:"cidr,omitempty"`
 	// TCP/UDP ports; empty means all.
-	Ports         []uint32 `protobuf:"varint,2,rep,packed,name=ports,proto3" json:"ports,omitempty"`
+	Ports []uint32 `protobuf:"varint,2,rep,packed,name=ports,proto3" json:"ports,omitempty"`
+	// A DNS name ("api.example.com") or every name below one
+	// ("*.example.com", not example.com itself). An address is allowed while
+	// the network's DNS has answered it for a matching name (for 60 s after
+	// the last such answer).
+	Domain        string `protobuf:"bytes,3,opt,name=domain,proto3" json:"domain,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -247,6 +325,69 @@ func (x *EgressRule) GetPorts() []uint32 {
 	return nil
 }
 
+func (x *EgressRule) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+// DnsRecord is an A record the network's DNS serves itself, before asking
+// the host's resolver.
+type DnsRecord struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A DNS name, no wildcard.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// An IPv4 address.
+	Ip            string `protobuf:"bytes,2,opt,name=ip,proto3" json:"ip,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DnsRecord) Reset() {
+	*x = DnsRecord{}
+	mi := &file_vmmanager_hypervisor_v1_network_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DnsRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DnsRecord) ProtoMessage() {}
+
+func (x *DnsRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_vmmanager_hypervisor_v1_network_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DnsRecord.ProtoReflect.Descriptor instead.
+func (*DnsRecord) Descriptor() ([]byte, []int) {
+	return file_vmmanager_hypervisor_v1_network_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *DnsRecord) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DnsRecord) GetIp() string {
+	if x != nil {
+		return x.Ip
+	}
+	return ""
+}
+
 // Lease is an address held by a VM for its whole life.
 type Lease struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -260,7 +401,7 @@ type Lease struct {
 
 func (x *Lease) Reset() {
 	*x = Lease{}
-	mi := &file_vmmanager_hypervisor_v1_network_proto_msgTypes[3]
+	mi := &file_vmmanager_hypervisor_v1_network_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -272,7 +413,7 @@ func (x *Lease) String() string {
 func (*Lease) ProtoMessage() {}
 
 func (x *Lease) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_network_proto_msgTypes[3]
+	mi := &file_vmmanager_hypervisor_v1_network_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -285,7 +426,7 @@ func (x *Lease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lease.ProtoReflect.Descriptor instead.
 func (*Lease) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_network_proto_rawDescGZIP(), []int{3}
+	return file_vmmanager_hypervisor_v1_network_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Lease) GetVmId() string {
@@ -320,7 +461,7 @@ const file_vmmanager_hypervisor_v1_network_proto_rawDesc = "" +
 	"\x06leases\x18\x03 \x03(\v2\x1e.vmmanager.hypervisor.v1.LeaseB\x03\xe0A\x03R\x06leases\x12\"\n" +
 	"\n" +
 	"created_by\x18\x04 \x01(\tB\x03\xe0A\x03R\tcreatedBy:L\xeaAI\n" +
-	" vm-manager.giantswarm.io/Network\x12\x12networks/{network}*\bnetworks2\anetwork\"\xad\x02\n" +
+	" vm-manager.giantswarm.io/Network\x12\x12networks/{network}*\bnetworks2\anetwork\"\xbf\x03\n" +
 	"\vNetworkSpec\x12\x17\n" +
 	"\x04name\x18\x01 \x01(\tB\x03\xe0A\x03R\x04name\x12\x17\n" +
 	"\x04cidr\x18\x02 \x01(\tB\x03\xe0A\x03R\x04cidr\x12\"\n" +
@@ -330,15 +471,27 @@ const file_vmmanager_hypervisor_v1_network_proto_rawDesc = "" +
 	"\venable_imds\x18\x05 \x01(\bB\x03\xe0A\x03R\n" +
 	"enableIMDS\x12/\n" +
 	"\x11enable_host_alias\x18\x06 \x01(\bB\x03\xe0A\x03R\x0fenableHostAlias\x12@\n" +
-	"\x06egress\x18\a \x03(\v2#.vmmanager.hypervisor.v1.EgressRuleB\x03\xe0A\x03R\x06egress\"6\n" +
+	"\x06egress\x18\a \x03(\v2#.vmmanager.hypervisor.v1.EgressRuleB\x03\xe0A\x03R\x06egress\x12H\n" +
+	"\vdns_records\x18\b \x03(\v2\".vmmanager.hypervisor.v1.DnsRecordB\x03\xe0A\x03R\n" +
+	"dnsRecords\x12F\n" +
+	"\n" +
+	"dns_policy\x18\t \x01(\x0e2\".vmmanager.hypervisor.v1.DnsPolicyB\x03\xe0A\x03R\tdnsPolicy\"N\n" +
 	"\n" +
 	"EgressRule\x12\x12\n" +
 	"\x04cidr\x18\x01 \x01(\tR\x04cidr\x12\x14\n" +
-	"\x05ports\x18\x02 \x03(\rR\x05ports\"M\n" +
+	"\x05ports\x18\x02 \x03(\rR\x05ports\x12\x16\n" +
+	"\x06domain\x18\x03 \x01(\tR\x06domain\"/\n" +
+	"\tDnsRecord\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
+	"\x02ip\x18\x02 \x01(\tR\x02ip\"M\n" +
 	"\x05Lease\x12\x18\n" +
 	"\x05vm_id\x18\x01 \x01(\tB\x03\xe0A\x03R\x04vmID\x12\x15\n" +
 	"\x03mac\x18\x02 \x01(\tB\x03\xe0A\x03R\x03mac\x12\x13\n" +
-	"\x02ip\x18\x03 \x01(\tB\x03\xe0A\x03R\x02ipBKZIgithub.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1;hypervisorv1b\x06proto3"
+	"\x02ip\x18\x03 \x01(\tB\x03\xe0A\x03R\x02ip*R\n" +
+	"\tDnsPolicy\x12\x1a\n" +
+	"\x16DNS_POLICY_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fDNS_POLICY_OPEN\x10\x01\x12\x14\n" +
+	"\x10DNS_POLICY_RULES\x10\x02BKZIgithub.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1;hypervisorv1b\x06proto3"
 
 var (
 	file_vmmanager_hypervisor_v1_network_proto_rawDescOnce sync.Once
@@ -352,22 +505,27 @@ func file_vmmanager_hypervisor_v1_network_proto_rawDescGZIP() []byte {
 	return file_vmmanager_hypervisor_v1_network_proto_rawDescData
 }
 
-var file_vmmanager_hypervisor_v1_network_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_vmmanager_hypervisor_v1_network_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_vmmanager_hypervisor_v1_network_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_vmmanager_hypervisor_v1_network_proto_goTypes = []any{
-	(*Network)(nil),     // 0: vmmanager.hypervisor.v1.Network
-	(*NetworkSpec)(nil), // 1: vmmanager.hypervisor.v1.NetworkSpec
-	(*EgressRule)(nil),  // 2: vmmanager.hypervisor.v1.EgressRule
-	(*Lease)(nil),       // 3: vmmanager.hypervisor.v1.Lease
+	(DnsPolicy)(0),      // 0: vmmanager.hypervisor.v1.DnsPolicy
+	(*Network)(nil),     // 1: vmmanager.hypervisor.v1.Network
+	(*NetworkSpec)(nil), // 2: vmmanager.hypervisor.v1.NetworkSpec
+	(*EgressRule)(nil),  // 3: vmmanager.hypervisor.v1.EgressRule
+	(*DnsRecord)(nil),   // 4: vmmanager.hypervisor.v1.DnsRecord
+	(*Lease)(nil),       // 5: vmmanager.hypervisor.v1.Lease
 }
 var file_vmmanager_hypervisor_v1_network_proto_depIdxs = []int32{
-	1, // 0: vmmanager.hypervisor.v1.Network.spec:type_name -> vmmanager.hypervisor.v1.NetworkSpec
-	3, // 1: vmmanager.hypervisor.v1.Network.leases:type_name -> vmmanager.hypervisor.v1.Lease
-	2, // 2: vmmanager.hypervisor.v1.NetworkSpec.egress:type_name -> vmmanager.hypervisor.v1.EgressRule
-	3, // [3:3] is the sub-list for method output_type
-	3, // [3:3] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	2, // 0: vmmanager.hypervisor.v1.Network.spec:type_name -> vmmanager.hypervisor.v1.NetworkSpec
+	5, // 1: vmmanager.hypervisor.v1.Network.leases:type_name -> vmmanager.hypervisor.v1.Lease
+	3, // 2: vmmanager.hypervisor.v1.NetworkSpec.egress:type_name -> vmmanager.hypervisor.v1.EgressRule
+	4, // 3: vmmanager.hypervisor.v1.NetworkSpec.dns_records:type_name -> vmmanager.hypervisor.v1.DnsRecord
+	0, // 4: vmmanager.hypervisor.v1.NetworkSpec.dns_policy:type_name -> vmmanager.hypervisor.v1.DnsPolicy
+	5, // [5:5] is the sub-list for method output_type
+	5, // [5:5] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_vmmanager_hypervisor_v1_network_proto_init() }
@@ -380,13 +538,14 @@ func file_vmmanager_hypervisor_v1_network_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vmmanager_hypervisor_v1_network_proto_rawDesc), len(file_vmmanager_hypervisor_v1_network_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   4,
+			NumEnums:      1,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
 		GoTypes:           file_vmmanager_hypervisor_v1_network_proto_goTypes,
 		DependencyIndexes: file_vmmanager_hypervisor_v1_network_proto_depIdxs,
+		EnumInfos:         file_vmmanager_hypervisor_v1_network_proto_enumTypes,
 		MessageInfos:      file_vmmanager_hypervisor_v1_network_proto_msgTypes,
 	}.Build()
 	File_vmmanager_hypervisor_v1_network_proto = out.File

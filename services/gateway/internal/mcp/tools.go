@@ -56,9 +56,23 @@ type (
 	}
 
 	createNetworkArgs struct {
-		Name            string `json:"name" jsonschema:"a DNS label of at most 63 characters"`
-		CIDR            string `json:"cidr" jsonschema:"IPv4 CIDR with a /16 to /29 prefix, outside 169.254.0.0/16; the gateway is the first host address"`
-		DNSSearchDomain string `json:"dns_search_domain,omitempty" jsonschema:"DNS search domain handed to guests over DHCP"`
+		Name            string         `json:"name" jsonschema:"a DNS label of at most 63 characters"`
+		CIDR            string         `json:"cidr" jsonschema:"IPv4 CIDR with a /16 to /29 prefix, outside 169.254.0.0/16; the gateway is the first host address"`
+		DNSSearchDomain string         `json:"dns_search_domain,omitempty" jsonschema:"DNS search domain handed to guests over DHCP"`
+		Egress          []egressArg    `json:"egress,omitempty" jsonschema:"what guests may reach through the NAT (at most 64 rules); empty: everything but loopback, private, shared, link-local and reserved ranges"`
+		DNSRecords      []dnsRecordArg `json:"dns_records,omitempty" jsonschema:"A records the network's DNS answers itself (at most 64)"`
+		DNSPolicy       string         `json:"dns_policy,omitempty" jsonschema:"open (the default): the network's DNS resolves every name; rules: only its records and names matching a domain rule, other lookups are refused" schema:"enum=open|rules,default=\"open\""`
+	}
+
+	egressArg struct {
+		CIDR   string   `json:"cidr,omitempty" jsonschema:"an IPv4 CIDR; give cidr or domain"`
+		Domain string   `json:"domain,omitempty" jsonschema:"a DNS name, or *.name for every name below it: the addresses the network's DNS answers for it are allowed"`
+		Ports  []uint32 `json:"ports,omitempty" jsonschema:"TCP/UDP ports; empty: all ports and protocols"`
+	}
+
+	dnsRecordArg struct {
+		Name string `json:"name" jsonschema:"a DNS name, no wildcard"`
+		IP   string `json:"ip" jsonschema:"an IPv4 address"`
 	}
 
 	createVMArgs struct {
@@ -87,6 +101,13 @@ type (
 		Port int32  `json:"port" jsonschema:"the guest TCP port, 1 to 65535 (for example 6443 for the Kubernetes API)" schema:"min=1,max=65535"`
 	}
 )
+
+// dnsPolicy is create_network's dns_policy; the schema's enum refuses others.
+var dnsPolicy = map[string]hypervisorv1.DnsPolicy{
+	"":      hypervisorv1.DnsPolicy_DNS_POLICY_UNSPECIFIED,
+	"open":  hypervisorv1.DnsPolicy_DNS_POLICY_OPEN,
+	"rules": hypervisorv1.DnsPolicy_DNS_POLICY_RULES,
+}
 
 var waitFor = map[string]hypervisorv1.WaitFor{
 	"":          hypervisorv1.WaitFor_WAIT_FOR_UNSPECIFIED,
@@ -138,9 +159,16 @@ var toolDefs = []toolDef{
 		call(at, atc.GetVirtualMachineAttestation, vmRequest[attestationv1.GetVirtualMachineAttestationRequest])},
 
 	// Writes.
-	{"create_network", hintCreate, "WRITES: create a network: a bridge with DHCP, NAT and the IMDS at 169.254.169.254. name is a DNS label of at most 63 characters; cidr is IPv4 with a /16 to /29 prefix outside 169.254.0.0/16, and the gateway is its first host address. Conflict if the name is taken.",
+	{"create_network", hintCreate, "WRITES: create a network: a bridge with DHCP, NAT and the IMDS at 169.254.169.254. name is a DNS label of at most 63 characters; cidr is IPv4 with a /16 to /29 prefix outside 169.254.0.0/16, and the gateway is its first host address. egress rules (cidr or domain, with ports) say what guests reach through the NAT; dns_records and dns_policy shape the network's DNS. Conflict if the name is taken.",
 		call(hv, hvc.CreateNetwork, func(in *createNetworkArgs) *hypervisorv1.CreateNetworkRequest {
-			return &hypervisorv1.CreateNetworkRequest{Name: in.Name, Cidr: in.CIDR, DnsSearchDomain: in.DNSSearchDomain}
+			req := &hypervisorv1.CreateNetworkRequest{Name: in.Name, Cidr: in.CIDR, DnsSearchDomain: in.DNSSearchDomain, DnsPolicy: dnsPolicy[in.DNSPolicy]}
+			for _, r := range in.Egress {
+				req.Egress = append(req.Egress, &hypervisorv1.EgressRule{Cidr: r.CIDR, Domain: r.Domain, Ports: r.Ports})
+			}
+			for _, r := range in.DNSRecords {
+				req.DnsRecords = append(req.DnsRecords, &hypervisorv1.DnsRecord{Name: r.Name, Ip: r.IP})
+			}
+			return req
 		})},
 	{"delete_network", hintDestructive, "WRITES (destructive): delete a network. Conflict while any VM, running or stopped, is attached to it. Returns {name, deleted}.",
 		run((*tools).deleteNetwork)},

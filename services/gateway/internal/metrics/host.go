@@ -2,6 +2,8 @@ package metrics
 
 import (
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -50,6 +52,13 @@ var (
 	descNetLeases     = desc("vm_manager_network_leases", "Addresses held on a network.", "network")
 	descNetDropped    = desc("vm_manager_network_dropped_frames_total", "Frames a VM sent with another MAC or IP than its lease's, dropped before they reached the network.", "network", "vm")
 	descBackendUp     = desc("vm_manager_backend_up", "1 if the backend answered the last scrape, else 0.", "backend")
+
+	descEgressDropped = desc("vm_manager_network_egress_dropped_total", "Packets a VM sent that its network's egress policy dropped: not allowed by the rules or the default (rule), or to an address of the network it does not serve (local).", "network", "vm", "reason")
+	descNATFlows      = desc("vm_manager_network_nat_flows", "NAT flows (host sockets) open for a VM.", "network", "vm", "protocol")
+	descNATRefused    = desc("vm_manager_network_nat_refused_total", "New NAT flows of a VM refused: over its bound (tcp_vm_limit, udp_vm_limit) or the host's (tcp_host_limit, udp_host_limit).", "network", "vm", "reason")
+	descDNSRefused    = desc("vm_manager_network_dns_refused_total", "DNS lookups of a VM its network refused: by its DNS policy (policy), too many at once (busy), too many pinned addresses (pins).", "network", "vm", "reason")
+	descIMDSConns     = desc("vm_manager_network_imds_connections", "Open IMDS connections of a VM.", "network", "vm")
+	descIMDSDropped   = desc("vm_manager_network_imds_connections_dropped_total", "IMDS connections of a VM closed at once over its bound (limit) or because a request did not arrive in time (timeout).", "network", "vm", "reason")
 )
 
 // hostCollector asks the hypervisor at scrape time.
@@ -99,7 +108,7 @@ func (c *hostCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		descVMState, descVMAttestation, descVMInfo, descVMCreated, descVMInstall, descVMBootToReady,
 		descVMCPU, descVMRSS, descVMDisk, descVMs, descNetBytes, descNetLeases, descNetDropped,
-		descBackendUp,
+		descBackendUp, descEgressDropped, descNATFlows, descNATRefused, descDNSRefused, descIMDSConns, descIMDSDropped,
 	} {
 		ch <- d
 	}
@@ -258,7 +267,7 @@ func (c *hostCollector) collectVMs(ch chan<- prometheus.Metric, s *snapshot) {
 		}
 		ch <- gauge(descVMDisk, float64(h.GetDiskBytes()), id, name)
 		if n := h.GetNetwork(); n.GetName() != "" {
-			ch <- counter(descNetDropped, float64(n.GetDroppedFrames()), n.GetName(), id)
+			collectNetwork(ch, n, id)
 		}
 		c.observeDurations(vm, h)
 	}
@@ -371,6 +380,26 @@ func attestationFromRecord(vm *hypervisorv1.VirtualMachine) hypervisorv1.Attesta
 	default:
 		return hypervisorv1.AttestationState_ATTESTATION_STATE_PENDING
 	}
+}
+
+// collectNetwork sends a VM's network counters: the drops, flows and
+// refusals its network counts for it.
+func collectNetwork(ch chan<- prometheus.Metric, n *hypervisorv1.NetworkMetrics, id string) {
+	net := n.GetName()
+	ch <- counter(descNetDropped, float64(n.GetDroppedFrames()), net, id)
+	byReason := func(d *prometheus.Desc, m map[string]int64) {
+		for _, reason := range slices.Sorted(maps.Keys(m)) {
+			ch <- counter(d, float64(m[reason]), net, id, reason)
+		}
+	}
+	byReason(descEgressDropped, n.GetEgressDroppedByReason())
+	byReason(descNATRefused, n.GetNatRefused())
+	byReason(descDNSRefused, n.GetDnsRefused())
+	ch <- gauge(descNATFlows, float64(n.GetNatTcpFlows()), net, id, "tcp")
+	ch <- gauge(descNATFlows, float64(n.GetNatUdpFlows()), net, id, "udp")
+	ch <- gauge(descIMDSConns, float64(n.GetImdsConnections()), net, id)
+	ch <- counter(descIMDSDropped, float64(n.GetImdsConnectionsRefused()), net, id, "limit")
+	ch <- counter(descIMDSDropped, float64(n.GetImdsConnectionsTimedOut()), net, id, "timeout")
 }
 
 func gauge(d *prometheus.Desc, v float64, labels ...string) prometheus.Metric {

@@ -92,6 +92,20 @@ func TestHostCollector(t *testing.T) {
 	f.wantType(t, "vm_manager_network_dropped_frames_total", dto.MetricType_COUNTER)
 	f.want(t, 3, "vm_manager_network_dropped_frames_total", "network", "default", "vm", "aaaa0001")
 	f.want(t, 0, "vm_manager_network_dropped_frames_total", "network", "default", "vm", "bbbb0002")
+	// The VM's network counters, per reason.
+	f.wantType(t, "vm_manager_network_egress_dropped_total", dto.MetricType_COUNTER)
+	f.want(t, 6, "vm_manager_network_egress_dropped_total", "network", "default", "vm", "aaaa0001", "reason", "rule")
+	f.want(t, 3, "vm_manager_network_egress_dropped_total", "network", "default", "vm", "aaaa0001", "reason", "local")
+	f.wantType(t, "vm_manager_network_nat_flows", dto.MetricType_GAUGE)
+	f.want(t, 4, "vm_manager_network_nat_flows", "vm", "aaaa0001", "protocol", "tcp")
+	f.want(t, 3, "vm_manager_network_nat_flows", "vm", "aaaa0001", "protocol", "udp")
+	f.want(t, 15, "vm_manager_network_nat_refused_total", "vm", "aaaa0001", "reason", "udp_vm_limit")
+	f.want(t, 0, "vm_manager_network_nat_refused_total", "vm", "aaaa0001", "reason", "tcp_vm_limit")
+	f.want(t, 3, "vm_manager_network_dns_refused_total", "vm", "aaaa0001", "reason", "policy")
+	f.want(t, 1, "vm_manager_network_imds_connections", "vm", "aaaa0001")
+	f.want(t, 18, "vm_manager_network_imds_connections_dropped_total", "vm", "aaaa0001", "reason", "limit")
+	f.want(t, 3, "vm_manager_network_imds_connections_dropped_total", "vm", "aaaa0001", "reason", "timeout")
+	f.want(t, 0, "vm_manager_network_imds_connections_dropped_total", "vm", "bbbb0002", "reason", "timeout")
 
 	// Guest series: per-VM report counts, then the entries as typed families
 	// labelled vm, object and their fields.

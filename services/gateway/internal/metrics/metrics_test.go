@@ -101,7 +101,10 @@ func at(d time.Duration) *timestamppb.Timestamp { return timestamppb.New(t0.Add(
 // "default".
 func newFake() *fakeHV {
 	net := func(dropped int64) *hypervisorv1.NetworkMetrics {
-		return &hypervisorv1.NetworkMetrics{Name: "default", BytesSent: 1000, BytesReceived: 2000, Leases: 2, DroppedFrames: dropped}
+		return &hypervisorv1.NetworkMetrics{Name: "default", BytesSent: 1000, BytesReceived: 2000, Leases: 2, DroppedFrames: dropped,
+			EgressDroppedByReason: map[string]int64{"rule": 2 * dropped, "local": dropped}, NatTcpFlows: 4, NatUdpFlows: int32(dropped),
+			NatRefused: map[string]int64{"tcp_vm_limit": 0, "udp_vm_limit": 5 * dropped}, DnsRefused: map[string]int64{"policy": dropped},
+			ImdsConnections: 1, ImdsConnectionsRefused: 6 * dropped, ImdsConnectionsTimedOut: dropped}
 	}
 	return &fakeHV{
 		vms: []*hypervisorv1.VirtualMachine{

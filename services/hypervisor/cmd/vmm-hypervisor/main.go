@@ -20,6 +20,7 @@ import (
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guest"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/host"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/imds"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/network"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vm"
 	"github.com/giantswarm/vm-manager/services/hypervisor/server"
 )
@@ -57,6 +58,13 @@ func serveCommand() cli.Command {
 			subnet := fs.String("network-subnet", "VM_MANAGER_NETWORK_SUBNET", "192.168.127.0/24", "IPv4 CIDR of the default network")
 			notifyPort := fs.Int("notify-port", "VM_MANAGER_NOTIFY_PORT", 0, "AF_VSOCK port for READY=1 on hosts with /dev/vhost-vsock (0: the recorded one, else any)")
 			guestSeries := fs.Int("metrics-guest-series-limit", "VM_MANAGER_METRICS_GUEST_SERIES_LIMIT", guest.DefaultGuestSeriesLimit, "series of one guest's systemd-report exported as vm_guest_* metrics; the rest are counted as dropped (>= 1)")
+			natTCP := fs.Int("max-nat-flows-tcp", "VM_MANAGER_MAX_NAT_FLOWS_TCP", network.DefaultNATTCPPerVM, "open NAT TCP flows (host sockets) per VM; new ones over it are refused and counted (>= 1)")
+			natUDP := fs.Int("max-nat-flows-udp", "VM_MANAGER_MAX_NAT_FLOWS_UDP", network.DefaultNATUDPPerVM, "open NAT UDP flows (host sockets) per VM; new ones over it are dropped and counted (>= 1)")
+			natAll := fs.Int("max-nat-flows", "VM_MANAGER_MAX_NAT_FLOWS", network.DefaultNATFlows, "open NAT flows of all VMs together, at most half the descriptor limit (>= 1)")
+			natUDPIdle := fs.Duration("nat-udp-idle-timeout", "VM_MANAGER_NAT_UDP_IDLE_TIMEOUT", network.DefaultNATUDPIdle, "a NAT UDP flow without a datagram either way for this long is closed")
+			imdsConns := fs.Int("max-imds-connections", "VM_MANAGER_MAX_IMDS_CONNECTIONS", network.DefaultIMDSConnsPerVM, "open IMDS connections per VM; more are closed at once and counted (>= 1)")
+			imdsRead := fs.Duration("imds-read-timeout", "VM_MANAGER_IMDS_READ_TIMEOUT", network.DefaultIMDSReadTimeout, "how long the IMDS waits for a whole request, body included (headers: at most 10s)")
+			imdsIdle := fs.Duration("imds-idle-timeout", "VM_MANAGER_IMDS_IDLE_TIMEOUT", network.DefaultIMDSIdleTimeout, "how long the IMDS keeps an idle kept-alive connection")
 			accel := fs.String("accelerator", "VM_MANAGER_ACCELERATOR", "auto", "auto (kvm where /dev/kvm is usable, else tcg) or tcg")
 			maxVMs := fs.Int("max-vms", "VM_MANAGER_MAX_VMS", vm.DefaultMaxVMs, "VMs this host keeps, in any state; a create beyond is refused (resource_exhausted)")
 			maxNets := fs.Int("max-networks", "VM_MANAGER_MAX_NETWORKS", vm.DefaultMaxNetworks, "networks this host keeps, the default one included")
@@ -94,6 +102,8 @@ func serveCommand() cli.Command {
 					{"imds-requests-per-second", *imdsRate, 1}, {"imds-request-burst", *imdsBurst, 1},
 					{"imds-max-quote-bytes", *maxQuote, 1}, {"imds-max-report-bytes", *maxReport, 1},
 					{"console-log-max-bytes", *consoleMax, vm.MinConsoleLogMaxBytes},
+					{"max-nat-flows-tcp", *natTCP, 1}, {"max-nat-flows-udp", *natUDP, 1}, {"max-nat-flows", *natAll, 1},
+					{"max-imds-connections", *imdsConns, 1},
 				} {
 					if f.v < f.min {
 						return fmt.Errorf("--%s=%d: want at least %d", f.name, f.v, f.min)
@@ -101,6 +111,14 @@ func serveCommand() cli.Command {
 				}
 				if *maxMem > math.MaxInt32 || *maxCPUs > math.MaxInt32 {
 					return fmt.Errorf("--max-memory-mib and --max-cpus: want at most %d", math.MaxInt32)
+				}
+				for _, f := range []struct {
+					name string
+					v    time.Duration
+				}{{"nat-udp-idle-timeout", *natUDPIdle}, {"imds-read-timeout", *imdsRead}, {"imds-idle-timeout", *imdsIdle}} {
+					if f.v < time.Second {
+						return fmt.Errorf("--%s=%s: want at least 1s", f.name, f.v)
+					}
 				}
 				return server.Run(ctx, server.Config{
 					StateDir:         *stateDir,
@@ -120,6 +138,13 @@ func serveCommand() cli.Command {
 					IMDS: imds.Limits{RequestsPerSecond: float64(*imdsRate), Burst: *imdsBurst,
 						MaxQuoteBytes: int64(*maxQuote), MaxReportBytes: int64(*maxReport)},
 					ConsoleLogMaxBytes: int64(*consoleMax),
+					MaxNATFlowsTCP:     *natTCP,
+					MaxNATFlowsUDP:     *natUDP,
+					MaxNATFlows:        *natAll,
+					NATUDPIdleTimeout:  *natUDPIdle,
+					MaxIMDSConnections: *imdsConns,
+					IMDSReadTimeout:    *imdsRead,
+					IMDSIdleTimeout:    *imdsIdle,
 					Host:               host.Config{QEMUBinary: *qemu, SwtpmBinary: *swtpm, OVMFCode: *ovmfCode, OVMFVars: *ovmfVars, ForceTCG: *accel == "tcg"},
 					Identity:           oidc(),
 				}, log)

@@ -33,3 +33,37 @@ func TestGuestSeriesLimitRefused(t *testing.T) {
 		}
 	}
 }
+
+// The network bounds are refused below their minimum, from the flag and from
+// the environment, before anything is opened.
+func TestNetworkBoundsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		args      []string
+		env, val  string
+		wantError string
+	}{
+		{args: []string{"serve", "--max-nat-flows-udp=0"}, wantError: "--max-nat-flows-udp=0: want at least 1"},
+		{args: []string{"serve"}, env: "VM_MANAGER_MAX_NAT_FLOWS_TCP", val: "-1", wantError: "--max-nat-flows-tcp=-1: want at least 1"},
+		{args: []string{"serve"}, env: "VM_MANAGER_MAX_NAT_FLOWS", val: "0", wantError: "--max-nat-flows=0: want at least 1"},
+		{args: []string{"serve", "--max-imds-connections=0"}, wantError: "--max-imds-connections=0: want at least 1"},
+		{args: []string{"serve", "--nat-udp-idle-timeout=10ms"}, wantError: "--nat-udp-idle-timeout=10ms: want at least 1s"},
+		{args: []string{"serve"}, env: "VM_MANAGER_IMDS_READ_TIMEOUT", val: "0s", wantError: "--imds-read-timeout=0s: want at least 1s"},
+		{args: []string{"serve", "--imds-idle-timeout=500ms"}, wantError: "--imds-idle-timeout=500ms: want at least 1s"},
+	} {
+		state := t.TempDir()
+		t.Setenv("VM_MANAGER_STATE_DIR", state)
+		if tc.env != "" {
+			t.Setenv(tc.env, tc.val)
+		}
+		var stderr bytes.Buffer
+		if code := run(tc.args, io.Discard, &stderr); code == 0 || !strings.Contains(stderr.String(), tc.wantError) {
+			t.Errorf("%v (%s=%s): exit %d, stderr %q", tc.args, tc.env, tc.val, code, stderr.String())
+		}
+		if tc.env != "" {
+			os.Unsetenv(tc.env)
+		}
+		if ents, _ := os.ReadDir(state); len(ents) != 0 {
+			t.Errorf("%v: the refused start wrote %d entries into the state directory", tc.args, len(ents))
+		}
+	}
+}

@@ -34,7 +34,8 @@ const (
 // hypervisor restart is re-attached by calling Attach again.
 //
 // Frames from the VM pass only if they carry its own MAC and lease IP (see
-// allowed); the others are dropped and counted (Stats, Dropped).
+// allowed) and the egress policy permits them; the others are dropped and
+// counted (Stats, VMStats).
 //
 // Attach returns nil when ctx is done or the network is closed. vmID without
 // a lease (also after Release, which disconnects the VM) or a network closed
@@ -126,27 +127,19 @@ func (n *Network) serve(ctx context.Context, vmID string, conn net.Conn, log *sl
 		}
 		return nil // closed: the caller's ctx is done
 	}
-	drops := n.dropsBy[vmID]
-	if drops == nil {
-		drops = new(atomic.Uint64)
-		n.dropsBy[vmID] = drops
-	}
-	egress := n.egressBy[vmID]
-	if egress == nil {
-		egress = new(atomic.Uint64)
-		n.egressBy[vmID] = egress
-	}
+	vs := n.vms[vmID]
 	n.conns[conn] = vmID
 	n.mu.Unlock()
 
 	mac, _ := net.ParseMAC(MAC(n.spec.Name, ip))
-	vc := &vmConn{Conn: conn, n: n, mac: mac, ip: ip, drops: drops, egress: egress, log: log}
+	vc := &vmConn{Conn: conn, n: n, mac: mac, ip: ip, vs: vs, log: log, isLease: n.isLease}
+	vc.pinned = func(rule int, ip netip.Addr) bool { return vs.pinned(rule, ip, time.Now()) }
 	vc.r = bufio.NewReader(readCounter{conn, &n.fromVMs})
 	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
 	log.Info("VM attached", "ip", ip, "mac", mac.String())
-	// AcceptQemu returns when the connection fails or is closed; it closes
+	// accept returns when the connection fails or is closed; it closes
 	// conn itself.
-	err := n.vn.AcceptQemu(ctx, vc)
+	err := n.us.accept(ctx, vc)
 	stop()
 	_ = conn.Close()
 	n.mu.Lock()
@@ -188,12 +181,14 @@ func (r readCounter) Read(b []byte) (int, error) {
 // (frames to the VM) pass unfiltered. Both directions are counted.
 type vmConn struct {
 	net.Conn
-	n      *Network
-	mac    net.HardwareAddr
-	ip     netip.Addr
-	drops  *atomic.Uint64 // anti-spoofing drops of this VM
-	egress *atomic.Uint64 // egress-policy drops of this VM
-	log    *slog.Logger
+	n   *Network
+	mac net.HardwareAddr
+	ip  netip.Addr
+	vs  *vmState // the VM's counters, flows and pins
+	log *slog.Logger
+	// The egress policy's views of the network, made once, not per packet.
+	isLease func(netip.Addr) bool
+	pinned  func(rule int, ip netip.Addr) bool
 
 	r       *bufio.Reader
 	buf     [4 + maxFrame]byte
@@ -234,18 +229,17 @@ func (c *vmConn) next() ([]byte, error) {
 		}
 		ok, reason := allowed(frame, c.mac, c.ip)
 		if ok && isIPv4(frame) {
-			p := frame[ethHeaderLen:]
-			if ok, reason = c.n.egress.permit(p, int(p[0]&0x0f)*4); !ok {
-				c.egress.Add(1)
+			if ok, why, msg := c.permit(frame); !ok {
+				c.vs.egress[why].Add(1)
 				c.n.egressDropped.Add(1)
-				c.log.Debug("dropping egress from VM", "reason", reason)
+				c.log.Debug("dropping egress from VM", "reason", msg)
 				continue
 			}
 		}
 		if ok {
 			return c.buf[:4+size], nil
 		}
-		c.drops.Add(1)
+		c.vs.dropped.Add(1)
 		c.n.dropped.Add(1)
 		// IPv6 and the like are ordinary guest chatter; a foreign MAC or
 		// address looks like spoofing and is worth one warning.
@@ -257,6 +251,48 @@ func (c *vmConn) next() ([]byte, error) {
 		}
 	}
 }
+
+// permit applies the egress policy to an IPv4 frame that allowed passed. A
+// packet the rules refuse still passes if it belongs to a NAT flow that is
+// open: the flow was allowed when it started (a domain rule's address may
+// have expired since).
+func (c *vmConn) permit(frame []byte) (bool, egressReason, string) {
+	p := parsePacket(frame)
+	ok, why, msg := c.n.egress.check(p, c.isLease, c.pinned)
+	if !ok && why == egressRule && p.hasPorts && c.vs.hasFlow(flowKey{proto: p.proto,
+		src: netip.AddrPortFrom(c.ip, p.sport), dst: netip.AddrPortFrom(p.dst, p.dport)}) {
+		return true, 0, ""
+	}
+	return ok, why, msg
+}
+
+// parsePacket reads what the egress policy needs from an Ethernet frame
+// carrying IPv4 (allowed has checked its header).
+func parsePacket(frame []byte) packet {
+	ethDst := frame[0:6]
+	p := frame[ethHeaderLen:]
+	ihl := int(p[0]&0x0f) * 4
+	pk := packet{
+		dst:     netip.AddrFrom4([4]byte(p[16:20])),
+		proto:   p[9],
+		toStack: bytes.Equal(ethDst, gatewayMAC) || bytes.Equal(ethDst, broadcastMAC),
+		mayOpen: true,
+	}
+	// TCP and UDP carry ports, except in a non-first fragment.
+	if (pk.proto == protoTCP || pk.proto == protoUDP) && binary.BigEndian.Uint16(p[6:8])&0x1fff == 0 && len(p) >= ihl+4 {
+		pk.sport, pk.dport, pk.hasPorts = binary.BigEndian.Uint16(p[ihl:ihl+2]), binary.BigEndian.Uint16(p[ihl+2:ihl+4]), true
+		if pk.proto == protoTCP && len(p) >= ihl+14 {
+			flags := p[ihl+13]
+			pk.mayOpen = flags&tcpSYN != 0 && flags&tcpACK == 0
+		}
+	}
+	return pk
+}
+
+var (
+	gatewayMAC, _ = net.ParseMAC(GatewayMAC)
+	broadcastMAC  = net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+)
 
 // isIPv4 is an Ethernet frame carrying IPv4 (allowed has checked its header).
 func isIPv4(frame []byte) bool {
@@ -290,9 +326,12 @@ const (
 	arpLen        = 28 // Ethernet/IPv4 ARP
 	ipv4MinLen    = 20
 	udpHeaderLen  = 8
+	protoICMP     = 1
 	protoTCP      = 6
 	protoUDP      = 17
 	dhcpServer    = 67
+	tcpSYN        = 0x02
+	tcpACK        = 0x10
 )
 
 // allowed reports whether frame, an Ethernet frame from the VM with MAC mac

@@ -13,7 +13,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,8 +30,6 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
-
-var broadcastMAC = net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 
 func mustMAC(s string) net.HardwareAddr {
 	m, err := net.ParseMAC(s)
@@ -196,9 +193,11 @@ func TestVMConnFilters(t *testing.T) {
 		{"truncated length", append(framed(good1), 0, 0), framed(good1), 0, "unexpected EOF"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			n := &Network{egress: egressPolicy{local: netip.MustParsePrefix("10.1.0.0/24")}}
-			var drops, egress atomic.Uint64
-			c := &vmConn{n: n, mac: mac, ip: ip, drops: &drops, egress: &egress, log: slog.New(slog.DiscardHandler)}
+			plan, _ := PlanFor("10.1.0.0/24")
+			n := &Network{egress: egressPolicy{plan: plan}}
+			vs := newVMState("vm", ip)
+			c := &vmConn{n: n, mac: mac, ip: ip, vs: vs, log: slog.New(slog.DiscardHandler), isLease: n.isLease,
+				pinned: func(int, netip.Addr) bool { return false }}
 			c.r = bufio.NewReader(readCounter{bytes.NewReader(tc.stream), &n.fromVMs})
 			// Small reads, as a bufio.Reader with a tiny buffer would do.
 			var got []byte
@@ -218,8 +217,8 @@ func TestVMConnFilters(t *testing.T) {
 			if err == nil || !bytes.Contains([]byte(err.Error()), []byte(tc.wantErr)) {
 				t.Errorf("err = %v, want %q", err, tc.wantErr)
 			}
-			if drops.Load() != tc.drops || n.dropped.Load() != tc.drops {
-				t.Errorf("drops %d (network %d), want %d", drops.Load(), n.dropped.Load(), tc.drops)
+			if vs.dropped.Load() != tc.drops || n.dropped.Load() != tc.drops {
+				t.Errorf("drops %d (network %d), want %d", vs.dropped.Load(), n.dropped.Load(), tc.drops)
 			}
 			if n.fromVMs.Load() != uint64(len(tc.stream)) {
 				t.Errorf("counted %d bytes from the VM, want %d", n.fromVMs.Load(), len(tc.stream))

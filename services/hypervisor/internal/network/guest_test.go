@@ -25,6 +25,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
 )
 
 // fakeGuest stands in for a guest kernel behind QEMU: it speaks the QEMU
@@ -37,6 +38,8 @@ type fakeGuest struct {
 	r    *bufio.Reader
 	wmu  sync.Mutex
 	mac  net.HardwareAddr
+	// stack is the guest's gVisor stack once startStack ran.
+	stack *stack.Stack
 }
 
 func newGuest(t *testing.T, conn net.Conn, mac string) *fakeGuest {
@@ -236,8 +239,9 @@ func (g *fakeGuest) startStack(ctx context.Context, addr netip.Prefix, gw netip.
 	ch := channel.New(256, MTU+header.EthernetMinimumSize, tcpip.LinkAddress(g.mac))
 	s := stack.New(stack.Options{
 		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, arp.NewProtocol},
-		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol},
+		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol},
 	})
+	g.stack = s
 	t.Cleanup(func() { ch.Close(); s.Close() })
 	if err := s.CreateNIC(1, ethernet.New(ch)); err != nil {
 		t.Fatalf("CreateNIC: %v", err)
@@ -450,7 +454,7 @@ func TestGuestUnknownMACGetsNoLease(t *testing.T) {
 	// another network is not registered here, and every address is
 	// pre-registered, so the DHCP server has nothing to offer.
 	c1, c2 := net.Pipe()
-	go func() { _ = n.vn.AcceptQemu(t.Context(), c1) }()
+	go func() { _ = n.us.accept(t.Context(), c1) }()
 	g := newGuest(t, c2, MAC("delta", netip.MustParseAddr("10.66.0.10")))
 	disc, err := dhcpv4.NewDiscovery(g.mac, dhcpv4.WithBroadcast(true))
 	if err != nil {

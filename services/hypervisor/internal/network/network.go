@@ -10,10 +10,8 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/containers/gvisor-tap-vsock/pkg/types"
-	"github.com/containers/gvisor-tap-vsock/pkg/virtualnetwork"
 	"github.com/giantswarm/vm-manager/gen/apierr"
 )
 
@@ -32,32 +30,37 @@ const (
 	// no guest can use as its source address.
 	reservedMAC = "ff:ff:ff:ff:ff:ff"
 	imdsPort    = 80
+	dnsPort     = 53
 )
 
 // Network is one running userspace network.
 type Network struct {
-	spec Spec
-	plan Plan
-	log  *slog.Logger
-	vn   *virtualnetwork.VirtualNetwork
+	spec   Spec
+	plan   Plan
+	limits Limits
+	log    *slog.Logger
+	us     *userspace
+	dns    *dnsServer
 
 	imdsSrv *http.Server
 	runCtx  context.Context // done when the network is closed
 	cancel  context.CancelFunc
 	stop    func() bool    // detaches the parent-context watcher
-	wg      sync.WaitGroup // IMDS server and Attach loops
+	wg      sync.WaitGroup // IMDS and DNS servers, Attach loops
 
 	toVMs, fromVMs atomic.Uint64 // bytes on the QEMU sockets, frame lengths included
 	dropped        atomic.Uint64 // frames from VMs the anti-spoofing filter dropped
 	egressDropped  atomic.Uint64 // packets from VMs the egress policy dropped
 	egress         egressPolicy
 
-	mu       sync.Mutex
-	closed   bool
-	leases   map[string]netip.Addr     // vmID -> IP
-	conns    map[net.Conn]string       // open QEMU connections -> vmID
-	dropsBy  map[string]*atomic.Uint64 // vmID -> dropped frames, until Release
-	egressBy map[string]*atomic.Uint64 // vmID -> egress-policy drops, until Release
+	mu     sync.Mutex
+	closed bool
+	leases map[string]netip.Addr // vmID -> IP
+	conns  map[net.Conn]string   // open QEMU connections -> vmID
+	vms    map[string]*vmState   // vmID -> its accounting, until Release
+	// byIP indexes vms by lease for the packet path; replaced, never
+	// changed, under mu.
+	byIP atomic.Pointer[map[netip.Addr]*vmState]
 }
 
 // Start creates the network described by spec and serves imds (if not nil)
@@ -68,7 +71,7 @@ type Network struct {
 // is dropped with a warning.
 //
 // The network runs until Close is called or ctx is cancelled.
-func Start(ctx context.Context, spec Spec, leases map[string]netip.Addr, imds http.Handler, log *slog.Logger) (*Network, error) {
+func Start(ctx context.Context, spec Spec, leases map[string]netip.Addr, imds http.Handler, limits Limits, log *slog.Logger) (*Network, error) {
 	if err := Validate(spec); err != nil {
 		return nil, err
 	}
@@ -85,39 +88,36 @@ func Start(ctx context.Context, spec Spec, leases map[string]netip.Addr, imds ht
 	log = log.With("network", spec.Name)
 
 	n := &Network{
-		spec:     spec,
-		plan:     plan,
-		log:      log,
-		leases:   make(map[string]netip.Addr, len(leases)),
-		conns:    make(map[net.Conn]string),
-		dropsBy:  make(map[string]*atomic.Uint64),
-		egressBy: make(map[string]*atomic.Uint64),
-		egress:   egressPolicy{local: plan.Prefix, rules: spec.Egress},
+		spec:   spec,
+		plan:   plan,
+		limits: limits.withDefaults(),
+		log:    log,
+		leases: make(map[string]netip.Addr, len(leases)),
+		conns:  make(map[net.Conn]string),
+		vms:    make(map[string]*vmState),
+		egress: egressPolicy{plan: plan, rules: spec.Egress},
 	}
 	n.restore(leases)
+	n.runCtx, n.cancel = context.WithCancel(context.WithoutCancel(ctx))
 
-	vn, err := virtualnetwork.New(n.configuration())
+	us, err := newUserspace(n.configuration())
 	if err != nil {
+		n.cancel()
 		return nil, apierr.Errorf(apierr.Internal, "network %s: create virtual network: %w", spec.Name, err)
 	}
-	n.vn = vn
-
+	n.us = us
+	n.startNAT()
+	if err := n.startDNS(spec.DNSRecords, spec.DNSPolicy); err != nil {
+		n.cancel()
+		return nil, apierr.Errorf(apierr.Internal, "network %s: DNS: %w", spec.Name, err)
+	}
 	if imds != nil {
-		iln, err := vn.Listen("tcp", netip.AddrPortFrom(IMDSAddr, imdsPort).String())
-		if err != nil {
+		if err := n.serveIMDS(imds); err != nil {
+			n.dns.close()
+			n.cancel()
 			return nil, apierr.Errorf(apierr.Internal, "network %s: listen on IMDS address: %w", spec.Name, err)
 		}
-		n.imdsSrv = &http.Server{Handler: imds, ReadHeaderTimeout: 10 * time.Second}
-		n.wg.Add(1)
-		go func() {
-			defer n.wg.Done()
-			if err := n.imdsSrv.Serve(iln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Warn("IMDS server stopped", "err", err)
-			}
-		}()
 	}
-
-	n.runCtx, n.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	n.stop = context.AfterFunc(ctx, func() { _ = n.Close() })
 	log.Info("network started", "cidr", plan.Prefix.String(), "leases", len(n.leases), "imds", imds != nil)
 	return n, nil
@@ -145,17 +145,12 @@ func (n *Network) configuration() *types.Configuration {
 		GatewayIP:         n.plan.Gateway.String(),
 		GatewayMacAddress: GatewayMAC,
 		DNSSearchDomains:  search,
-		// No NAT entry and no virtual IP for the host alias: it is opt-in
-		// (enableHostAlias) and off for every API-created network, so guests
-		// must not reach the host's loopback through it.
-		NAT:               map[string]string{},
-		Forwards:          map[string]string{},
+		// No virtual IP for the host alias: it is opt-in (enableHostAlias)
+		// and off for every API-created network, so nothing answers ARP for
+		// it, and the egress filter drops what is sent to it anyway.
 		GatewayVirtualIPs: []string{IMDSAddr.String()},
 		DHCPStaticLeases:  static,
 		Protocol:          types.QemuProtocol,
-		// Keeps the NAT from forwarding 169.254.0.0/16 to the host's own
-		// link-local network; the IMDS listener is local to the stack.
-		Ec2MetadataAccess: false,
 	}
 }
 
@@ -178,9 +173,30 @@ func (n *Network) restore(leases map[string]netip.Addr) {
 		default:
 			held[ip] = id
 			n.leases[id] = ip
+			n.vms[id] = newVMState(id, ip)
 		}
 	}
+	n.reindexLocked()
 }
+
+// reindexLocked rebuilds byIP from vms; n.mu is held (or n is not shared yet).
+func (n *Network) reindexLocked() {
+	m := make(map[netip.Addr]*vmState, len(n.vms))
+	for _, v := range n.vms {
+		m[v.ip] = v
+	}
+	n.byIP.Store(&m)
+}
+
+// vmAt is the VM holding ip, nil if none.
+func (n *Network) vmAt(ip netip.Addr) *vmState {
+	if m := n.byIP.Load(); m != nil {
+		return (*m)[ip]
+	}
+	return nil
+}
+
+func (n *Network) isLease(ip netip.Addr) bool { return n.vmAt(ip) != nil }
 
 // Name returns the network name.
 func (n *Network) Name() string { return n.spec.Name }
@@ -210,20 +226,23 @@ func (n *Network) Allocate(vmID string) (netip.Addr, string, error) {
 	for ip := n.plan.PoolFirst; ip.Compare(n.plan.PoolLast) <= 0; ip = ip.Next() {
 		if _, ok := used[ip]; !ok {
 			n.leases[vmID] = ip
+			n.vms[vmID] = newVMState(vmID, ip)
+			n.reindexLocked()
 			return ip, MAC(n.spec.Name, ip), nil
 		}
 	}
 	return netip.Addr{}, "", apierr.Errorf(apierr.Conflict, "network %s: address pool %s is exhausted (%d addresses)", n.spec.Name, n.plan.Prefix, n.plan.PoolSize())
 }
 
-// Release frees the lease of vmID, if any, resets its Dropped counter and
-// disconnects its QEMU connection, if attached (the address may go to another
-// VM at once). An Attach of vmID then returns a conflict error.
+// Release frees the lease of vmID, if any, resets its counters, ends its NAT
+// flows and disconnects its QEMU connection, if attached (the address may go
+// to another VM at once). An Attach of vmID then returns a conflict error.
 func (n *Network) Release(vmID string) {
 	n.mu.Lock()
 	delete(n.leases, vmID)
-	delete(n.dropsBy, vmID)
-	delete(n.egressBy, vmID)
+	vs := n.vms[vmID]
+	delete(n.vms, vmID)
+	n.reindexLocked()
 	var conns []net.Conn
 	for c, id := range n.conns {
 		if id == vmID {
@@ -233,6 +252,9 @@ func (n *Network) Release(vmID string) {
 	n.mu.Unlock()
 	for _, c := range conns {
 		_ = c.Close()
+	}
+	if vs != nil {
+		vs.release()
 	}
 }
 
@@ -256,7 +278,11 @@ func (n *Network) DialContextTCP(ctx context.Context, addr string) (net.Conn, er
 	if closed {
 		return nil, apierr.Errorf(apierr.Conflict, "network %s is closed", n.spec.Name)
 	}
-	return n.vn.DialContextTCP(ctx, addr)
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil || !ap.Addr().Is4() {
+		return nil, apierr.Invalidf("address", "%q is not an IPv4 address and port", addr)
+	}
+	return n.us.dialTCP(ctx, ap)
 }
 
 // Stats are the traffic counters of a network.
@@ -278,30 +304,29 @@ func (n *Network) Stats() Stats {
 	return Stats{Attachments: a, BytesToVMs: n.toVMs.Load(), BytesFromVMs: n.fromVMs.Load(), Dropped: n.dropped.Load(), EgressDropped: n.egressDropped.Load()}
 }
 
-// EgressDropped returns the number of packets from vmID that the egress
-// policy dropped; only Release resets it.
-func (n *Network) EgressDropped(vmID string) uint64 {
+// VMStats returns vmID's counters (zero without a lease). They survive
+// reconnects; only Release resets them.
+func (n *Network) VMStats(vmID string) VMStats {
 	n.mu.Lock()
-	defer n.mu.Unlock()
-	if c := n.egressBy[vmID]; c != nil {
-		return c.Load()
+	vs := n.vms[vmID]
+	n.mu.Unlock()
+	if vs == nil {
+		return newVMState(vmID, netip.Addr{}).stats()
 	}
-	return 0
+	return vs.stats()
 }
+
+// EgressDropped returns the number of packets from vmID that the egress
+// policy dropped, whatever the reason.
+func (n *Network) EgressDropped(vmID string) uint64 { return n.VMStats(vmID).EgressDroppedTotal() }
 
 // Dropped returns the number of frames from vmID that the anti-spoofing
-// filter dropped. It survives reconnects; only Release resets it.
-func (n *Network) Dropped(vmID string) uint64 {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if c := n.dropsBy[vmID]; c != nil {
-		return c.Load()
-	}
-	return 0
-}
+// filter dropped.
+func (n *Network) Dropped(vmID string) uint64 { return n.VMStats(vmID).Dropped }
 
-// Close disconnects the attached VMs (their Attach calls return nil), stops
-// the IMDS server and waits for both. Leases are kept (Leases still works)
+// Close disconnects the attached VMs (their Attach calls return nil), ends
+// their NAT flows, stops the IMDS and DNS servers and waits for them. Leases
+// are kept (Leases still works)
 // but Allocate and Attach fail. gVisor stacks cannot be stopped, so some of
 // the library's goroutines linger. Close is idempotent.
 func (n *Network) Close() error {
@@ -323,6 +348,12 @@ func (n *Network) Close() error {
 	for _, c := range conns {
 		_ = c.Close()
 	}
+	n.mu.Lock()
+	for _, vs := range n.vms {
+		vs.release()
+	}
+	n.mu.Unlock()
+	n.dns.close()
 	if n.imdsSrv != nil {
 		if err := n.imdsSrv.Close(); err != nil {
 			errs = append(errs, err)

@@ -23,7 +23,7 @@ func testLogger(t *testing.T) *slog.Logger {
 
 func startTest(t *testing.T, spec Spec, leases map[string]netip.Addr, imds http.Handler) *Network {
 	t.Helper()
-	n, err := Start(t.Context(), spec, leases, imds, testLogger(t))
+	n, err := Start(t.Context(), spec, leases, imds, Limits{}, testLogger(t))
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
@@ -133,15 +133,15 @@ func TestRestoredLeases(t *testing.T) {
 
 func TestStartRejects(t *testing.T) {
 	ctx := t.Context()
-	if _, err := Start(ctx, Spec{Name: "Bad", CIDR: "10.0.0.0/24"}, nil, nil, nil); !errors.Is(err, apierr.ErrInvalid) {
+	if _, err := Start(ctx, Spec{Name: "Bad", CIDR: "10.0.0.0/24"}, nil, nil, Limits{}, nil); !errors.Is(err, apierr.ErrInvalid) {
 		t.Fatalf("bad name: %v", err)
 	}
-	if _, err := Start(ctx, Spec{Name: "ok", CIDR: "10.0.0.0/8"}, nil, nil, nil); !errors.Is(err, apierr.ErrInvalid) {
+	if _, err := Start(ctx, Spec{Name: "ok", CIDR: "10.0.0.0/8"}, nil, nil, Limits{}, nil); !errors.Is(err, apierr.ErrInvalid) {
 		t.Fatalf("bad CIDR: %v", err)
 	}
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, err := Start(cancelled, Spec{Name: "ok", CIDR: "10.0.0.0/24"}, nil, nil, nil); !errors.Is(err, context.Canceled) {
+	if _, err := Start(cancelled, Spec{Name: "ok", CIDR: "10.0.0.0/24"}, nil, nil, Limits{}, nil); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled context: %v", err)
 	}
 }
@@ -156,7 +156,7 @@ func bytesOf(c byte, n int) []byte {
 
 func TestContextCancelCloses(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
-	n, err := Start(ctx, Spec{Name: "ctx", CIDR: "10.7.0.0/24"}, nil, nil, nil)
+	n, err := Start(ctx, Spec{Name: "ctx", CIDR: "10.7.0.0/24"}, nil, nil, Limits{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,6 +38,10 @@ type Spec struct {
 	// Egress allows guest traffic through the NAT (ParseEgress validates
 	// the API's rules); empty is the default policy (see blockedByDefault).
 	Egress []EgressRule
+	// DNSRecords are answered by the network's DNS itself
+	// (ParseDNSRecords validates them); DNSPolicy says what else it resolves.
+	DNSRecords []DNSRecord
+	DNSPolicy  DNSPolicy
 }
 
 // Validate checks a Spec; every failure is an apierr invalid_request.

@@ -26,10 +26,11 @@ type Store interface {
 // stacks, and the leases VMs hold on them. A network's IMDS comes from the
 // factory it is given, so the registry knows nothing of VMs.
 type Registry struct {
-	ctx   context.Context
-	store Store
-	imds  func(network string) http.Handler
-	log   *slog.Logger
+	ctx    context.Context
+	store  Store
+	imds   func(network string) http.Handler
+	limits Limits
+	log    *slog.Logger
 
 	mu   sync.Mutex
 	nets map[string]*entry // nil value: being created
@@ -41,9 +42,10 @@ type entry struct {
 }
 
 // NewRegistry returns an empty registry; Restore starts the stored networks.
-// The networks run until ctx ends or Close.
-func NewRegistry(ctx context.Context, st Store, imds func(network string) http.Handler, log *slog.Logger) *Registry {
-	return &Registry{ctx: ctx, store: st, imds: imds, log: log, nets: map[string]*entry{}}
+// The networks run until ctx ends or Close; limits apply to each (one
+// Limits.Host budget to all of them).
+func NewRegistry(ctx context.Context, st Store, imds func(network string) http.Handler, limits Limits, log *slog.Logger) *Registry {
+	return &Registry{ctx: ctx, store: st, imds: imds, limits: limits, log: log, nets: map[string]*entry{}}
 }
 
 // Restore starts the persisted networks with their leases, and creates the
@@ -80,41 +82,81 @@ func (r *Registry) Restore(defaultName, defaultSubnet string) error {
 }
 
 func (r *Registry) run(rec *hypervisorv1.Network, leases map[string]netip.Addr) error {
-	name := rec.GetSpec().GetName()
-	egress, err := egressRules(rec.GetSpec().GetEgress())
+	spec, err := specOf(rec.GetSpec().GetName(), rec.GetSpec().GetCidr(), rec.GetSpec().GetDnsSearchDomain(), rec.GetSpec())
 	if err != nil {
 		return err
 	}
-	log := r.log.With("network", name)
-	run, err := Start(r.ctx, Spec{Name: name, CIDR: rec.GetSpec().GetCidr(), DNSSearchDomain: rec.GetSpec().GetDnsSearchDomain(), Egress: egress}, leases, r.imds(name), log)
+	run, err := Start(r.ctx, spec, leases, r.imds(spec.Name), r.limits, r.log)
 	if err != nil {
 		return err
+	}
+	if rec.GetSpec().GetDnsPolicy() == hypervisorv1.DnsPolicy_DNS_POLICY_UNSPECIFIED {
+		rec.GetSpec().DnsPolicy = hypervisorv1.DnsPolicy_DNS_POLICY_OPEN // stored before the field existed
 	}
 	r.mu.Lock()
-	r.nets[name] = &entry{rec: rec, run: run}
+	r.nets[spec.Name] = &entry{rec: rec, run: run}
 	r.mu.Unlock()
 	return nil
 }
 
-// egressRules validates the API's egress rules (empty: the default policy).
-func egressRules(in []*hypervisorv1.EgressRule) ([]EgressRule, error) {
-	cidrs := make([]string, len(in))
-	ports := make([][]uint32, len(in))
-	for i, r := range in {
-		cidrs[i], ports[i] = r.GetCidr(), r.GetPorts()
-	}
-	return ParseEgress("egress", cidrs, ports)
+// specSource is what a request and a stored spec have in common.
+type specSource interface {
+	GetEgress() []*hypervisorv1.EgressRule
+	GetDnsRecords() []*hypervisorv1.DnsRecord
+	GetDnsPolicy() hypervisorv1.DnsPolicy
 }
 
-// egressRecord is the normalised form kept in the network record.
-func egressRecord(rules []EgressRule) []*hypervisorv1.EgressRule {
-	var out []*hypervisorv1.EgressRule
-	for _, r := range rules {
-		er := &hypervisorv1.EgressRule{Cidr: r.Prefix.String()}
+// specOf validates the API's network fields into a Spec.
+func specOf(name, cidr, search string, src specSource) (Spec, error) {
+	spec := Spec{Name: name, CIDR: cidr, DNSSearchDomain: search}
+	if err := Validate(spec); err != nil {
+		return Spec{}, err
+	}
+	var rules []RuleSpec
+	for _, r := range src.GetEgress() {
+		rules = append(rules, RuleSpec{CIDR: r.GetCidr(), Domain: r.GetDomain(), Ports: r.GetPorts()})
+	}
+	var err error
+	if spec.Egress, err = ParseEgress("egress", rules); err != nil {
+		return Spec{}, err
+	}
+	var names, ips []string
+	for _, d := range src.GetDnsRecords() {
+		names, ips = append(names, d.GetName()), append(ips, d.GetIp())
+	}
+	if spec.DNSRecords, err = ParseDNSRecords("dnsRecords", names, ips); err != nil {
+		return Spec{}, err
+	}
+	switch p := src.GetDnsPolicy(); p {
+	case hypervisorv1.DnsPolicy_DNS_POLICY_UNSPECIFIED, hypervisorv1.DnsPolicy_DNS_POLICY_OPEN:
+		spec.DNSPolicy = DNSOpen
+	case hypervisorv1.DnsPolicy_DNS_POLICY_RULES:
+		spec.DNSPolicy = DNSRules
+	default:
+		return Spec{}, apierr.Invalidf("dnsPolicy", "unknown DNS policy %d: want open or rules", p)
+	}
+	return spec, nil
+}
+
+// specRecord is the normalised form of a Spec kept in the network record.
+func specRecord(s Spec, plan Plan) *hypervisorv1.NetworkSpec {
+	out := &hypervisorv1.NetworkSpec{Name: s.Name, Cidr: plan.Prefix.String(), GatewayIp: plan.Gateway.String(),
+		DnsSearchDomain: s.DNSSearchDomain, EnableImds: true, DnsPolicy: hypervisorv1.DnsPolicy_DNS_POLICY_OPEN}
+	if s.DNSPolicy == DNSRules {
+		out.DnsPolicy = hypervisorv1.DnsPolicy_DNS_POLICY_RULES
+	}
+	for _, r := range s.Egress {
+		er := &hypervisorv1.EgressRule{Domain: r.Domain}
+		if r.Domain == "" {
+			er.Cidr = r.Prefix.String()
+		}
 		for _, p := range r.Ports {
 			er.Ports = append(er.Ports, uint32(p))
 		}
-		out = append(out, er)
+		out.Egress = append(out.Egress, er)
+	}
+	for _, d := range s.DNSRecords {
+		out.DnsRecords = append(out.DnsRecords, &hypervisorv1.DnsRecord{Name: d.Name, Ip: d.IP.String()})
 	}
 	return out
 }
@@ -122,11 +164,7 @@ func egressRecord(rules []EgressRule) []*hypervisorv1.EgressRule {
 // Create validates and starts a network; IMDS is always on and the host
 // alias always off for networks the API creates.
 func (r *Registry) Create(req *hypervisorv1.CreateNetworkRequest, createdBy string) (*hypervisorv1.Network, error) {
-	spec := Spec{Name: req.GetName(), CIDR: req.GetCidr(), DNSSearchDomain: req.GetDnsSearchDomain()}
-	if err := Validate(spec); err != nil {
-		return nil, err
-	}
-	egress, err := egressRules(req.GetEgress())
+	spec, err := specOf(req.GetName(), req.GetCidr(), req.GetDnsSearchDomain(), req)
 	if err != nil {
 		return nil, err
 	}
@@ -142,8 +180,7 @@ func (r *Registry) Create(req *hypervisorv1.CreateNetworkRequest, createdBy stri
 	r.nets[spec.Name] = nil // reserved while it starts
 	r.mu.Unlock()
 	rec := &hypervisorv1.Network{
-		Spec: &hypervisorv1.NetworkSpec{Name: spec.Name, Cidr: plan.Prefix.String(), GatewayIp: plan.Gateway.String(),
-			DnsSearchDomain: spec.DNSSearchDomain, EnableImds: true, Egress: egressRecord(egress)},
+		Spec:      specRecord(spec, plan),
 		Gateway:   plan.Gateway.String(),
 		CreatedBy: createdBy,
 	}

@@ -238,12 +238,28 @@ func (m *Manager) netMetrics(rec *storepb.VirtualMachine) *hypervisorv1.NetworkM
 		return nil
 	}
 	st := n.Stats()
+	vs := n.VMStats(rec.GetId())
+	i64 := func(m map[string]uint64) map[string]int64 {
+		out := make(map[string]int64, len(m))
+		for k, v := range m {
+			out[k] = int64(v)
+		}
+		return out
+	}
 	return &hypervisorv1.NetworkMetrics{
-		Name:          rec.GetNetwork(),
-		BytesSent:     int64(st.BytesToVMs),
-		BytesReceived: int64(st.BytesFromVMs),
-		Leases:        int32(len(n.Leases())),
-		DroppedFrames: int64(n.Dropped(rec.GetId())),
-		EgressDropped: int64(n.EgressDropped(rec.GetId())),
+		Name:                    rec.GetNetwork(),
+		BytesSent:               int64(st.BytesToVMs),
+		BytesReceived:           int64(st.BytesFromVMs),
+		Leases:                  int32(len(n.Leases())),
+		DroppedFrames:           int64(vs.Dropped),
+		EgressDropped:           int64(vs.EgressDroppedTotal()),
+		EgressDroppedByReason:   i64(vs.EgressDropped),
+		NatTcpFlows:             int32(vs.NATTCPFlows),
+		NatUdpFlows:             int32(vs.NATUDPFlows),
+		NatRefused:              i64(vs.NATRefused),
+		DnsRefused:              i64(vs.DNSRefused),
+		ImdsConnections:         int32(vs.IMDSConnections),
+		ImdsConnectionsRefused:  int64(vs.IMDSRefused),
+		ImdsConnectionsTimedOut: int64(vs.IMDSTimedOut),
 	}
 }

@@ -77,6 +77,9 @@ type Config struct {
 	// their sizes are looked at (tests shorten it).
 	ConsoleLogMaxBytes   int64
 	ConsoleCheckInterval time.Duration
+	// Network bounds what a VM can make its network hold (NAT flows, IMDS
+	// connections); zero fields take the defaults.
+	Network network.Limits
 }
 
 func (c *Config) defaults() {
@@ -183,7 +186,7 @@ func New(cfg Config, log *slog.Logger, st Store, images ImageResolver, verifier 
 	m.imds = imds.NewGuard(cfg.IMDS)
 	m.nets = network.NewRegistry(ctx, st, func(name string) http.Handler {
 		return imds.New(m.guest.Network(name), m.imds, log.With("network", name))
-	}, log)
+	}, cfg.Network, log)
 	// Networks first: re-adopted VMs redial their network's socket.
 	if err := m.nets.Restore(cfg.DefaultNetwork, cfg.DefaultSubnet); err != nil {
 		cancel()
