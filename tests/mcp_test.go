@@ -303,7 +303,7 @@ func scrapeMetrics(t *testing.T, addr string) string {
 	return b.String()
 }
 
-// metricValue is the value of one series in a /metrics text, or -1.
+// seriesValue is the value of one series in a /metrics text, or -1.
 func seriesValue(text, series string) float64 {
 	for line := range strings.SplitSeq(text, "\n") {
 		if v, ok := strings.CutPrefix(line, series+" "); ok {
