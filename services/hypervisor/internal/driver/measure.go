@@ -14,6 +14,7 @@ import (
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/logtail"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/swtpm"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vm"
 )
 
 // KernelStarted is the console line that says the firmware has handed over
@@ -37,20 +38,11 @@ func (d *Driver) Measure(ctx context.Context, img *hypervisorv1.Image, dir strin
 	}
 	rec := &storepb.VirtualMachine{
 		Id: "measure", Cpus: 1, MemoryMib: 512, MachineId: "00000000000000000000000000000000",
-		Booted: true, // not the first boot: no first-boot command line
-		Paths: &hypervisorv1.Paths{
-			Dir:          dir,
-			Console:      filepath.Join(dir, "console.log"),
-			TpmState:     filepath.Join(dir, "tpm"),
-			OvmfVars:     filepath.Join(dir, "ovmf_vars.fd"),
-			QmpSocket:    filepath.Join(dir, "qmp.sock"),
-			QemuLog:      filepath.Join(dir, "qemu.log"),
-			NotifySocket: filepath.Join(dir, "notify.sock"),
-			NetSocket:    filepath.Join(dir, "net.sock"),
-			Volume:       filepath.Join(dir, "disk.raw"),
-		},
+		Booted:  true, // not the first boot: no first-boot command line
+		Paths:   vm.PathsIn(dir),
 		Network: "measure", Mac: "52:54:00:00:00:01",
 	}
+	rec.Paths.Volume = filepath.Join(dir, "disk.raw")
 	if err := d.Prepare(&storepb.VirtualMachine{Paths: &hypervisorv1.Paths{TpmState: rec.Paths.TpmState, OvmfVars: rec.Paths.OvmfVars}}); err != nil {
 		return nil, err
 	}

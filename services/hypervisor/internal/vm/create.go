@@ -44,6 +44,22 @@ func (m *Manager) freeIDLocked() string {
 	}
 }
 
+// PathsIn are the files of a VM whose directory is dir (contract §3.7).
+func PathsIn(dir string) *hypervisorv1.Paths {
+	return &hypervisorv1.Paths{
+		Dir:          dir,
+		Console:      filepath.Join(dir, "console.log"),
+		TpmState:     filepath.Join(dir, "tpm"),
+		OvmfVars:     filepath.Join(dir, "ovmf_vars.fd"),
+		QmpSocket:    filepath.Join(dir, "qmp.sock"),
+		QemuLog:      filepath.Join(dir, "qemu.log"),
+		NotifySocket: filepath.Join(dir, "notify.sock"),
+		NetSocket:    filepath.Join(dir, "net.sock"),
+		SshKey:       filepath.Join(dir, "ssh_key"),
+		SshHostKey:   filepath.Join(dir, "ssh_host_key"),
+	}
+}
+
 // Create validates, allocates and boots a VM, then waits per wait_for.
 func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMachineRequest, createdBy string) (*hypervisorv1.VirtualMachine, error) {
 	r, err := validate(req, m.images, m.cfg.Limits)
@@ -94,18 +110,7 @@ func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMac
 		Accelerator:        m.cfg.Accelerator,
 		CreatedAt:          timestamppb.Now(),
 		CreatedBy:          createdBy,
-		Paths: &hypervisorv1.Paths{
-			Dir:          dir,
-			Console:      filepath.Join(dir, "console.log"),
-			TpmState:     filepath.Join(dir, "tpm"),
-			OvmfVars:     filepath.Join(dir, "ovmf_vars.fd"),
-			QmpSocket:    filepath.Join(dir, "qmp.sock"),
-			QemuLog:      filepath.Join(dir, "qemu.log"),
-			NotifySocket: filepath.Join(dir, "notify.sock"),
-			NetSocket:    filepath.Join(dir, "net.sock"),
-			SshKey:       filepath.Join(dir, "ssh_key"),
-			SshHostKey:   filepath.Join(dir, "ssh_host_key"),
-		},
+		Paths:              PathsIn(dir),
 	}
 	sshKey, err := newSSHKey(rec)
 	if err != nil {
