@@ -1,8 +1,9 @@
 // Package oidctest is an OpenID Provider for tests: an HTTP server serving
 // the discovery document and a JWKS, minting id_tokens signed with RS256 or
-// ES256 keys whose claims a test chooses, with key rotation. It is a real
-// issuer over HTTP, not a mock: verifiers discover it and fetch its keys as
-// they would any other.
+// ES256 keys whose claims a test chooses, with key rotation, and the
+// authorization code flow with PKCE for clients that log in by themselves.
+// It is a real issuer over HTTP, not a mock: verifiers discover it and fetch
+// its keys, and clients get their tokens from it, as from any other.
 package oidctest
 
 import (
@@ -110,6 +111,11 @@ type Provider struct {
 	header  http.Header   // added to JWKS answers
 	delay   time.Duration // before each JWKS answer
 	status  int           // of JWKS answers; 0: 200 with the keys
+
+	clients map[string][]string // client id → redirect URIs
+	user    Claims              // whom /authorize signs in
+	codes   map[string]pendingCode
+	grants  []Grant
 }
 
 // Start runs a provider with one RS256 key until the test ends.
@@ -133,6 +139,8 @@ func New() (*Provider, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /.well-known/openid-configuration", p.discovery)
 	mux.HandleFunc("GET /keys", p.jwks)
+	mux.HandleFunc("GET /authorize", p.authorize)
+	mux.HandleFunc("POST /token", p.token)
 	p.srv = httptest.NewServer(mux)
 	return p, nil
 }
@@ -152,10 +160,16 @@ func (p *Provider) discovery(w http.ResponseWriter, _ *http.Request) {
 		"jwks_uri":                              p.Issuer() + "/keys",
 		"authorization_endpoint":                p.Issuer() + "/authorize",
 		"token_endpoint":                        p.Issuer() + "/token",
-		"response_types_supported":              []string{"code", "id_token"},
+		"response_types_supported":              []string{"code"},
 		"subject_types_supported":               []string{"public"},
 		"id_token_signing_alg_values_supported": []string{"RS256", "ES256"},
 		"scopes_supported":                      []string{"openid", "email", "profile", "groups"},
+		"grant_types_supported":                 []string{"authorization_code"},
+		"code_challenge_methods_supported":      []string{"S256"},
+		"token_endpoint_auth_methods_supported": []string{"none"},
+		// The authorization response names the issuer (RFC 9207), so a
+		// client talking to several cannot be sent another's code.
+		"authorization_response_iss_parameter_supported": true,
 	})
 }
 
