@@ -53,6 +53,10 @@ type Config struct {
 	// a non-loopback Listen. The caller's authorization is forwarded to the
 	// backends, which verify it again.
 	Identity identity.Config
+	// Resource, with an issuer, publishes the OAuth protected resource
+	// metadata naming the issuer, at which every 401 points (MCP clients
+	// log in by themselves from there).
+	Resource identity.ResourceConfig
 	// MetricsEnabled serves Prometheus /metrics: VMs, networks and request
 	// counts and latencies per surface (rest, grpc, mcp).
 	MetricsEnabled bool
@@ -67,8 +71,12 @@ var PublicServices = []string{
 	attestationv1.AttestationService_ServiceDesc.ServiceName,
 }
 
+// mcpPath is MCP's endpoint, a protected resource with metadata of its own.
+const mcpPath = "/mcp"
+
 // OpenPaths are the HTTP paths served without a token when an issuer is
-// set: probes, metrics and the OpenAPI document.
+// set: probes, metrics and the OpenAPI document (and, served before them,
+// the protected resource metadata: identity.MetadataPath).
 var OpenPaths = []string{"/healthz", "/readyz", "/metrics", "/api/v1/openapi.json", "/api/v1/openapi.yaml"}
 
 // Run serves until ctx ends, then drains in-flight calls.
@@ -83,6 +91,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		cfg.Identity.Log = log
 	}
 	verifier, err := identity.New(ctx, cfg.Identity)
+	if err != nil {
+		return err
+	}
+	resource, err := identity.NewResource(verifier, cfg.Resource, mcpPath)
 	if err != nil {
 		return err
 	}
@@ -155,7 +167,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// caller's token like REST's.
 	mcpHandler := newMCPDrain(mcp.New(hypervisorv1.NewHypervisorServiceClient(hconn), attestationv1.NewAttestationServiceClient(aconn), log, observe))
 	defer mcpHandler.drain()
-	mux.Handle("/mcp", mcpHandler)
+	mux.Handle(mcpPath, mcpHandler)
 	mux.HandleFunc("/", rest.NotFound)
 
 	ln, err := net.Listen("tcp", cfg.Listen)
@@ -166,7 +178,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 	// Web pages are kept out first (xsite: JSON bodies only; an anonymous
 	// gateway checks Host and Origin). Then, with an issuer, everything on
-	// the mux but OpenPaths needs a token; grpc-gateway forwards the
+	// the mux but OpenPaths needs a token, and the protected resource
+	// metadata is served before the guard; grpc-gateway forwards the
 	// Authorization header as "authorization".
 	open := identity.OpenPaths(OpenPaths...)
 	guard, err := xsite.New(xsite.Config{
@@ -182,7 +195,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	guarded := guard.Handler(verifier.HTTP(rest.RefuseUncleanPaths(mux), open))
+	guarded := guard.Handler(resource.HTTP(rest.RefuseUncleanPaths(mux), open))
 	root := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
 			gs.ServeHTTP(w, r)
@@ -202,7 +215,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	srv.RegisterOnShutdown(mcpHandler.drain)
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	log.Info("gateway serving", "listen", ln.Addr().String(), "hypervisor", cfg.HypervisorSocket, "attestation", cfg.AttestationSocket, "oidc_issuer", verifier.Issuer())
+	log.Info("gateway serving", "listen", ln.Addr().String(), "hypervisor", cfg.HypervisorSocket, "attestation", cfg.AttestationSocket, "oidc_issuer", verifier.Issuer(), "public_url", cfg.Resource.PublicURL)
 	if cfg.Ready != nil {
 		cfg.Ready(ln.Addr())
 	}

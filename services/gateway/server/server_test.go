@@ -37,19 +37,24 @@ func (g getSeen) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 // startGateway runs the gateway on a loopback port with its backends'
-// sockets in dir until cancel; done gets what Run returned.
-func startGateway(t *testing.T, dir string) (addr string, cancel context.CancelFunc, done <-chan error) {
+// sockets in dir until cancel; done gets what Run returned. configure, if
+// given, changes the configuration first.
+func startGateway(t *testing.T, dir string, configure ...func(*Config)) (addr string, cancel context.CancelFunc, done <-chan error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	addrc := make(chan net.Addr, 1)
 	errc := make(chan error, 1)
+	cfg := Config{
+		Listen:            "127.0.0.1:0",
+		HypervisorSocket:  dir + "/hypervisor.sock",
+		AttestationSocket: dir + "/attestation.sock",
+		Ready:             func(a net.Addr) { addrc <- a },
+	}
+	for _, f := range configure {
+		f(&cfg)
+	}
 	go func() {
-		errc <- Run(ctx, Config{
-			Listen:            "127.0.0.1:0",
-			HypervisorSocket:  dir + "/hypervisor.sock",
-			AttestationSocket: dir + "/attestation.sock",
-			Ready:             func(a net.Addr) { addrc <- a },
-		}, slog.New(slog.DiscardHandler))
+		errc <- Run(ctx, cfg, slog.New(slog.DiscardHandler))
 	}()
 	select {
 	case a := <-addrc:

@@ -28,6 +28,7 @@ func main() {
 			allow := fs.Bool("allow-anonymous-non-loopback", "VM_MANAGER_ALLOW_ANONYMOUS_NON_LOOPBACK", false, "let the anonymous API listen on a non-loopback address")
 			allowedHosts := fs.StringList("allowed-hosts", "VM_MANAGER_ALLOWED_HOSTS", nil, "names (any port) or name:port the anonymous API answers besides its listen address and localhost with its port, comma-separated; other Host and Origin headers are refused (DNS rebinding, cross-site pages)")
 			oidc := identity.Flags(fs)
+			resource := identity.ResourceFlags(fs)
 			metricsOn := fs.Bool("metrics-enabled", "VM_MANAGER_METRICS_ENABLED", false, "serve Prometheus metrics at /metrics (VMs, networks, requests per surface)")
 			logger := logging.Flags(fs, "info", "gateway")
 			return func(ctx context.Context) error {
@@ -42,6 +43,7 @@ func main() {
 					AllowNonLoopback:  *allow,
 					AllowedHosts:      *allowedHosts,
 					Identity:          oidc(),
+					Resource:          resource(),
 					MetricsEnabled:    *metricsOn,
 				}
 				return server.Run(ctx, cfg, log)
