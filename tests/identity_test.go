@@ -92,7 +92,7 @@ func identityChecks(t *testing.T, c *cluster.Cluster, op *oidctest.Provider) {
 	}
 
 	t.Run("open paths need no token", func(t *testing.T) {
-		for _, p := range []string{"/healthz", "/readyz", "/metrics", "/api/v1/openapi.json", "/api/v1/openapi.yaml"} {
+		for _, p := range []string{"/healthz", "/readyz", "/metrics", "/api/v1/openapi.json", "/api/v1/openapi.yaml", "/.well-known/oauth-protected-resource", "/.well-known/oauth-protected-resource/mcp"} {
 			if code, _, b := authDo(t, "GET", base+p, "", ""); code != http.StatusOK {
 				t.Errorf("GET %s without token: %d %s", p, code, b)
 			}

@@ -46,6 +46,10 @@ type Options struct {
 	// OIDCJWKSRefreshInterval is --oidc-jwks-refresh-interval (0: the
 	// default); it also caps the minimum time between JWKS fetches.
 	OIDCJWKSRefreshInterval time.Duration
+	// PublicURL and OIDCScopes are the gateway's --public-url and
+	// --oidc-scopes (its protected resource metadata).
+	PublicURL  string
+	OIDCScopes []string
 	// AllowedHosts is the gateway's --allowed-hosts.
 	AllowedHosts []string
 	// LogLevel is the services' log level (VM_MANAGER_LOG_LEVEL); default
@@ -148,6 +152,12 @@ func (c *Cluster) env() []string {
 		"VM_MANAGER_OIDC_ISSUER=" + c.options.OIDCIssuer,
 		"VM_MANAGER_OIDC_AUDIENCES=" + strings.Join(c.options.OIDCAudiences, ","),
 		"VM_MANAGER_ALLOWED_HOSTS=" + strings.Join(c.options.AllowedHosts, ","),
+	}
+	if c.options.PublicURL != "" {
+		env = append(env, "VM_MANAGER_PUBLIC_URL="+c.options.PublicURL)
+	}
+	if len(c.options.OIDCScopes) > 0 {
+		env = append(env, "VM_MANAGER_OIDC_SCOPES="+strings.Join(c.options.OIDCScopes, ","))
 	}
 	if c.options.OIDCJWKSRefreshInterval != 0 {
 		env = append(env, "VM_MANAGER_OIDC_JWKS_REFRESH_INTERVAL="+c.options.OIDCJWKSRefreshInterval.String())
@@ -354,7 +364,7 @@ func (c *Cluster) startInProcess(name string) proc {
 		}
 	case "gateway":
 		run = func() error {
-			return gateway.Run(ctx, gateway.Config{Listen: c.Addr, HypervisorSocket: c.Socket("hypervisor"), AttestationSocket: c.Socket("attestation"), Identity: c.identity(), MetricsEnabled: true, AllowedHosts: c.options.AllowedHosts}, log)
+			return gateway.Run(ctx, gateway.Config{Listen: c.Addr, HypervisorSocket: c.Socket("hypervisor"), AttestationSocket: c.Socket("attestation"), Identity: c.identity(), Resource: identity.ResourceConfig{PublicURL: c.options.PublicURL, Scopes: c.options.OIDCScopes}, MetricsEnabled: true, AllowedHosts: c.options.AllowedHosts}, log)
 		}
 	default:
 		c.t.Fatalf("unknown service %q", name)
