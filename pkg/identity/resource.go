@@ -157,9 +157,9 @@ func (res *Resource) sub(p string) string {
 	return ""
 }
 
-// MetadataURL is the URL of the metadata describing the resource r asked
+// metadataURL is the URL of the metadata describing the resource r asked
 // for: the one a 401 to r points at.
-func (res *Resource) MetadataURL(r *http.Request) string {
+func (res *Resource) metadataURL(r *http.Request) string {
 	return res.baseURL(r) + MetadataPath + res.sub(r.URL.Path)
 }
 
@@ -207,13 +207,13 @@ func (res *Resource) serveMetadata(w http.ResponseWriter, r *http.Request, sub s
 // HEAD at MetadataPath and below it for each sub-resource) without a token,
 // and every 401, its own or one a handler behind it answers (a backend that
 // refuses a token the gateway accepted), carries
-// WWW-Authenticate: Bearer resource_metadata="<MetadataURL>". A nil verifier
+// WWW-Authenticate: Bearer resource_metadata="<its URL>". A nil verifier
 // passes everything: no metadata (404 from next), no 401s.
 func (res *Resource) HTTP(next http.Handler, open func(*http.Request) bool) http.Handler {
 	if res.v == nil {
 		return next
 	}
-	guarded := res.v.guard(next, open, res.MetadataURL)
+	guarded := res.v.guard(next, open, res.metadataURL)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if sub, ok := res.metadataFor(r); ok {
 			res.serveMetadata(w, r, sub)
