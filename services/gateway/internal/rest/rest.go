@@ -31,13 +31,11 @@ func NewMux(log *slog.Logger) *runtime.ServeMux {
 			}
 			apierr.WriteREST(w, err)
 		}),
-		runtime.WithRoutingErrorHandler(func(_ context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, r *http.Request, httpStatus int) {
-			switch httpStatus {
-			case http.StatusMethodNotAllowed:
-				apierr.WriteRESTStatus(w, http.StatusMethodNotAllowed, apierr.Errorf(apierr.InvalidRequest, "method %s is not allowed on %s", r.Method, r.URL.Path))
-			default:
-				NotFound(w, r)
-			}
+		// A known path with another method is no route, as in the original
+		// (its method patterns fell through to the /api/v1/ catch-all): 404
+		// not_found, not 405.
+		runtime.WithRoutingErrorHandler(func(_ context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, r *http.Request, _ int) {
+			NotFound(w, r)
 		}),
 		runtime.WithForwardResponseOption(setStatus),
 	)
