@@ -1622,8 +1622,7 @@ type VirtualMachineMetrics struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	Host  *HostMetrics           `protobuf:"bytes,2,opt,name=host,proto3" json:"host,omitempty"`
-	// Null until the guest's first report upload: REQUIRED with `optional`
-	// is a key REST and MCP always write, null when unset (restjson).
+	// Null until the guest's first report upload; the key is always there.
 	Guest         *GuestMetrics `protobuf:"bytes,3,opt,name=guest,proto3,oneof" json:"guest,omitempty"`
 	RawReportUrl  string        `protobuf:"bytes,4,opt,name=raw_report_url,proto3" json:"raw_report_url,omitempty"`
 	Note          string        `protobuf:"bytes,5,opt,name=note,proto3" json:"note,omitempty"`

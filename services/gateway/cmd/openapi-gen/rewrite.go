@@ -105,6 +105,18 @@ func numberInt64(o obj) {
 	}
 }
 
+// plainNumbers drops the formats of 32-bit integers and of floating-point
+// numbers, which JSON does not have, as the original's document did: a Go
+// client generated from it has int and float32 fields, and code written for
+// those must build against ours. 64-bit integers keep int64.
+func plainNumbers(o obj) {
+	switch f := o["format"]; {
+	case o["type"] == "integer" && (f == "int32" || f == "uint32"),
+		o["type"] == "number" && (f == "float" || f == "double"):
+		delete(o, "format")
+	}
+}
+
 // snakeRequests renames body "*" request fields to the proto names the
 // contract's requests use.
 func snakeRequests(ops []operation) error {
