@@ -105,7 +105,7 @@ func build(dir string) (obj, error) {
 	}
 	steps := []func() error{
 		func() error { return rewriteEnums(schemas(doc)) },
-		func() error { walk(doc, numberInt64); walk(doc, plainNumbers); return nil },
+		func() error { walk(doc, numberInt64); walk(doc, plainNumbers); narrowUint32(schemas(doc)); return nil },
 		func() error { return snakeRequests(ops) },
 		func() error { return errorEnvelope(doc, ops) },
 		func() error { return statusCodes(ops) },
