@@ -228,6 +228,9 @@ func foundation(t *testing.T, c *cluster.Cluster, mode cluster.Mode) {
 		if msg := expectError(t, "POST", api+"/host", "", 404, apierr.NotFound); msg != "no route POST /api/v1/host" {
 			t.Errorf("POST /host: message %q", msg)
 		}
+		if code, _, b := cluster.Do(t, "HEAD", api+"/host", ""); code != 200 || len(b) != 0 {
+			t.Errorf("HEAD /host: %d %q, want the GET's 200 without a body", code, b)
+		}
 		expectError(t, "GET", api+"/images/nope_1", "", 404, apierr.NotFound)
 		expectError(t, "GET", api+"/images/bad%20ref", "", 400, apierr.InvalidRequest)
 		expectError(t, "GET", api+"/images/..%2Fetc", "", 404, apierr.NotFound) // never reaches the catalog

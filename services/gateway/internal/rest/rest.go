@@ -63,6 +63,27 @@ func setStatus(ctx context.Context, w http.ResponseWriter, _ proto.Message) erro
 	return nil
 }
 
+// HeadAsGet answers HEAD on a GET route as the original's method patterns
+// did (a GET pattern serves HEAD): the GET's status and headers, no body.
+// grpc-gateway routes by exact method and would answer 404.
+func HeadAsGet(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodHead {
+			next.ServeHTTP(w, r)
+			return
+		}
+		r2 := r.Clone(r.Context())
+		r2.Method = http.MethodGet
+		next.ServeHTTP(headWriter{w}, r2)
+	})
+}
+
+// headWriter drops the body; net/http would do so for a HEAD request too,
+// but the handler sees a GET.
+type headWriter struct{ http.ResponseWriter }
+
+func (h headWriter) Write(b []byte) (int, error) { return len(b), nil }
+
 // LimitBody caps request bodies; a larger one is a 400 invalid_request when
 // the decoder hits the limit.
 func LimitBody(next http.Handler) http.Handler {

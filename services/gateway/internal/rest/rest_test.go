@@ -13,7 +13,10 @@ import (
 // serve, are the original's 404 not_found "no route <METHOD> <path>".
 func TestNoRoute(t *testing.T) {
 	mux := NewMux(slog.New(slog.NewTextHandler(io.Discard, nil)))
-	ok := func(w http.ResponseWriter, _ *http.Request, _ map[string]string) { w.Write([]byte("{}")) }
+	ok := func(w http.ResponseWriter, _ *http.Request, _ map[string]string) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte("{}"))
+	}
 	if err := mux.HandlePath("GET", "/api/v1/host", ok); err != nil {
 		t.Fatal(err)
 	}
@@ -44,6 +47,19 @@ func TestNoRoute(t *testing.T) {
 	mux.ServeHTTP(w, httptest.NewRequest("GET", "http://x/api/v1/host", nil))
 	if w.Code != 200 {
 		t.Errorf("GET /api/v1/host: %d %q", w.Code, w.Body.String())
+	}
+	// HEAD is served by the GET route, without a body, as the original's
+	// method patterns did; on a path without a GET it is no route.
+	h := HeadAsGet(mux)
+	w = httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest("HEAD", "http://x/api/v1/host", nil))
+	if w.Code != 200 || w.Body.Len() != 0 || w.Header().Get("Content-Type") != "application/json" {
+		t.Errorf("HEAD /api/v1/host: %d %q %q", w.Code, w.Header().Get("Content-Type"), w.Body.String())
+	}
+	w = httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest("HEAD", "http://x/api/v1/vms/0a1b2c3d", nil))
+	if w.Code != 404 || w.Body.Len() != 0 {
+		t.Errorf("HEAD /api/v1/vms/0a1b2c3d: %d %q", w.Code, w.Body.String())
 	}
 }
 
