@@ -221,7 +221,16 @@ func foundation(t *testing.T, c *cluster.Cluster, mode cluster.Mode) {
 		expectError(t, "POST", api+"/vms", `{"name":`, 400, apierr.InvalidRequest)
 		expectError(t, "POST", api+"/vms", `{"name":"a","wait_for":"soon"}`, 400, apierr.InvalidRequest)
 		expectError(t, "GET", api+"/nothing/here", "", 404, apierr.NotFound)
-		expectError(t, "DELETE", api+"/host", "", 405, apierr.InvalidRequest)
+		// A known path with another method is no route, as in the original.
+		if msg := expectError(t, "DELETE", api+"/host", "", 404, apierr.NotFound); msg != "no route DELETE /api/v1/host" {
+			t.Errorf("DELETE /host: message %q", msg)
+		}
+		if msg := expectError(t, "POST", api+"/host", "", 404, apierr.NotFound); msg != "no route POST /api/v1/host" {
+			t.Errorf("POST /host: message %q", msg)
+		}
+		if code, _, b := cluster.Do(t, "HEAD", api+"/host", ""); code != 200 || len(b) != 0 {
+			t.Errorf("HEAD /host: %d %q, want the GET's 200 without a body", code, b)
+		}
 		expectError(t, "GET", api+"/images/nope_1", "", 404, apierr.NotFound)
 		expectError(t, "GET", api+"/images/bad%20ref", "", 400, apierr.InvalidRequest)
 		expectError(t, "GET", api+"/images/..%2Fetc", "", 404, apierr.NotFound) // never reaches the catalog
@@ -307,7 +316,7 @@ func foundation(t *testing.T, c *cluster.Cluster, mode cluster.Mode) {
 			Paths   map[string]any `json:"paths"`
 		}
 		getJSON(t, api+"/openapi.json", &doc)
-		if doc.OpenAPI != "3.1.0" || doc.Paths["/api/v1/vms/{id}/start"] == nil {
+		if doc.OpenAPI != "3.1.0" || doc.Paths["/vms/{id}/start"] == nil {
 			t.Errorf("openapi %s with %d paths", doc.OpenAPI, len(doc.Paths))
 		}
 		code, hdr, b := cluster.Do(t, "GET", api+"/openapi.yaml", "")

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -24,22 +26,24 @@ const (
 	restClientTool = "testdata/restclient/main.go.txt"
 )
 
-// TestGeneratedRESTClient is the "REST client generated from the served
-// OpenAPI document by a standard generator" acceptance: it fetches the
-// document from a running gateway, generates a Go client from it with
+// TestGeneratedRESTClient is the "client generated from the document"
+// acceptance: it fetches the document from a running gateway (the three
+// binaries, the real test guest), generates a Go client from it with
 // oapi-codegen in a throwaway module, builds testdata/restclient/main.go.txt
-// against that client and runs it against the gateway (host, images,
-// a network created, read and deleted, the error envelope of a missing VM).
-// No VM is booted. The generator and the module's dependencies come from the
-// Go module proxy (GOPROXY as in the environment); only a missing go skips.
+// against that client and runs it against the gateway. The program is
+// written with the names a client generated from the original's document has
+// (CreateVMRequest, CreateVM, GetVM, ExecVM, DeleteVM, …): host, images, a
+// network created, read and deleted, the 404 envelope, and a VM created (its
+// disk_gib 0 the default), read, exec'd in, its console and metrics read,
+// and deleted. The generator and the module's dependencies come from the Go
+// module proxy (GOPROXY as in the environment); only a missing go skips.
 func TestGeneratedRESTClient(t *testing.T) {
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		t.Skipf("go is not installed: %v", err)
 	}
-	images := t.TempDir()
-	writeCatalog(t, images)
-	c := cluster.Start(t, cluster.InProcess, binDir, cluster.Options{ImageDir: images})
+	images := cluster.GuestImages(t, "..")
+	c := cluster.Start(t, cluster.Processes, binDir, cluster.Options{ImageDir: images})
 	base := "http://" + c.Addr
 
 	// The document exactly as served, which is the one gen/ embeds.
@@ -50,9 +54,12 @@ func TestGeneratedRESTClient(t *testing.T) {
 	if !bytes.Equal(doc, openapi.JSON) {
 		t.Errorf("the served document differs from gen/openapi/vmmanager.openapi.json")
 	}
-	var head struct{ OpenAPI string }
-	if err := json.Unmarshal(doc, &head); err != nil || head.OpenAPI != "3.1.0" {
-		t.Fatalf("served document: openapi %q, %v", head.OpenAPI, err)
+	var head struct {
+		OpenAPI string
+		Servers []struct{ URL string }
+	}
+	if err := json.Unmarshal(doc, &head); err != nil || head.OpenAPI != "3.1.0" || len(head.Servers) != 1 {
+		t.Fatalf("served document: openapi %q, servers %v: %v", head.OpenAPI, head.Servers, err)
 	}
 
 	mod := t.TempDir()
@@ -94,8 +101,10 @@ func TestGeneratedRESTClient(t *testing.T) {
 	exe := filepath.Join(mod, "restclient")
 	run("build", "build", "-o", exe, ".")
 
+	// The client's server is the document's, below the gateway's address,
+	// as a client of the original is configured.
 	cmd := exec.CommandContext(ctx, exe)
-	cmd.Env = append(os.Environ(), "VMM_GATEWAY_URL="+base)
+	cmd.Env = append(os.Environ(), "VMM_GATEWAY_URL="+base+head.Servers[0].URL)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -103,31 +112,38 @@ func TestGeneratedRESTClient(t *testing.T) {
 	}
 	t.Logf("generated client:\n%s", stdout.String())
 
-	var host struct {
-		Hostname string `json:"hostname"`
-		Ready    bool   `json:"ready"`
-	}
+	var host struct{ Ready bool }
 	getJSON(t, base+"/api/v1/host", &host)
-	hostLine := "host hostname=" + host.Hostname + " ready=false"
-	if host.Ready {
-		hostLine = "host hostname=" + host.Hostname + " ready=true"
+	var imgs []struct{ ID string }
+	getJSON(t, base+"/api/v1/images", &imgs)
+	var ids []string
+	for _, i := range imgs {
+		ids = append(ids, i.ID)
 	}
+	sort.Strings(ids)
 	want := []string{
-		hostLine,
-		"images giantswarm-vm-base_0.2.0:uki giantswarm-vm-base_0.1.0:uki test-guest_1.0.0:kernel",
-		"network created name=gen-client cidr=10.77.0.0/24 gateway=10.77.0.1",
-		"network read name=gen-client cidr=10.77.0.0/24 gateway=10.77.0.1",
+		fmt.Sprintf("host ready=%t", host.Ready),
+		"images " + strings.Join(ids, " "),
+		"network name=gen-client cidr=10.77.0.0/24 gateway=10.77.0.1",
 		"vm error status=404 code=not_found",
-		"network deleted name=gen-client status=204",
+		"vm created state=ready diskGiB=20",
+		"vm read state=ready",
+		`exec stdout="gen-client-vm\n" stderr="" exitCode=0`,
+		"console lines=20",
+		"metrics state=ready attestation=disabled",
+		"vm deleted status=204",
+		"network deleted status=204",
 		"ok",
 	}
 	got := strings.Split(strings.TrimSuffix(stdout.String(), "\n"), "\n")
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("generated client printed\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	if hn, _ := os.Hostname(); host.Hostname != hn {
-		t.Errorf("host reports hostname %q, this machine is %q", host.Hostname, hn)
-	}
-	// The network is gone for the gateway too, not just for the client.
+	// Gone for the gateway too, not just for the client.
 	expectError(t, "GET", base+"/api/v1/networks/gen-client", "", 404, apierr.NotFound)
+	var vms []struct{ Name string }
+	getJSON(t, base+"/api/v1/vms", &vms)
+	if len(vms) != 0 {
+		t.Errorf("VMs left after the client's delete: %+v", vms)
+	}
 }

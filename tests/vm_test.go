@@ -232,7 +232,7 @@ func lifecycle(t *testing.T, c *cluster.Cluster) {
 		a.t = t
 		expectError(t, "POST", a.base+"/vms", `{"name":"t1","require_attestation":false}`, 409, apierr.Conflict)
 		expectError(t, "POST", a.base+"/vms", `{"name":"Bad_Name","require_attestation":false}`, 400, apierr.InvalidRequest)
-		expectError(t, "POST", a.base+"/vms", `{"name":"x","cpus":0,"require_attestation":false}`, 400, apierr.InvalidRequest)
+		expectError(t, "POST", a.base+"/vms", `{"name":"x","cpus":-1,"require_attestation":false}`, 400, apierr.InvalidRequest)
 		expectError(t, "POST", a.base+"/vms", `{"name":"x","memory_mib":128,"require_attestation":false}`, 400, apierr.InvalidRequest)
 		expectError(t, "POST", a.base+"/vms", `{"name":"x","image":"nope","require_attestation":false}`, 400, apierr.InvalidRequest)
 		expectError(t, "POST", a.base+"/vms/"+t1.ID+"/start", "", 409, apierr.Conflict)

@@ -157,7 +157,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	mux.HandleFunc("GET /api/v1/openapi.yaml", serveBytes("application/yaml", openapi.YAML))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
 	mux.HandleFunc("GET /readyz", readyz(backends))
-	var api http.Handler = rest.LimitBody(gw)
+	var api http.Handler = rest.HeadAsGet(rest.LimitBody(gw))
 	if met != nil {
 		api = met.HTTP(metrics.SurfaceREST, api)
 		mux.Handle("GET /metrics", met.Handler())

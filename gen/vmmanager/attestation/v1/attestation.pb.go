@@ -849,21 +849,21 @@ var File_vmmanager_attestation_v1_attestation_proto protoreflect.FileDescriptor
 
 const file_vmmanager_attestation_v1_attestation_proto_rawDesc = "" +
 	"\n" +
-	"*vmmanager/attestation/v1/attestation.proto\x12\x18vmmanager.attestation.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfd\x03\n" +
-	"\vAttestation\x12\x1f\n" +
-	"\brequired\x18\x01 \x01(\bB\x03\xe0A\x03R\brequired\x121\n" +
-	"\x12user_data_released\x18\x02 \x01(\bB\x03\xe0A\x03R\x10userDataReleased\x12G\n" +
+	"*vmmanager/attestation/v1/attestation.proto\x12\x18vmmanager.attestation.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x83\x04\n" +
+	"\vAttestation\x12\"\n" +
+	"\brequired\x18\x01 \x01(\bB\x06\xe0A\x02\xe0A\x03R\brequired\x124\n" +
+	"\x12user_data_released\x18\x02 \x01(\bB\x06\xe0A\x02\xe0A\x03R\x10userDataReleased\x12G\n" +
 	"\x0fnonce_issued_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampB\x03\xe0A\x03R\rnonceIssuedAt\x12<\n" +
 	"\x06initrd\x18\x04 \x01(\v2\x1f.vmmanager.attestation.v1.QuoteB\x03\xe0A\x03R\x06initrd\x12:\n" +
 	"\x05ready\x18\x05 \x01(\v2\x1f.vmmanager.attestation.v1.QuoteB\x03\xe0A\x03R\x05ready\x12\x17\n" +
 	"\x04boot\x18\x06 \x01(\x04B\x03\xe0A\x03R\x04boot\x12*\n" +
 	"\x0eak_fingerprint\x18\a \x01(\tB\x03\xe0A\x03R\rakFingerprint\x12D\n" +
 	"\tak_origin\x18\b \x01(\x0e2\".vmmanager.attestation.v1.AkOriginB\x03\xe0A\x03R\bakOrigin:L\xeaAI\n" +
-	"$vm-manager.giantswarm.io/Attestation\x12\x14vms/{vm}/attestation2\vattestation\"\xbf\x03\n" +
-	"\x05Quote\x12\x1f\n" +
-	"\bverified\x18\x01 \x01(\bB\x03\xe0A\x03R\bverified\x12\x1d\n" +
-	"\amessage\x18\x02 \x01(\tB\x03\xe0A\x03R\amessage\x12/\n" +
-	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampB\x03\xe0A\x03R\x02at\x12*\n" +
+	"$vm-manager.giantswarm.io/Attestation\x12\x14vms/{vm}/attestation2\vattestation\"\xc5\x03\n" +
+	"\x05Quote\x12\"\n" +
+	"\bverified\x18\x01 \x01(\bB\x06\xe0A\x02\xe0A\x03R\bverified\x12\x1d\n" +
+	"\amessage\x18\x02 \x01(\tB\x03\xe0A\x03R\amessage\x122\n" +
+	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampB\x06\xe0A\x02\xe0A\x03R\x02at\x12*\n" +
 	"\x0eak_fingerprint\x18\x04 \x01(\tB\x03\xe0A\x03R\rakFingerprint\x12B\n" +
 	"\x04pcrs\x18\x05 \x03(\v2).vmmanager.attestation.v1.Quote.PcrsEntryB\x03\xe0A\x03R\x04pcrs\x12\x1d\n" +
 	"\alearned\x18\x06 \x03(\rB\x03\xe0A\x03R\alearned\x12Y\n" +

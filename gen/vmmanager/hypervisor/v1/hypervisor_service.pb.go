@@ -1622,8 +1622,8 @@ type VirtualMachineMetrics struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	Host  *HostMetrics           `protobuf:"bytes,2,opt,name=host,proto3" json:"host,omitempty"`
-	// Absent until the guest's first report upload.
-	Guest         *GuestMetrics `protobuf:"bytes,3,opt,name=guest,proto3" json:"guest,omitempty"`
+	// Null until the guest's first report upload; the key is always there.
+	Guest         *GuestMetrics `protobuf:"bytes,3,opt,name=guest,proto3,oneof" json:"guest,omitempty"`
 	RawReportUrl  string        `protobuf:"bytes,4,opt,name=raw_report_url,proto3" json:"raw_report_url,omitempty"`
 	Note          string        `protobuf:"bytes,5,opt,name=note,proto3" json:"note,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -2208,26 +2208,26 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tB\x03\xe0A\x02R\x02id\"O\n" +
 	"\x19ExecVirtualMachineRequest\x12\x13\n" +
 	"\x02id\x18\x01 \x01(\tB\x03\xe0A\x02R\x02id\x12\x1d\n" +
-	"\acommand\x18\x02 \x03(\tB\x03\xe0A\x02R\acommand\"\x87\x01\n" +
-	"\x1aExecVirtualMachineResponse\x12\x16\n" +
-	"\x06stdout\x18\x01 \x01(\tR\x06stdout\x12\x16\n" +
-	"\x06stderr\x18\x02 \x01(\tR\x06stderr\x12\x1b\n" +
-	"\texit_code\x18\x03 \x01(\x05R\bexitCode\x12\x1c\n" +
+	"\acommand\x18\x02 \x03(\tB\x03\xe0A\x02R\acommand\"\x96\x01\n" +
+	"\x1aExecVirtualMachineResponse\x12\x1b\n" +
+	"\x06stdout\x18\x01 \x01(\tB\x03\xe0A\x02R\x06stdout\x12\x1b\n" +
+	"\x06stderr\x18\x02 \x01(\tB\x03\xe0A\x02R\x06stderr\x12 \n" +
+	"\texit_code\x18\x03 \x01(\x05B\x03\xe0A\x02R\bexitCode\x12\x1c\n" +
 	"\ttruncated\x18\x04 \x01(\bR\ttruncated\"P\n" +
 	" ForwardVirtualMachinePortRequest\x12\x13\n" +
 	"\x02id\x18\x01 \x01(\tB\x03\xe0A\x02R\x02id\x12\x17\n" +
-	"\x04port\x18\x02 \x01(\x05B\x03\xe0A\x02R\x04port\"a\n" +
-	"!ForwardVirtualMachinePortResponse\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
-	"\x04port\x18\x02 \x01(\x05R\x04port\x12\x18\n" +
-	"\aaddress\x18\x03 \x01(\tR\aaddress\"Q\n" +
+	"\x04port\x18\x02 \x01(\x05B\x03\xe0A\x02R\x04port\"p\n" +
+	"!ForwardVirtualMachinePortResponse\x12\x13\n" +
+	"\x02id\x18\x01 \x01(\tB\x03\xe0A\x02R\x02id\x12\x17\n" +
+	"\x04port\x18\x02 \x01(\x05B\x03\xe0A\x02R\x04port\x12\x1d\n" +
+	"\aaddress\x18\x03 \x01(\tB\x03\xe0A\x02R\aaddress\"Q\n" +
 	"\x1fGetVirtualMachineConsoleRequest\x12\x13\n" +
 	"\x02id\x18\x01 \x01(\tB\x03\xe0A\x02R\x02id\x12\x19\n" +
-	"\x05lines\x18\x02 \x01(\x05B\x03\xe0A\x01R\x05lines\"b\n" +
-	" GetVirtualMachineConsoleResponse\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
-	"\x05lines\x18\x02 \x01(\x05R\x05lines\x12\x18\n" +
-	"\aconsole\x18\x03 \x01(\tR\aconsole\"6\n" +
+	"\x05lines\x18\x02 \x01(\x05B\x03\xe0A\x01R\x05lines\"q\n" +
+	" GetVirtualMachineConsoleResponse\x12\x13\n" +
+	"\x02id\x18\x01 \x01(\tB\x03\xe0A\x02R\x02id\x12\x19\n" +
+	"\x05lines\x18\x02 \x01(\x05B\x03\xe0A\x02R\x05lines\x12\x1d\n" +
+	"\aconsole\x18\x03 \x01(\tB\x03\xe0A\x02R\aconsole\"6\n" +
 	"\x1fGetVirtualMachineMetricsRequest\x12\x13\n" +
 	"\x02id\x18\x01 \x01(\tB\x03\xe0A\x02R\x02id\"5\n" +
 	"\x1eGetVirtualMachineReportRequest\x12\x13\n" +
@@ -2235,37 +2235,38 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\x1fGetVirtualMachineReportResponse\x12.\n" +
 	"\x06report\x18\x01 \x01(\v2\x16.google.protobuf.ValueR\x06report\x12;\n" +
 	"\vreceived_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"receivedAt\"\xda\x01\n" +
-	"\x15VirtualMachineMetrics\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\x128\n" +
-	"\x04host\x18\x02 \x01(\v2$.vmmanager.hypervisor.v1.HostMetricsR\x04host\x12;\n" +
-	"\x05guest\x18\x03 \x01(\v2%.vmmanager.hypervisor.v1.GuestMetricsR\x05guest\x12&\n" +
+	"receivedAt\"\xf8\x01\n" +
+	"\x15VirtualMachineMetrics\x12\x13\n" +
+	"\x02id\x18\x01 \x01(\tB\x03\xe0A\x02R\x02id\x12=\n" +
+	"\x04host\x18\x02 \x01(\v2$.vmmanager.hypervisor.v1.HostMetricsB\x03\xe0A\x02R\x04host\x12E\n" +
+	"\x05guest\x18\x03 \x01(\v2%.vmmanager.hypervisor.v1.GuestMetricsB\x03\xe0A\x02H\x00R\x05guest\x88\x01\x01\x12&\n" +
 	"\x0eraw_report_url\x18\x04 \x01(\tR\x0eraw_report_url\x12\x12\n" +
-	"\x04note\x18\x05 \x01(\tR\x04note\"\xa7\x04\n" +
-	"\vHostMetrics\x124\n" +
-	"\x05state\x18\x01 \x01(\x0e2\x1e.vmmanager.hypervisor.v1.StateR\x05state\x12K\n" +
-	"\vattestation\x18\x02 \x01(\x0e2).vmmanager.hypervisor.v1.AttestationStateR\vattestation\x12\x15\n" +
+	"\x04note\x18\x05 \x01(\tR\x04noteB\b\n" +
+	"\x06_guest\"\xbb\x04\n" +
+	"\vHostMetrics\x129\n" +
+	"\x05state\x18\x01 \x01(\x0e2\x1e.vmmanager.hypervisor.v1.StateB\x03\xe0A\x02R\x05state\x12P\n" +
+	"\vattestation\x18\x02 \x01(\x0e2).vmmanager.hypervisor.v1.AttestationStateB\x03\xe0A\x02R\vattestation\x12\x15\n" +
 	"\x03pid\x18\x03 \x01(\x05H\x00R\x03pid\x88\x01\x01\x12%\n" +
 	"\vcpu_seconds\x18\x04 \x01(\x01H\x01R\vcpu_seconds\x88\x01\x01\x12/\n" +
-	"\x10memory_rss_bytes\x18\x05 \x01(\x03H\x02R\x10memory_rss_bytes\x88\x01\x01\x12\x1e\n" +
+	"\x10memory_rss_bytes\x18\x05 \x01(\x03H\x02R\x10memory_rss_bytes\x88\x01\x01\x12#\n" +
 	"\n" +
-	"disk_bytes\x18\x06 \x01(\x03R\n" +
+	"disk_bytes\x18\x06 \x01(\x03B\x03\xe0A\x02R\n" +
 	"disk_bytes\x12-\n" +
 	"\x0finstall_seconds\x18\a \x01(\x01H\x03R\x0finstall_seconds\x88\x01\x01\x129\n" +
-	"\x15boot_to_ready_seconds\x18\b \x01(\x01H\x04R\x15boot_to_ready_seconds\x88\x01\x01\x12A\n" +
-	"\anetwork\x18\t \x01(\v2'.vmmanager.hypervisor.v1.NetworkMetricsR\anetworkB\x06\n" +
+	"\x15boot_to_ready_seconds\x18\b \x01(\x01H\x04R\x15boot_to_ready_seconds\x88\x01\x01\x12F\n" +
+	"\anetwork\x18\t \x01(\v2'.vmmanager.hypervisor.v1.NetworkMetricsB\x03\xe0A\x02R\anetworkB\x06\n" +
 	"\x04_pidB\x0e\n" +
 	"\f_cpu_secondsB\x13\n" +
 	"\x11_memory_rss_bytesB\x12\n" +
 	"\x10_install_secondsB\x18\n" +
-	"\x16_boot_to_ready_seconds\"\xc6\a\n" +
-	"\x0eNetworkMetrics\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1e\n" +
+	"\x16_boot_to_ready_seconds\"\xda\a\n" +
+	"\x0eNetworkMetrics\x12\x17\n" +
+	"\x04name\x18\x01 \x01(\tB\x03\xe0A\x02R\x04name\x12#\n" +
 	"\n" +
-	"bytes_sent\x18\x02 \x01(\x03R\n" +
-	"bytes_sent\x12&\n" +
-	"\x0ebytes_received\x18\x03 \x01(\x03R\x0ebytes_received\x12\x16\n" +
-	"\x06leases\x18\x04 \x01(\x05R\x06leases\x12&\n" +
+	"bytes_sent\x18\x02 \x01(\x03B\x03\xe0A\x02R\n" +
+	"bytes_sent\x12+\n" +
+	"\x0ebytes_received\x18\x03 \x01(\x03B\x03\xe0A\x02R\x0ebytes_received\x12\x1b\n" +
+	"\x06leases\x18\x04 \x01(\x05B\x03\xe0A\x02R\x06leases\x12&\n" +
 	"\x0edropped_frames\x18\x05 \x01(\x03R\x0edropped_frames\x12&\n" +
 	"\x0eegress_dropped\x18\x06 \x01(\x03R\x0eegress_dropped\x12~\n" +
 	"\x18egress_dropped_by_reason\x18\a \x03(\v2B.vmmanager.hypervisor.v1.NetworkMetrics.EgressDroppedByReasonEntryR\x18egress_dropped_by_reason\x12$\n" +
@@ -2285,21 +2286,21 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a=\n" +
 	"\x0fDnsRefusedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x81\x03\n" +
-	"\fGuestMetrics\x12<\n" +
-	"\vreceived_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\vreceived_at\x12>\n" +
-	"\fgenerated_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\fgenerated_at\x12.\n" +
-	"\x12report_age_seconds\x18\x03 \x01(\x01R\x12report_age_seconds\x12\x1a\n" +
-	"\bfamilies\x18\x04 \x01(\x05R\bfamilies\x12\x16\n" +
-	"\x06series\x18\x05 \x01(\x05R\x06series\x12(\n" +
-	"\x0fseries_exported\x18\x06 \x01(\x05R\x0fseries_exported\x12&\n" +
-	"\x0eseries_dropped\x18\a \x01(\x05R\x0eseries_dropped\x12=\n" +
-	"\x06sample\x18\b \x03(\v2%.vmmanager.hypervisor.v1.MetricSampleR\x06sample\"\xee\x01\n" +
-	"\fMetricSample\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xa4\x03\n" +
+	"\fGuestMetrics\x12A\n" +
+	"\vreceived_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampB\x03\xe0A\x02R\vreceived_at\x12>\n" +
+	"\fgenerated_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\fgenerated_at\x123\n" +
+	"\x12report_age_seconds\x18\x03 \x01(\x01B\x03\xe0A\x02R\x12report_age_seconds\x12\x1f\n" +
+	"\bfamilies\x18\x04 \x01(\x05B\x03\xe0A\x02R\bfamilies\x12\x1b\n" +
+	"\x06series\x18\x05 \x01(\x05B\x03\xe0A\x02R\x06series\x12-\n" +
+	"\x0fseries_exported\x18\x06 \x01(\x05B\x03\xe0A\x02R\x0fseries_exported\x12+\n" +
+	"\x0eseries_dropped\x18\a \x01(\x05B\x03\xe0A\x02R\x0eseries_dropped\x12B\n" +
+	"\x06sample\x18\b \x03(\v2%.vmmanager.hypervisor.v1.MetricSampleB\x03\xe0A\x02R\x06sample\"\xf8\x01\n" +
+	"\fMetricSample\x12\x17\n" +
+	"\x04name\x18\x01 \x01(\tB\x03\xe0A\x02R\x04name\x12\x16\n" +
 	"\x06object\x18\x02 \x01(\tR\x06object\x12I\n" +
-	"\x06fields\x18\x03 \x03(\v21.vmmanager.hypervisor.v1.MetricSample.FieldsEntryR\x06fields\x12,\n" +
-	"\x05value\x18\x04 \x01(\v2\x16.google.protobuf.ValueR\x05value\x1a9\n" +
+	"\x06fields\x18\x03 \x03(\v21.vmmanager.hypervisor.v1.MetricSample.FieldsEntryR\x06fields\x121\n" +
+	"\x05value\x18\x04 \x01(\v2\x16.google.protobuf.ValueB\x03\xe0A\x02R\x05value\x1a9\n" +
 	"\vFieldsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*y\n" +
@@ -2483,6 +2484,7 @@ func file_vmmanager_hypervisor_v1_hypervisor_service_proto_init() {
 	file_vmmanager_hypervisor_v1_network_proto_init()
 	file_vmmanager_hypervisor_v1_virtual_machine_proto_init()
 	file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[13].OneofWrappers = []any{}
+	file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[28].OneofWrappers = []any{}
 	file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[29].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

@@ -454,21 +454,21 @@ var File_vmmanager_hypervisor_v1_network_proto protoreflect.FileDescriptor
 
 const file_vmmanager_hypervisor_v1_network_proto_rawDesc = "" +
 	"\n" +
-	"%vmmanager/hypervisor/v1/network.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\"\x96\x02\n" +
-	"\aNetwork\x12=\n" +
-	"\x04spec\x18\x01 \x01(\v2$.vmmanager.hypervisor.v1.NetworkSpecB\x03\xe0A\x03R\x04spec\x12\x1d\n" +
-	"\agateway\x18\x02 \x01(\tB\x03\xe0A\x03R\agateway\x12;\n" +
-	"\x06leases\x18\x03 \x03(\v2\x1e.vmmanager.hypervisor.v1.LeaseB\x03\xe0A\x03R\x06leases\x12\"\n" +
+	"%vmmanager/hypervisor/v1/network.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\"\x9f\x02\n" +
+	"\aNetwork\x12@\n" +
+	"\x04spec\x18\x01 \x01(\v2$.vmmanager.hypervisor.v1.NetworkSpecB\x06\xe0A\x02\xe0A\x03R\x04spec\x12 \n" +
+	"\agateway\x18\x02 \x01(\tB\x06\xe0A\x02\xe0A\x03R\agateway\x12>\n" +
+	"\x06leases\x18\x03 \x03(\v2\x1e.vmmanager.hypervisor.v1.LeaseB\x06\xe0A\x02\xe0A\x03R\x06leases\x12\"\n" +
 	"\n" +
 	"created_by\x18\x04 \x01(\tB\x03\xe0A\x03R\tcreatedBy:L\xeaAI\n" +
-	" vm-manager.giantswarm.io/Network\x12\x12networks/{network}*\bnetworks2\anetwork\"\xbf\x03\n" +
-	"\vNetworkSpec\x12\x17\n" +
-	"\x04name\x18\x01 \x01(\tB\x03\xe0A\x03R\x04name\x12\x17\n" +
-	"\x04cidr\x18\x02 \x01(\tB\x03\xe0A\x03R\x04cidr\x12\"\n" +
+	" vm-manager.giantswarm.io/Network\x12\x12networks/{network}*\bnetworks2\anetwork\"\xc8\x03\n" +
+	"\vNetworkSpec\x12\x1a\n" +
+	"\x04name\x18\x01 \x01(\tB\x06\xe0A\x02\xe0A\x03R\x04name\x12\x1a\n" +
+	"\x04cidr\x18\x02 \x01(\tB\x06\xe0A\x02\xe0A\x03R\x04cidr\x12\"\n" +
 	"\n" +
 	"gateway_ip\x18\x03 \x01(\tB\x03\xe0A\x03R\tgatewayIP\x12/\n" +
-	"\x11dns_search_domain\x18\x04 \x01(\tB\x03\xe0A\x03R\x0fdnsSearchDomain\x12$\n" +
-	"\venable_imds\x18\x05 \x01(\bB\x03\xe0A\x03R\n" +
+	"\x11dns_search_domain\x18\x04 \x01(\tB\x03\xe0A\x03R\x0fdnsSearchDomain\x12'\n" +
+	"\venable_imds\x18\x05 \x01(\bB\x06\xe0A\x02\xe0A\x03R\n" +
 	"enableIMDS\x12/\n" +
 	"\x11enable_host_alias\x18\x06 \x01(\bB\x03\xe0A\x03R\x0fenableHostAlias\x12@\n" +
 	"\x06egress\x18\a \x03(\v2#.vmmanager.hypervisor.v1.EgressRuleB\x03\xe0A\x03R\x06egress\x12H\n" +
@@ -483,11 +483,11 @@ const file_vmmanager_hypervisor_v1_network_proto_rawDesc = "" +
 	"\x06domain\x18\x03 \x01(\tR\x06domain\"/\n" +
 	"\tDnsRecord\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
-	"\x02ip\x18\x02 \x01(\tR\x02ip\"M\n" +
-	"\x05Lease\x12\x18\n" +
-	"\x05vm_id\x18\x01 \x01(\tB\x03\xe0A\x03R\x04vmID\x12\x15\n" +
-	"\x03mac\x18\x02 \x01(\tB\x03\xe0A\x03R\x03mac\x12\x13\n" +
-	"\x02ip\x18\x03 \x01(\tB\x03\xe0A\x03R\x02ip*R\n" +
+	"\x02ip\x18\x02 \x01(\tR\x02ip\"V\n" +
+	"\x05Lease\x12\x1b\n" +
+	"\x05vm_id\x18\x01 \x01(\tB\x06\xe0A\x02\xe0A\x03R\x04vmID\x12\x18\n" +
+	"\x03mac\x18\x02 \x01(\tB\x06\xe0A\x02\xe0A\x03R\x03mac\x12\x16\n" +
+	"\x02ip\x18\x03 \x01(\tB\x06\xe0A\x02\xe0A\x03R\x02ip*R\n" +
 	"\tDnsPolicy\x12\x1a\n" +
 	"\x16DNS_POLICY_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fDNS_POLICY_OPEN\x10\x01\x12\x14\n" +

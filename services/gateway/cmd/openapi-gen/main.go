@@ -2,7 +2,11 @@
 // vm-manager's one OpenAPI 3.1 document, rewritten to the shapes the REST API
 // really uses (internal/restjson), which the plugin, following protojson,
 // cannot know: REST enum names, 64-bit integers as numbers, snake_case request
-// fields, the {"error":{"code","message"}} envelope and 201/204 statuses.
+// fields, the {"error":{"code","message"}} envelope and 201/204 statuses; and
+// to the original vm-manager's layout (shape.go, names.go): its schema names
+// and operationIds, named request bodies, the error statuses per operation,
+// paths below the /api/v1 server. The required lists are the protos'
+// (google.api.field_behavior) = REQUIRED, the keys restjson always writes.
 //
 //	go run ./services/gateway/cmd/openapi-gen -in build/openapi -out gen/openapi
 package main
@@ -101,11 +105,18 @@ func build(dir string) (obj, error) {
 	}
 	steps := []func() error{
 		func() error { return rewriteEnums(schemas(doc)) },
-		func() error { walk(doc, numberInt64); return nil },
+		func() error { walk(doc, numberInt64); walk(doc, plainNumbers); narrowUint32(schemas(doc)); return nil },
 		func() error { return snakeRequests(ops) },
 		func() error { return errorEnvelope(doc, ops) },
 		func() error { return statusCodes(ops) },
+		func() error { return errorStatuses(ops) },
+		func() error { return hoistRequests(doc, ops) },
 		func() error { prune(doc); return nil },
+		func() error { plainRefs(doc); return nil },
+		func() error { return nullable(doc) },
+		func() error { return renameSchemas(doc) },
+		func() error { return renameOperations(ops) },
+		func() error { return serverPaths(doc) },
 	}
 	for _, step := range steps {
 		if err := step(); err != nil {

@@ -67,7 +67,7 @@ func TestGenerate(t *testing.T) {
 	}
 
 	t.Run("enum", func(t *testing.T) {
-		enum := get(t, doc, "components", "schemas", "vmmanager.hypervisor.v1.State", "enum").([]any)
+		enum := get(t, doc, "components", "schemas", "State", "enum").([]any)
 		if !slices.Contains(enum, any("ready")) || slices.Contains(enum, any("STATE_READY")) {
 			t.Errorf("State enum = %v, want REST names", enum)
 		}
@@ -79,7 +79,7 @@ func TestGenerate(t *testing.T) {
 	})
 
 	t.Run("int64", func(t *testing.T) {
-		mem := get(t, doc, "components", "schemas", "vmmanager.hypervisor.v1.Host", "properties", "memoryBytes")
+		mem := get(t, doc, "components", "schemas", "Host", "properties", "memoryBytes")
 		if typ := get(t, mem, "type"); typ != "integer" {
 			t.Errorf("Host.memoryBytes type = %v, want integer", typ)
 		}
@@ -91,7 +91,10 @@ func TestGenerate(t *testing.T) {
 	})
 
 	t.Run("request", func(t *testing.T) {
-		schema := get(t, doc, "paths", "/api/v1/vms", "post", "requestBody", "content", "application/json", "schema")
+		if ref := get(t, doc, "paths", "/vms", "post", "requestBody", "content", "application/json", "schema", "$ref"); ref != schemaRef+"CreateVMRequest" {
+			t.Errorf("POST /vms body = %v, want the CreateVMRequest schema", ref)
+		}
+		schema := get(t, doc, "components", "schemas", "CreateVMRequest")
 		props := get(t, schema, "properties")
 		for _, k := range []string{"memory_mib", "wait_for", "ssh_authorized_keys"} {
 			if !has(props, k) {
@@ -104,19 +107,22 @@ func TestGenerate(t *testing.T) {
 		if req := get(t, schema, "required").([]any); !slices.Equal(req, []any{"name"}) {
 			t.Errorf("CreateVirtualMachine required = %v", req)
 		}
-		golden := get(t, doc, "paths", "/api/v1/images/{image}/policy/golden", "post", "requestBody", "content", "application/json", "schema")
+		golden := get(t, doc, "components", "schemas", "RecordGoldenRequest")
 		if req := get(t, golden, "required").([]any); !slices.Equal(req, []any{"from_vm"}) {
 			t.Errorf("RecordGolden required = %v", req)
 		}
 	})
 
 	t.Run("status codes", func(t *testing.T) {
-		if !has(get(t, doc, "paths", "/api/v1/vms", "post", "responses"), "201") {
-			t.Error("POST /api/v1/vms has no 201")
+		create := get(t, doc, "paths", "/vms", "post", "responses")
+		for _, s := range []string{"201", "400", "409", "500", "504", "default"} {
+			if !has(create, s) {
+				t.Errorf("POST /vms has no %s", s)
+			}
 		}
-		del := get(t, doc, "paths", "/api/v1/vms/{id}", "delete", "responses")
-		if !has(del, "204") || has(del, "200") || has(get(t, del, "204"), "content") {
-			t.Errorf("DELETE /api/v1/vms/{id} responses = %v", del)
+		del := get(t, doc, "paths", "/vms/{id}", "delete", "responses")
+		if !has(del, "204") || has(del, "200") || has(get(t, del, "204"), "content") || !has(del, "404") || !has(del, "409") {
+			t.Errorf("DELETE /vms/{id} responses = %v", del)
 		}
 	})
 
@@ -131,7 +137,7 @@ func TestGenerate(t *testing.T) {
 		if !slices.Contains(codes, any("not_found")) {
 			t.Errorf("error codes = %v", codes)
 		}
-		ref := get(t, doc, "paths", "/api/v1/host", "get", "responses", "default", "content", "application/json", "schema", "$ref")
+		ref := get(t, doc, "paths", "/host", "get", "responses", "default", "content", "application/json", "schema", "$ref")
 		if ref != "#/components/schemas/Error" {
 			t.Errorf("default response schema = %v", ref)
 		}
@@ -143,9 +149,71 @@ func TestGenerate(t *testing.T) {
 			t.Fatal("no paths")
 		}
 		for p := range paths {
-			if !strings.HasPrefix(p, "/api/v1/") {
-				t.Errorf("path %s is outside /api/v1/", p)
+			if strings.HasPrefix(p, "/api/v1/") || !strings.HasPrefix(p, "/") {
+				t.Errorf("path %s is not relative to the server", p)
 			}
+		}
+		if servers, _ := doc["servers"].([]any); len(servers) != 1 || get(t, servers[0], "url") != "/api/v1" {
+			t.Errorf("servers = %v, want /api/v1", doc["servers"])
+		}
+		for _, p := range []string{"/openapi.yaml", "/openapi.json", "/host", "/vms/{id}/forward"} {
+			if !has(paths, p) {
+				t.Errorf("no path %s", p)
+			}
+		}
+	})
+
+	t.Run("the original's names", func(t *testing.T) {
+		ids := map[string]string{}
+		for path, item := range get(t, doc, "paths").(map[string]any) {
+			for method, op := range item.(map[string]any) {
+				ids[strings.ToUpper(method)+" "+path] = get(t, op, "operationId").(string)
+			}
+		}
+		for route, id := range map[string]string{
+			"GET /host": "getHost", "GET /vms": "listVMs", "POST /vms": "createVM", "GET /vms/{id}": "getVM",
+			"POST /vms/{id}/forward": "forwardPort", "POST /vms/{id}/exec": "execVM", "GET /vms/{id}/console": "getVMConsole",
+			"GET /openapi.yaml": "getOpenAPI", "GET /policies": "listImagePolicies",
+		} {
+			if ids[route] != id {
+				t.Errorf("%s operationId = %q, want %q", route, ids[route], id)
+			}
+		}
+		for _, name := range []string{"Host", "VM", "Network", "Image", "CreateVMRequest", "ExecRequest", "ExecResult", "Console", "Attestation", "Metrics", "Forward", "ForwardRequest", "Error"} {
+			if !has(get(t, doc, "components", "schemas"), name) {
+				t.Errorf("no schema %s", name)
+			}
+		}
+		if strings.Contains(string(js), `"vmmanager.`) || strings.Contains(string(js), "Service_") {
+			t.Error("a proto full name or plugin operationId is left")
+		}
+	})
+
+	t.Run("required and nullable", func(t *testing.T) {
+		req := get(t, doc, "components", "schemas", "Console", "required").([]any)
+		if !slices.Equal(req, []any{"id", "lines", "console"}) {
+			t.Errorf("Console required = %v", req)
+		}
+		guest := get(t, doc, "components", "schemas", "Metrics", "properties", "guest", "oneOf").([]any)
+		if len(guest) != 2 || get(t, guest[0], "type") != "null" || get(t, guest[1], "$ref") != schemaRef+"GuestMetrics" {
+			t.Errorf("Metrics.guest = %v, want null or GuestMetrics", guest)
+		}
+		walk(doc, func(o obj) {
+			if _, ok := o["readOnly"]; ok {
+				t.Errorf("readOnly left in %v", o)
+			}
+			if list, ok := o["allOf"].([]any); ok && len(list) == 1 {
+				t.Errorf("single allOf left in %v", o)
+			}
+		})
+	})
+
+	t.Run("numbers", func(t *testing.T) {
+		if cpus := get(t, doc, "components", "schemas", "VM", "properties", "cpus"); has(cpus, "format") {
+			t.Errorf("VM.cpus = %v, want no format (the original's integer)", cpus)
+		}
+		if f := get(t, doc, "components", "schemas", "Host", "properties", "memoryBytes", "format"); f != "int64" {
+			t.Errorf("Host.memoryBytes format = %v, want int64", f)
 		}
 	})
 
@@ -201,6 +269,7 @@ func write(t *testing.T, docs map[string]string) string {
 
 func TestConflicts(t *testing.T) {
 	const op = `{"operationId":"HypervisorService_GetHost","responses":{"default":{"description":"x"},"200":{"description":"x"}}}`
+	const put = `{"operationId":"HypervisorService_GetNetwork","responses":{"default":{"description":"x"},"200":{"description":"x"}}}`
 	for name, docs := range map[string]map[string]string{
 		"path and method": {
 			"a.json": `{"openapi":"3.1.0","paths":{"/api/v1/host":{"get":` + op + `}}}`,
@@ -221,13 +290,13 @@ func TestConflicts(t *testing.T) {
 	// The same path with different methods, and identical schemas, merge.
 	docs := map[string]string{
 		"a.json": `{"openapi":"3.1.0","paths":{"/api/v1/host":{"get":` + op + `}},"components":{"schemas":{"X":{"type":"string"}}}}`,
-		"b.json": `{"openapi":"3.1.0","paths":{"/api/v1/host":{"put":` + op + `}},"components":{"schemas":{"X":{"type":"string"}}}}`,
+		"b.json": `{"openapi":"3.1.0","paths":{"/api/v1/host":{"put":` + put + `}},"components":{"schemas":{"X":{"type":"string"}}}}`,
 	}
 	doc, err := build(write(t, docs))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if item := asObj(asObj(doc["paths"])["/api/v1/host"]); item["get"] == nil || item["put"] == nil {
+	if item := asObj(asObj(doc["paths"])["/host"]); item["get"] == nil || item["put"] == nil {
 		t.Errorf("merged path item = %v", item)
 	}
 }

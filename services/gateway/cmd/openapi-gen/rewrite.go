@@ -105,6 +105,47 @@ func numberInt64(o obj) {
 	}
 }
 
+// plainNumbers drops the formats of 32-bit integers and of floating-point
+// numbers, which JSON does not have, as the original's document did: a Go
+// client generated from it has int and float32 fields, and code written for
+// those must build against ours. 64-bit integers keep int64.
+func plainNumbers(o obj) {
+	switch f := o["format"]; {
+	case o["type"] == "integer" && (f == "int32" || f == "uint32"),
+		o["type"] == "number" && (f == "float" || f == "double"):
+		delete(o, "format")
+	}
+}
+
+// narrowUint32 drops the int64 format the plugin gives 32-bit unsigned
+// fields (VirtualMachine.cid): they are 32-bit, so plainNumbers' rule
+// applies to them too.
+func narrowUint32(all obj) {
+	for _, name := range sortedKeys(all) {
+		d, _ := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(name))
+		md, ok := d.(protoreflect.MessageDescriptor)
+		if !ok {
+			continue
+		}
+		props := asObj(asObj(all[name])["properties"])
+		for i := 0; i < md.Fields().Len(); i++ {
+			fd := md.Fields().Get(i)
+			if fd.IsMap() {
+				fd = fd.MapValue()
+			}
+			if fd.Kind() != protoreflect.Uint32Kind && fd.Kind() != protoreflect.Fixed32Kind {
+				continue
+			}
+			p := asObj(props[md.Fields().Get(i).JSONName()])
+			for _, s := range []obj{p, asObj(p["items"]), asObj(p["additionalProperties"])} {
+				if s["type"] == "integer" && s["format"] == "int64" {
+					delete(s, "format")
+				}
+			}
+		}
+	}
+}
+
 // snakeRequests renames body "*" request fields to the proto names the
 // contract's requests use.
 func snakeRequests(ops []operation) error {

@@ -290,7 +290,7 @@ func TestAuthorizationForwarded(t *testing.T) {
 func TestArgumentsReachTheBackend(t *testing.T) {
 	h := newHarness(t)
 	got := wantOK(t, h.call(t, "exec_vm", map[string]any{"id": "0a1b2c3d", "command": []string{"uname", "-r"}}))
-	if want := "{\n  \"stdout\": \"uname -r\\n\",\n  \"exitCode\": 3,\n  \"truncated\": false\n}\n"; got != want {
+	if want := "{\n  \"stdout\": \"uname -r\\n\",\n  \"stderr\": \"\",\n  \"exitCode\": 3,\n  \"truncated\": false\n}\n"; got != want {
 		t.Errorf("exec_vm =\n%s\nwant\n%s", got, want)
 	}
 	got = wantOK(t, h.call(t, "get_vm_console", map[string]any{"id": "0a1b2c3d"}))

@@ -31,13 +31,11 @@ func NewMux(log *slog.Logger) *runtime.ServeMux {
 			}
 			apierr.WriteREST(w, err)
 		}),
-		runtime.WithRoutingErrorHandler(func(_ context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, r *http.Request, httpStatus int) {
-			switch httpStatus {
-			case http.StatusMethodNotAllowed:
-				apierr.WriteRESTStatus(w, http.StatusMethodNotAllowed, apierr.Errorf(apierr.InvalidRequest, "method %s is not allowed on %s", r.Method, r.URL.Path))
-			default:
-				NotFound(w, r)
-			}
+		// A known path with another method is no route, as in the original
+		// (its method patterns fell through to the /api/v1/ catch-all): 404
+		// not_found, not 405.
+		runtime.WithRoutingErrorHandler(func(_ context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, r *http.Request, _ int) {
+			NotFound(w, r)
 		}),
 		runtime.WithForwardResponseOption(setStatus),
 	)
@@ -64,6 +62,27 @@ func setStatus(ctx context.Context, w http.ResponseWriter, _ proto.Message) erro
 	}
 	return nil
 }
+
+// HeadAsGet answers HEAD on a GET route as the original's method patterns
+// did (a GET pattern serves HEAD): the GET's status and headers, no body.
+// grpc-gateway routes by exact method and would answer 404.
+func HeadAsGet(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodHead {
+			next.ServeHTTP(w, r)
+			return
+		}
+		r2 := r.Clone(r.Context())
+		r2.Method = http.MethodGet
+		next.ServeHTTP(headWriter{w}, r2)
+	})
+}
+
+// headWriter drops the body; net/http would do so for a HEAD request too,
+// but the handler sees a GET.
+type headWriter struct{ http.ResponseWriter }
+
+func (h headWriter) Write(b []byte) (int, error) { return len(b), nil }
 
 // LimitBody caps request bodies; a larger one is a 400 invalid_request when
 // the decoder hits the limit.

@@ -6,13 +6,20 @@
 //     WAIT_FOR_ATTESTED is "attested" (the prefix named after the enum is
 //     dropped); the zero _UNSPECIFIED value is omitted;
 //   - 64-bit integers are JSON numbers, not strings;
-//   - scalars without presence (bools, numbers) are always written, strings
-//     only when non-empty, fields declared `optional` and messages only when
-//     set; lists and maps are always written ([] and {});
+//   - a field marked (google.api.field_behavior) = REQUIRED is always
+//     written, empty or not: these are the keys the original's schema lists
+//     as required, and its clients expect them. An unset message or
+//     `optional` scalar among them (the metrics' guest before the first
+//     upload) is null, and so is an unspecified enum;
+//   - other fields: scalars without presence (bools, numbers) are always
+//     written, strings only when non-empty, fields declared `optional` and
+//     messages only when set; lists and maps are always written ([] and {});
 //   - output is indented with two spaces and ends in a newline.
 //
 // Requests accept both the snake_case proto names (the contract's) and the
-// camelCase JSON names, take enums in either form, and reject unknown fields.
+// camelCase JSON names, take enums in either form ("" is the unspecified
+// value, which the services read as "the default", as the original did),
+// and reject unknown fields.
 package restjson
 
 import (
@@ -23,13 +30,16 @@ import (
 	"io"
 	"math"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
 	"github.com/giantswarm/vm-manager/gen/enumname"
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"google.golang.org/genproto/googleapis/api/annotations"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -88,6 +98,10 @@ func writeMessage(buf *bytes.Buffer, m protoreflect.Message) error {
 		first = false
 		buf.WriteString(strconv.Quote(fd.JSONName()))
 		buf.WriteByte(':')
+		if isNull(m, fd) {
+			buf.WriteString("null")
+			continue
+		}
 		if err := writeField(buf, fd, m.Get(fd)); err != nil {
 			return fmt.Errorf("%s: %w", fd.FullName(), err)
 		}
@@ -98,7 +112,7 @@ func writeMessage(buf *bytes.Buffer, m protoreflect.Message) error {
 
 func emit(m protoreflect.Message, fd protoreflect.FieldDescriptor) bool {
 	switch {
-	case fd.IsList() || fd.IsMap():
+	case fd.IsList() || fd.IsMap() || Required(fd):
 		return true
 	case fd.HasPresence(): // messages, `optional` scalars, oneofs
 		return m.Has(fd)
@@ -109,6 +123,37 @@ func emit(m protoreflect.Message, fd protoreflect.FieldDescriptor) bool {
 	default:
 		return true
 	}
+}
+
+// isNull says whether an emitted field has no value to write: a REQUIRED
+// field with presence that is unset, or an unspecified enum.
+func isNull(m protoreflect.Message, fd protoreflect.FieldDescriptor) bool {
+	switch {
+	case fd.IsList() || fd.IsMap():
+		return false
+	case fd.HasPresence():
+		return !m.Has(fd)
+	case fd.Kind() == protoreflect.EnumKind:
+		return m.Get(fd).Enum() == 0
+	}
+	return false
+}
+
+// required caches Required per field: marshaling asks for every field of
+// every message written.
+var required sync.Map // protoreflect.FieldDescriptor -> bool
+
+// Required says whether fd is marked (google.api.field_behavior) = REQUIRED:
+// in a request, the caller must give it; in a response, it is always written.
+// The OpenAPI document's required lists come from the same annotation.
+func Required(fd protoreflect.FieldDescriptor) bool {
+	if v, ok := required.Load(fd); ok {
+		return v.(bool)
+	}
+	fb, _ := proto.GetExtension(fd.Options(), annotations.E_FieldBehavior).([]annotations.FieldBehavior)
+	r := slices.Contains(fb, annotations.FieldBehavior_REQUIRED)
+	required.Store(fd, r)
+	return r
 }
 
 func writeField(buf *bytes.Buffer, fd protoreflect.FieldDescriptor, v protoreflect.Value) error {
@@ -298,6 +343,9 @@ func enumFromREST(ed protoreflect.EnumDescriptor, v any) (any, error) {
 	s, ok := v.(string)
 	if !ok {
 		return v, nil
+	}
+	if s == "" { // the original's "use the default"
+		return string(ed.Values().ByNumber(0).Name()), nil
 	}
 	if ed.Values().ByName(protoreflect.Name(s)) != nil {
 		return s, nil

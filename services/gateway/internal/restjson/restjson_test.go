@@ -65,9 +65,15 @@ func TestMarshalVirtualMachine(t *testing.T) {
 			t.Errorf("createdAt is not RFC 3339: %v", err)
 		}
 	}
-	for _, absent := range []string{"lastError", "last_error", "phase", "accelerator", "readyAt", "attestation", "paths", "processes", "ip"} {
+	for _, absent := range []string{"lastError", "last_error", "phase", "accelerator", "readyAt", "processes", "ip"} {
 		if _, ok := obj[absent]; ok {
 			t.Errorf("%s present: %#v", absent, obj[absent])
+		}
+	}
+	// REQUIRED messages are written even when unset, as null.
+	for _, null := range []string{"attestation", "paths"} {
+		if v, ok := obj[null]; !ok || v != nil {
+			t.Errorf("%s = %#v (present %v), want null", null, v, ok)
 		}
 	}
 	if got, ok := obj["booted"]; !ok || got != false {
@@ -210,9 +216,14 @@ func TestMarshalStructIsPlainObject(t *testing.T) {
 
 func TestMarshalOptionalPresence(t *testing.T) {
 	_, obj := marshal(t, &hypervisorv1.HostMetrics{State: hypervisorv1.State_STATE_RUNNING})
-	for _, k := range []string{"pid", "cpu_seconds", "memory_rss_bytes", "install_seconds", "boot_to_ready_seconds", "network", "attestation"} {
+	for _, k := range []string{"pid", "cpu_seconds", "memory_rss_bytes", "install_seconds", "boot_to_ready_seconds"} {
 		if _, ok := obj[k]; ok {
 			t.Errorf("unset %s present: %#v", k, obj[k])
+		}
+	}
+	for _, k := range []string{"network", "attestation"} { // REQUIRED, unset
+		if v, ok := obj[k]; !ok || v != nil {
+			t.Errorf("unset required %s = %#v (present %v), want null", k, v, ok)
 		}
 	}
 	if n, ok := obj["disk_bytes"].(json.Number); !ok || n.String() != "0" {

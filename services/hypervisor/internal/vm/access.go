@@ -234,8 +234,8 @@ func (m *Manager) closeForwards(mc *machine, keepRecord bool) {
 // netMetrics is the network part of a VM's metrics.
 func (m *Manager) netMetrics(rec *storepb.VirtualMachine) *hypervisorv1.NetworkMetrics {
 	n := m.nets.Running(rec.GetNetwork())
-	if n == nil {
-		return nil
+	if n == nil { // REQUIRED: the network's name, no counters
+		return &hypervisorv1.NetworkMetrics{Name: rec.GetNetwork()}
 	}
 	st := n.Stats()
 	vs := n.VMStats(rec.GetId())

@@ -94,30 +94,23 @@ func validate(req *hypervisorv1.CreateVirtualMachineRequest, images ImageResolve
 	default:
 		r.kubernetesVersion = kv
 	}
-	r.cpus = hypervisorv1.DefaultCPUs
-	if req.Cpus != nil {
-		r.cpus = req.GetCpus()
-	}
+	// 0, like leaving a size out, means the default: the original's API
+	// filled defaults over zero values, and its clients send 0 for "unset".
+	r.cpus = orDefault(req.GetCpus(), hypervisorv1.DefaultCPUs)
 	if r.cpus < 1 || r.cpus > 256 {
 		return nil, apierr.Invalidf("cpus", "cpus %d is not within 1..256", r.cpus)
 	}
 	if lim.MaxCPUs > 0 && r.cpus > lim.MaxCPUs {
 		return nil, apierr.Invalidf("cpus", "cpus %d is above this host's maximum of %d (--max-cpus)", r.cpus, lim.MaxCPUs)
 	}
-	r.memoryMiB = hypervisorv1.DefaultMemoryMiB
-	if req.MemoryMib != nil {
-		r.memoryMiB = req.GetMemoryMib()
-	}
+	r.memoryMiB = orDefault(req.GetMemoryMib(), hypervisorv1.DefaultMemoryMiB)
 	if r.memoryMiB < 256 {
 		return nil, apierr.Invalidf("memory_mib", "memory_mib %d is below 256", r.memoryMiB)
 	}
 	if lim.MaxMemoryMiB > 0 && r.memoryMiB > lim.MaxMemoryMiB {
 		return nil, apierr.Invalidf("memory_mib", "memory_mib %d is above this host's maximum of %d (--max-memory-mib)", r.memoryMiB, lim.MaxMemoryMiB)
 	}
-	r.diskGiB = hypervisorv1.DefaultDiskGiB
-	if req.DiskGib != nil {
-		r.diskGiB = req.GetDiskGib()
-	}
+	r.diskGiB = orDefault(req.GetDiskGib(), hypervisorv1.DefaultDiskGiB)
 	if r.diskGiB < 1 || r.diskGiB > 4096 {
 		return nil, apierr.Invalidf("disk_gib", "disk_gib %d is not within 1..4096", r.diskGiB)
 	}
@@ -141,10 +134,19 @@ func validate(req *hypervisorv1.CreateVirtualMachineRequest, images ImageResolve
 		r.requireAttestation = req.GetRequireAttestation()
 	}
 	r.waitFor = req.GetWaitFor()
-	if r.waitFor == hypervisorv1.WaitFor_WAIT_FOR_UNSPECIFIED {
+	if r.waitFor == hypervisorv1.WaitFor_WAIT_FOR_UNSPECIFIED { // REST's and MCP's "" too
 		r.waitFor = hypervisorv1.WaitFor_WAIT_FOR_READY
 	}
 	return r, nil
+}
+
+// orDefault is v, or def for 0 (and for a size left out, which reads as 0).
+// Negative values stay as they are, for the range checks to refuse.
+func orDefault(v, def int32) int32 {
+	if v == 0 {
+		return def
+	}
+	return v
 }
 
 // validateMetadata checks the keys (one IMDS path segment each: non-empty,

@@ -36,6 +36,21 @@ func TestValidateDefaults(t *testing.T) {
 	}
 }
 
+// TestValidateZeroIsDefault: as in the original, 0 for a size and an
+// unspecified wait_for (REST's and MCP's "") take the defaults.
+func TestValidateZeroIsDefault(t *testing.T) {
+	zero := proto.Int32(0)
+	r, err := validate(&hypervisorv1.CreateVirtualMachineRequest{Name: "t1", Cpus: zero, MemoryMib: zero, DiskGib: zero,
+		WaitFor: hypervisorv1.WaitFor_WAIT_FOR_UNSPECIFIED}, images{}, testLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.cpus != hypervisorv1.DefaultCPUs || r.memoryMiB != hypervisorv1.DefaultMemoryMiB || r.diskGiB != hypervisorv1.DefaultDiskGiB ||
+		r.waitFor != hypervisorv1.WaitFor_WAIT_FOR_READY {
+		t.Errorf("zero values gave cpus %d, memory_mib %d, disk_gib %d, wait_for %v", r.cpus, r.memoryMiB, r.diskGiB, r.waitFor)
+	}
+}
+
 func TestValidateRejects(t *testing.T) {
 	no := proto.Bool(false)
 	cases := []struct {
@@ -51,10 +66,11 @@ func TestValidateRejects(t *testing.T) {
 		{"bad hostname", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", Hostname: "a.b", RequireAttestation: no}, apierr.InvalidRequest, "hostname"},
 		{"unknown image", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", Image: "nope", RequireAttestation: no}, apierr.InvalidRequest, "unknown image"},
 		{"kubernetes", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", KubernetesVersion: "v1.0.0", RequireAttestation: no}, apierr.InvalidRequest, "available: v1.34.0, v1.33.1"},
-		{"cpus 0", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", Cpus: proto.Int32(0), RequireAttestation: no}, apierr.InvalidRequest, "1..256"},
+		{"cpus -1", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", Cpus: proto.Int32(-1), RequireAttestation: no}, apierr.InvalidRequest, "cpus -1 is not within 1..256"},
 		{"cpus 257", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", Cpus: proto.Int32(257), RequireAttestation: no}, apierr.InvalidRequest, "1..256"},
 		{"memory", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", MemoryMib: proto.Int32(255), RequireAttestation: no}, apierr.InvalidRequest, "256"},
-		{"disk 0", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", DiskGib: proto.Int32(0), RequireAttestation: no}, apierr.InvalidRequest, "1..4096"},
+		{"memory -1", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", MemoryMib: proto.Int32(-1), RequireAttestation: no}, apierr.InvalidRequest, "memory_mib -1 is below 256"},
+		{"disk -1", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", DiskGib: proto.Int32(-1), RequireAttestation: no}, apierr.InvalidRequest, "disk_gib -1 is not within 1..4096"},
 		{"disk 4097", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", DiskGib: proto.Int32(4097), RequireAttestation: no}, apierr.InvalidRequest, "1..4096"},
 		{"ssh key lines", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", SshAuthorizedKeys: []string{"a\nb"}, RequireAttestation: no}, apierr.InvalidRequest, "one non-empty line"},
 		{"ssh keys count", &hypervisorv1.CreateVirtualMachineRequest{Name: "a", SshAuthorizedKeys: sshKeys(MaxSSHKeys+1, 80), RequireAttestation: no}, apierr.InvalidRequest, "at most 32 ssh_authorized_keys, got 33"},

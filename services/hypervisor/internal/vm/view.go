@@ -60,9 +60,13 @@ func View(rec *storepb.VirtualMachine) *hypervisorv1.VirtualMachine {
 			v.Metadata[k] = val
 		}
 	}
+	// attestation and paths are objects the original always wrote (they are
+	// REQUIRED): before the first boot's summary, the empty one.
+	v.Attestation = &attestationv1.Attestation{Required: rec.GetRequireAttestation()}
 	if a := rec.GetAttestation(); a != nil {
 		v.Attestation = clone(a).(*attestationv1.Attestation)
 	}
+	v.Paths = &hypervisorv1.Paths{}
 	if p := rec.GetPaths(); p != nil {
 		v.Paths = clone(p).(*hypervisorv1.Paths)
 	}
