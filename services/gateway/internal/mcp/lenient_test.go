@@ -1,0 +1,68 @@
+package mcp
+
+import (
+	"testing"
+
+	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"google.golang.org/protobuf/proto"
+)
+
+// TestLenientArguments: arguments are taken as the original's mcp-go server
+// took them. Undeclared ones are ignored, integers may come as strings, a
+// null is an absent argument, and 0 or "" where it means the default is the
+// default. Each call reaches the backend with the request an exact call
+// would have made.
+func TestLenientArguments(t *testing.T) {
+	h := newHarness(t)
+	id := "0a1b2c3d"
+	ready := hypervisorv1.WaitFor_WAIT_FOR_READY
+	yes := true
+	defaults := func(name string) *hypervisorv1.CreateVirtualMachineRequest {
+		return &hypervisorv1.CreateVirtualMachineRequest{Name: name, Cpus: proto.Int32(hypervisorv1.DefaultCPUs), MemoryMib: proto.Int32(hypervisorv1.DefaultMemoryMiB),
+			DiskGib: proto.Int32(hypervisorv1.DefaultDiskGiB), RequireAttestation: &yes, WaitFor: ready}
+	}
+	sized := defaults("quick")
+	sized.Cpus, sized.MemoryMib = proto.Int32(4), proto.Int32(1024)
+	for _, tc := range []struct {
+		name   string
+		tool   string
+		args   map[string]any
+		method string
+		req    proto.Message
+	}{
+		{"undeclared arguments", "get_vm", map[string]any{"id": id, "bogus": 1, "verbose": true, "filter": map[string]any{"x": nil}},
+			"HypervisorService/GetVirtualMachine", &hypervisorv1.GetVirtualMachineRequest{Id: id}},
+		{"undeclared arguments of a tool without any", "get_host", map[string]any{"bogus": "x"},
+			"HypervisorService/GetHost", &hypervisorv1.GetHostRequest{}},
+		{"a port as a string", "forward_port", map[string]any{"id": id, "port": "22"},
+			"HypervisorService/ForwardVirtualMachinePort", &hypervisorv1.ForwardVirtualMachinePortRequest{Id: id, Port: 22}},
+		{"lines as a string", "get_vm_console", map[string]any{"id": id, "lines": "50"},
+			"HypervisorService/GetVirtualMachineConsole", &hypervisorv1.GetVirtualMachineConsoleRequest{Id: id, Lines: 50}},
+		// The hypervisor reads 0 or less as the default, as REST's ?lines=.
+		{"negative lines", "get_vm_console", map[string]any{"id": id, "lines": -5},
+			"HypervisorService/GetVirtualMachineConsole", &hypervisorv1.GetVirtualMachineConsoleRequest{Id: id, Lines: -5}},
+		{"null lines", "get_vm_console", map[string]any{"id": id, "lines": nil},
+			"HypervisorService/GetVirtualMachineConsole", &hypervisorv1.GetVirtualMachineConsoleRequest{Id: id, Lines: 100}},
+		{"zero sizes and an empty wait_for are the defaults", "create_vm", map[string]any{"name": "quick", "cpus": 0, "memory_mib": 0, "disk_gib": "0", "wait_for": ""},
+			"HypervisorService/CreateVirtualMachine", defaults("quick")},
+		{"sizes as strings, nulls, undeclared", "create_vm", map[string]any{"name": "quick", "cpus": "4", "memory_mib": "1024", "disk_gib": nil, "hostname": nil, "require_attestation": nil, "labels": map[string]any{"a": "b"}},
+			"HypervisorService/CreateVirtualMachine", sized},
+		{"an empty dns_policy, ports as strings", "create_network", map[string]any{"name": "n", "cidr": "10.0.0.0/24", "dns_policy": "", "egress": []any{map[string]any{"cidr": "10.1.0.0/16", "ports": []any{"22", 443}}}},
+			"HypervisorService/CreateNetwork", &hypervisorv1.CreateNetworkRequest{Name: "n", Cidr: "10.0.0.0/24", DnsPolicy: hypervisorv1.DnsPolicy_DNS_POLICY_OPEN,
+				Egress: []*hypervisorv1.EgressRule{{Cidr: "10.1.0.0/16", Ports: []uint32{22, 443}}}}},
+		{"exec with an undeclared timeout", "exec_vm", map[string]any{"id": id, "command": []string{"true"}, "timeout": 5},
+			"HypervisorService/ExecVirtualMachine", &hypervisorv1.ExecVirtualMachineRequest{Id: id, Command: []string{"true"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := h.call(t, tc.tool, tc.args)
+			if res.IsError && len(res.Content) > 0 {
+				if s := text(t, res); len(s) >= 16 && s[:16] == "invalid_request:" {
+					t.Fatalf("refused: %s", s)
+				}
+			}
+			if got := h.rpcs.last(); got.method != tc.method || !proto.Equal(got.req, tc.req) {
+				t.Errorf("called %s %v\nwant   %s %v", got.method, got.req, tc.method, tc.req)
+			}
+		})
+	}
+}
