@@ -227,7 +227,7 @@ func (a authTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 
 const testToken = "Bearer test-token-123"
 
-func newHarness(t *testing.T) *harness {
+func newHarness(t testing.TB) *harness {
 	t.Helper()
 	hv := &fakeHypervisor{host: &hypervisorv1.Host{
 		Hostname:         "node1",

@@ -1,8 +1,13 @@
 package mcp
 
 import (
+	"fmt"
+	"net/http"
+	"strings"
 	"testing"
+	"time"
 
+	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"google.golang.org/protobuf/proto"
 )
@@ -64,5 +69,45 @@ func TestLenientArguments(t *testing.T) {
 				t.Errorf("called %s %v\nwant   %s %v", got.method, got.req, tc.method, tc.req)
 			}
 		})
+	}
+}
+
+// TestHostileArguments: leniency has its bounds. A call full of undeclared
+// arguments is answered as if they were not there, and a body over
+// MaxRequestBodyBytes is refused before it is read whole, for a JSON-only
+// client as for an SSE one.
+func TestHostileArguments(t *testing.T) {
+	h, url := rawHarness(t)
+	var b strings.Builder
+	b.WriteString(`{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"get_vm_attestation","arguments":{"id":"0a1b2c3d"`)
+	n := 0
+	for b.Len() < MaxRequestBodyBytes-64 {
+		fmt.Fprintf(&b, `,"x%d":[1,{"a":"%d"}]`, n, n)
+		n++
+	}
+	b.WriteString(`}}}`)
+	for _, accept := range []string{jsonOnly, both} {
+		c := &rawMCP{t: t, url: url}
+		c.initialize(accept)
+		start := time.Now()
+		r := c.post(accept, b.String())
+		var res rpcResponse
+		if accept == jsonOnly {
+			res = jsonReply(t, r)
+		} else {
+			res = sseReply(t, r)[0]
+		}
+		if res.Result.IsError || res.Result.StructuredContent["required"] != true {
+			t.Errorf("%s: %d undeclared arguments (%d bytes): %.300s", accept, n, b.Len(), r.body)
+		}
+		if got := h.rpcs.last(); !proto.Equal(got.req, &attestationv1.GetVirtualMachineAttestationRequest{Id: "0a1b2c3d"}) {
+			t.Errorf("backend got %v", got.req)
+		}
+		t.Logf("%s: %d undeclared arguments in %d bytes answered in %v", accept, n, b.Len(), time.Since(start))
+
+		over := `{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"get_vm","arguments":{"id":"0a1b2c3d","x":"` + strings.Repeat("a", MaxRequestBodyBytes) + `"}}}`
+		if r := c.post(accept, over); r.status != http.StatusRequestEntityTooLarge {
+			t.Errorf("%s: a body of %d bytes: %d %.200s", accept, len(over), r.status, r.body)
+		}
 	}
 }

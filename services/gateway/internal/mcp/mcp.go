@@ -262,8 +262,8 @@ func register[In, Out any](fn toolFunc[In, Out], out output) addFunc {
 			}
 			in := new(In)
 			ignored, err := decodeArgs(raw, args, in)
-			if len(ignored) > 0 {
-				t.log.Debug("mcp tool call: arguments ignored", "tool", d.name, "arguments", ignored)
+			if len(ignored) > 0 { // the first few: a caller can send a body full of them
+				t.log.Debug("mcp tool call: undeclared arguments ignored", "tool", d.name, "count", len(ignored), "first", ignored[:min(len(ignored), 8)])
 			}
 			if err != nil {
 				t.log.Debug("mcp tool call rejected", "tool", d.name, "error", err)

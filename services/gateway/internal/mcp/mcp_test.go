@@ -472,6 +472,7 @@ func TestToolsListStable(t *testing.T) {
 			lists = append(lists, mustJSON(res.Tools))
 		}
 	}
+	t.Logf("tools/list: %d tools, %d bytes of JSON", 20, len(lists[0]))
 	for i, l := range lists {
 		if l != lists[0] {
 			t.Fatalf("tools/list %d differs from the first:\n%s\n%s", i, l, lists[0])

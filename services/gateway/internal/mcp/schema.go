@@ -169,34 +169,36 @@ func bounds(s *jsonschema.Schema) (lo, hi *float64) {
 // The schema's defaults fill what is absent; then the arguments are
 // validated. Every failure is the caller's fault.
 func decodeArgs(raw json.RawMessage, a *argSchema, in any) (ignored []string, err error) {
-	args := map[string]any{}
-	if len(bytes.TrimSpace(raw)) > 0 && !bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
-		var v any
-		if err := json.Unmarshal(raw, &v); err != nil {
-			return nil, fmt.Errorf("arguments: %v", err)
-		}
-		m, ok := v.(map[string]any)
-		if !ok {
+	// Undeclared arguments stay raw: a body full of them is scanned once,
+	// never built into values.
+	var top map[string]json.RawMessage
+	if t := bytes.TrimSpace(raw); len(t) > 0 && !bytes.Equal(t, []byte("null")) {
+		if t[0] != '{' {
 			return nil, fmt.Errorf("arguments: want a JSON object")
 		}
-		args = m
-	}
-	for name, v := range args {
-		ps, declared := a.schema.Properties[name]
-		switch {
-		case !declared:
-			ignored = append(ignored, name)
-			delete(args, name)
-		case v == nil:
-			delete(args, name)
-		default:
-			v = coerce(ps, v)
-			if a.zero[name] && isZero(ps, v) {
-				delete(args, name)
-				continue
-			}
-			args[name] = v
+		if err := json.Unmarshal(t, &top); err != nil {
+			return nil, fmt.Errorf("arguments: %v", err)
 		}
+	}
+	args := map[string]any{}
+	for name, rv := range top {
+		ps, declared := a.schema.Properties[name]
+		if !declared {
+			ignored = append(ignored, name)
+			continue
+		}
+		var v any
+		if err := json.Unmarshal(rv, &v); err != nil {
+			return nil, fmt.Errorf("argument %q: %v", name, err)
+		}
+		if v == nil {
+			continue // null: absent
+		}
+		v = coerce(ps, v)
+		if a.zero[name] && isZero(ps, v) {
+			continue // the default's other name
+		}
+		args[name] = v
 	}
 	slices.Sort(ignored)
 	if err := a.resolved.ApplyDefaults(&args); err != nil {

@@ -21,7 +21,7 @@ import (
 // rawMCP speaks MCP's streamable HTTP by hand, as curl or a simple client
 // does: a POST with a JSON-RPC body and the Accept header it chooses.
 type rawMCP struct {
-	t       *testing.T
+	t       testing.TB
 	url     string
 	session string
 }
@@ -154,7 +154,7 @@ const (
 	both     = "application/json, text/event-stream"
 )
 
-func rawHarness(t *testing.T) (*harness, string) {
+func rawHarness(t testing.TB) (*harness, string) {
 	h := newHarness(t)
 	ts := httptest.NewServer(New(hypervisorv1.NewHypervisorServiceClient(h.conn), attestationv1.NewAttestationServiceClient(h.conn), nil, nil))
 	t.Cleanup(ts.Close)
