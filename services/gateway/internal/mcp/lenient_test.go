@@ -111,3 +111,23 @@ func TestHostileArguments(t *testing.T) {
 		}
 	}
 }
+
+// TestInvalidUTF8Argument: invalid UTF-8 in an argument is refused, not
+// turned into U+FFFD (REST refuses it too), whichever JSON-RPC decoder sees
+// it first.
+func TestInvalidUTF8Argument(t *testing.T) {
+	h, url := rawHarness(t)
+	c := &rawMCP{t: t, url: url}
+	c.initialize(jsonOnly)
+	r := c.post(jsonOnly, "{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"tools/call\",\"params\":{\"name\":\"create_vm\",\"arguments\":{\"name\":\"quick\",\"metadata\":{\"k\":\"a\xffb\"}}}}")
+	if r.status == http.StatusOK {
+		if res := jsonReply(t, r); !res.Result.IsError || !strings.HasPrefix(res.Result.Content[0].Text, "invalid_request: arguments: invalid UTF-8") {
+			t.Errorf("invalid UTF-8: %s", r.body)
+		}
+	} else if r.status != http.StatusBadRequest {
+		t.Errorf("invalid UTF-8: %d %s", r.status, r.body)
+	}
+	if h.hv.lastCreate() != nil {
+		t.Errorf("the backend got %v", h.hv.lastCreate())
+	}
+}

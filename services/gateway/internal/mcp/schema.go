@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/google/jsonschema-go/jsonschema"
@@ -173,6 +174,11 @@ func decodeArgs(raw json.RawMessage, a *argSchema, in any) (ignored []string, er
 	// never built into values.
 	var top map[string]json.RawMessage
 	if t := bytes.TrimSpace(raw); len(t) > 0 && !bytes.Equal(t, []byte("null")) {
+		// encoding/json would turn invalid UTF-8 into U+FFFD without a word,
+		// as REST refuses it (restjson).
+		if !utf8.Valid(t) {
+			return nil, fmt.Errorf("arguments: invalid UTF-8 in the JSON text")
+		}
 		if t[0] != '{' {
 			return nil, fmt.Errorf("arguments: want a JSON object")
 		}
