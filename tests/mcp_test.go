@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,11 +17,13 @@ import (
 
 	"github.com/giantswarm/vm-manager/pkg/identity/oidctest"
 	"github.com/giantswarm/vm-manager/tests/cluster"
+	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // mcpTools are the contract's 20 tools (§2.3) in registration order, with
-// their annotation class.
+// their annotation class; tools/list sorts them by name, as the original's
+// mcp-go did.
 var mcpTools = []struct{ name, class string }{
 	{"get_info", "read"}, {"get_host", "read"}, {"list_images", "read"}, {"get_image", "read"},
 	{"list_networks", "read"}, {"get_network", "read"}, {"list_vms", "read"}, {"get_vm", "read"},
@@ -102,7 +106,57 @@ func callTool(t *testing.T, cs *mcp.ClientSession, name string, args map[string]
 	if res.IsError != wantError {
 		t.Fatalf("%s: isError %v, want %v: %s", name, res.IsError, wantError, text)
 	}
+	if !res.IsError {
+		checkStructured(t, cs, name, text, res.StructuredContent)
+	}
 	return text
+}
+
+// mcpOutputs caches each session's tool output schemas for checkStructured.
+var mcpOutputs sync.Map // *mcp.ClientSession → map[string]*jsonschema.Resolved
+
+// checkStructured: a result's structuredContent is its text's JSON (a list
+// under the list's name) and validates against the tool's outputSchema.
+func checkStructured(t *testing.T, cs *mcp.ClientSession, name, text string, structured any) {
+	t.Helper()
+	v, ok := mcpOutputs.Load(cs)
+	if !ok {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		res, err := cs.ListTools(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		schemas := map[string]*jsonschema.Resolved{}
+		for _, tool := range res.Tools {
+			b, _ := json.Marshal(tool.OutputSchema)
+			var s jsonschema.Schema
+			if err := json.Unmarshal(b, &s); err != nil {
+				t.Fatalf("%s: outputSchema: %v", tool.Name, err)
+			}
+			if schemas[tool.Name], err = s.Resolve(nil); err != nil {
+				t.Fatalf("%s: outputSchema: %v", tool.Name, err)
+			}
+		}
+		v, _ = mcpOutputs.LoadOrStore(cs, schemas)
+	}
+	schema := v.(map[string]*jsonschema.Resolved)[name]
+	if schema == nil {
+		t.Fatalf("%s: no outputSchema", name)
+	}
+	var want any
+	if err := json.Unmarshal([]byte(text), &want); err != nil {
+		t.Fatalf("%s: text is not JSON: %v", name, err)
+	}
+	if l, ok := want.([]any); ok {
+		want = map[string]any{strings.TrimPrefix(name, "list_"): l}
+	}
+	if !reflect.DeepEqual(structured, want) {
+		t.Errorf("%s: structuredContent is not the text's JSON:\n%v\n%s", name, structured, text)
+	}
+	if err := schema.Validate(structured); err != nil {
+		t.Errorf("%s: structuredContent does not validate against the outputSchema: %v\n%s", name, err, text)
+	}
 }
 
 // TestMCPEndToEnd drives a VM from get_host to delete_vm with the MCP SDK's
@@ -154,9 +208,13 @@ func TestMCPEndToEnd(t *testing.T) {
 		if len(res.Tools) != len(mcpTools) {
 			t.Fatalf("%d tools, want %d", len(res.Tools), len(mcpTools))
 		}
+		sorted := slices.SortedFunc(slices.Values(mcpTools), func(a, b struct{ name, class string }) int { return strings.Compare(a.name, b.name) })
 		name := regexp.MustCompile(`^[a-z_]+$`)
 		for i, tool := range res.Tools {
-			want := mcpTools[i]
+			want := sorted[i]
+			if s, _ := tool.OutputSchema.(map[string]any); s["type"] != "object" {
+				t.Errorf("%s: outputSchema %v", tool.Name, tool.OutputSchema)
+			}
 			if tool.Name != want.name || classOf(tool.Annotations) != want.class || !name.MatchString(tool.Name) {
 				t.Errorf("tool %d: %s (%s), want %s (%s)", i, tool.Name, classOf(tool.Annotations), want.name, want.class)
 			}
@@ -273,6 +331,7 @@ func TestMCPEndToEnd(t *testing.T) {
 				}
 			}
 		}
+		t.Run("JSON-only client", func(t *testing.T) { mcpJSONOnly(t, c.Addr, token, vm.ID) })
 		if got := callTool(t, cs, "delete_vm", map[string]any{"id": vm.ID}, false); !strings.Contains(got, `"deleted": true`) {
 			t.Errorf("delete_vm: %s", got)
 		}
@@ -280,6 +339,69 @@ func TestMCPEndToEnd(t *testing.T) {
 			t.Errorf("list_vms after delete: %s", got)
 		}
 	})
+}
+
+// mcpJSONOnly drives /mcp as curl does, accepting only JSON: every answer
+// is one plain JSON-RPC body, and arguments are taken as the original took
+// them (a port as a string, an undeclared argument ignored).
+func mcpJSONOnly(t *testing.T, addr, token, id string) {
+	session := ""
+	post := func(body string) (int, http.Header, []byte) {
+		t.Helper()
+		h := http.Header{"Authorization": {"Bearer " + token}, "Accept": {"application/json"}}
+		if session != "" {
+			h.Set("Mcp-Session-Id", session)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		return cluster.DoContext(ctx, t, "POST", "http://"+addr+"/mcp", body, h)
+	}
+	type reply struct {
+		Result struct {
+			Tools []struct {
+				Name string `json:"name"`
+			} `json:"tools"`
+			Content []struct {
+				Text string `json:"text"`
+			} `json:"content"`
+			StructuredContent map[string]any `json:"structuredContent"`
+			IsError           bool           `json:"isError"`
+		} `json:"result"`
+	}
+	rpc := func(body string) reply {
+		t.Helper()
+		code, hdr, b := post(body)
+		var r reply
+		if code != http.StatusOK || !strings.HasPrefix(hdr.Get("Content-Type"), "application/json") || json.Unmarshal(b, &r) != nil {
+			t.Fatalf("%s: %d %q %s", body, code, hdr.Get("Content-Type"), b)
+		}
+		return r
+	}
+	code, hdr, b := post(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"curl","version":"8"}}}`)
+	if session = hdr.Get("Mcp-Session-Id"); code != http.StatusOK || session == "" || !strings.HasPrefix(hdr.Get("Content-Type"), "application/json") {
+		t.Fatalf("initialize: %d %v %s", code, hdr, b)
+	}
+	if code, _, b := post(`{"jsonrpc":"2.0","method":"notifications/initialized"}`); code != http.StatusAccepted {
+		t.Fatalf("notifications/initialized: %d %s", code, b)
+	}
+	var names []string
+	for _, tool := range rpc(`{"jsonrpc":"2.0","id":2,"method":"tools/list"}`).Result.Tools {
+		names = append(names, tool.Name)
+	}
+	if len(names) != len(mcpTools) || !slices.IsSorted(names) {
+		t.Errorf("tools/list: %v", names)
+	}
+	fwd := rpc(`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"forward_port","arguments":{"id":"` + id + `","port":"22","protocol":"tcp"}}}`)
+	addrFwd, _ := fwd.Result.StructuredContent["address"].(string)
+	if fwd.Result.IsError || fwd.Result.StructuredContent["port"] != float64(22) || addrFwd == "" {
+		t.Fatalf("forward_port: %+v", fwd.Result)
+	}
+	if line, err := sshBanner(addrFwd); err != nil || !strings.HasPrefix(line, "SSH-2.0-") {
+		t.Errorf("forward_port 22 answered %q %v", line, err)
+	}
+	if got := rpc(`{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"get_vm","arguments":{"id":"` + id + `"}}}`); got.Result.IsError || got.Result.StructuredContent["state"] != "ready" {
+		t.Errorf("get_vm: %+v", got.Result)
+	}
 }
 
 // scrapeMetrics reads /metrics (an open path).

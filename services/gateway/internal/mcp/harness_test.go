@@ -138,6 +138,11 @@ func (f *fakeHypervisor) DeleteVirtualMachine(ctx context.Context, req *hypervis
 	return &hypervisorv1.DeleteVirtualMachineResponse{Id: req.GetId(), Deleted: true}, nil
 }
 
+func (f *fakeHypervisor) DeleteNetwork(ctx context.Context, req *hypervisorv1.DeleteNetworkRequest) (*hypervisorv1.DeleteNetworkResponse, error) {
+	f.record(ctx)
+	return &hypervisorv1.DeleteNetworkResponse{Name: req.GetName(), Deleted: true}, nil
+}
+
 func (f *fakeHypervisor) ExecVirtualMachine(ctx context.Context, req *hypervisorv1.ExecVirtualMachineRequest) (*hypervisorv1.ExecVirtualMachineResponse, error) {
 	f.record(ctx)
 	f.mu.Lock()
@@ -166,6 +171,7 @@ func (fakeAttestation) GetVirtualMachineAttestation(_ context.Context, req *atte
 
 type harness struct {
 	hv      *fakeHypervisor
+	conn    *grpc.ClientConn // to the fakes
 	session *mcp.ClientSession
 	rpcs    *rpcLog
 
@@ -221,7 +227,7 @@ func (a authTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 
 const testToken = "Bearer test-token-123"
 
-func newHarness(t *testing.T) *harness {
+func newHarness(t testing.TB) *harness {
 	t.Helper()
 	hv := &fakeHypervisor{host: &hypervisorv1.Host{
 		Hostname:         "node1",
@@ -250,7 +256,7 @@ func newHarness(t *testing.T) *harness {
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 
-	h := &harness{hv: hv, rpcs: rpcs}
+	h := &harness{hv: hv, rpcs: rpcs, conn: conn}
 	ts := httptest.NewServer(New(hypervisorv1.NewHypervisorServiceClient(conn), attestationv1.NewAttestationServiceClient(conn), nil,
 		func(tool, code string, _ time.Duration) {
 			h.mu.Lock()

@@ -4,23 +4,29 @@
 //
 // Conventions:
 //   - a tool result is one text content holding the REST body of the same
-//     operation (restjson, 2-space-indented JSON);
+//     operation (restjson, 2-space-indented JSON), and the same JSON as
+//     structuredContent, described by the tool's outputSchema (a list is
+//     {"<name>": [...]} there, as MCP wants an object);
 //   - a failure is a tool result with isError and the text "<code>: <message>"
 //     (the apierr code the backend sent); bad or missing arguments are
 //     "invalid_request: …"; an unknown tool is a protocol error;
+//   - arguments are taken as leniently as the original took them: undeclared
+//     ones are ignored, integers may be strings, 0 or "" may mean the default
+//     (decodeArgs);
+//   - tools/list is sorted by name, as the original's mcp-go listed them;
+//   - a POST is answered as SSE when its Accept names text/event-stream,
+//     else as plain JSON (negotiate);
 //   - the caller's HTTP Authorization header is forwarded to the backend as
 //     the gRPC metadata "authorization".
 package mcp
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"runtime/debug"
-	"slices"
 	"strings"
 	"time"
 
@@ -69,7 +75,7 @@ func New(hv hypervisorv1.HypervisorServiceClient, at attestationv1.AttestationSe
 	if observe != nil {
 		srv.AddReceivingMiddleware(observed(observe))
 	}
-	return mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
+	return negotiate(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
 		Logger:              sdkLogger(log),
 		SessionTimeout:      SessionTimeout,
 		MaxRequestBodyBytes: MaxRequestBodyBytes,
@@ -77,7 +83,7 @@ func New(hv hypervisorv1.HypervisorServiceClient, at attestationv1.AttestationSe
 		// before this handler, with the operator's --allowed-hosts, which
 		// the SDK's loopback-only check would refuse.
 		DisableLocalhostProtection: true,
-	})
+	}))
 }
 
 // sdkLogger is log for the SDK, whose session lifecycle lines (connecting,
@@ -127,7 +133,6 @@ func NewServer(hv hypervisorv1.HypervisorServiceClient, at attestationv1.Attesta
 	for _, d := range toolDefs {
 		d.add(s, t, d)
 	}
-	s.AddReceivingMiddleware(registrationOrder)
 	return s
 }
 
@@ -159,28 +164,6 @@ func observed(observe Observer) mcp.Middleware {
 			return res, err
 		}
 	}
-}
-
-// registrationOrder lists tools in registration order (ToolNames), reads
-// first; the SDK itself lists them sorted by name. All 20 fit on one page
-// (mcp.DefaultPageSize), so reordering within the page is the whole list.
-func registrationOrder(next mcp.MethodHandler) mcp.MethodHandler {
-	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
-		res, err := next(ctx, method, req)
-		if lt, ok := res.(*mcp.ListToolsResult); ok && err == nil && method == "tools/list" {
-			slices.SortStableFunc(lt.Tools, func(a, b *mcp.Tool) int {
-				return cmp.Compare(toolIndex(a.Name), toolIndex(b.Name))
-			})
-		}
-		return res, err
-	}
-}
-
-func toolIndex(name string) int {
-	if i := slices.Index(ToolNames, name); i >= 0 {
-		return i
-	}
-	return len(ToolNames)
 }
 
 // Info is get_info's result.
@@ -248,17 +231,29 @@ type addFunc func(s *mcp.Server, t *tools, d toolDef)
 // toolFunc is a tool's body: it gets validated arguments and a context that
 // carries the caller's authorization, and returns what restjson marshals
 // into the REST body (a proto message, a slice of them, or a plain value).
-type toolFunc[In any] func(t *tools, ctx context.Context, req *mcp.CallToolRequest, in *In) (any, error)
+type toolFunc[In, Out any] func(t *tools, ctx context.Context, req *mcp.CallToolRequest, in *In) (Out, error)
 
-// run registers fn: its schema from In, its annotations from the class, and
-// the common handling of arguments, authorization, results and errors.
-func run[In any](fn toolFunc[In]) addFunc {
+// run registers fn: its input schema from In, its output schema from Out,
+// its annotations from the class, and the common handling of arguments,
+// authorization, results and errors.
+func run[In, Out any](fn toolFunc[In, Out]) addFunc {
 	return func(s *mcp.Server, t *tools, d toolDef) {
-		schema, resolved, err := inputSchema[In]()
+		out, err := outputOf[Out]()
 		if err != nil {
 			panic(fmt.Sprintf("mcp: tool %s: %v", d.name, err))
 		}
-		tool := &mcp.Tool{Name: d.name, Description: d.description, InputSchema: schema, Annotations: d.class.annotations()}
+		register(fn, out)(s, t, d)
+	}
+}
+
+// register is run with the output given.
+func register[In, Out any](fn toolFunc[In, Out], out output) addFunc {
+	return func(s *mcp.Server, t *tools, d toolDef) {
+		args, err := inputSchema[In]()
+		if err != nil {
+			panic(fmt.Sprintf("mcp: tool %s: %v", d.name, err))
+		}
+		tool := &mcp.Tool{Name: d.name, Description: d.description, InputSchema: args.schema, OutputSchema: out.schema, Annotations: d.class.annotations()}
 		s.AddTool(tool, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 			start := time.Now()
 			var raw json.RawMessage
@@ -266,19 +261,24 @@ func run[In any](fn toolFunc[In]) addFunc {
 				raw = req.Params.Arguments
 			}
 			in := new(In)
-			if err := decodeArgs(raw, resolved, in); err != nil {
+			ignored, err := decodeArgs(raw, args, in)
+			if len(ignored) > 0 { // the first few: a caller can send a body full of them
+				t.log.Debug("mcp tool call: undeclared arguments ignored", "tool", d.name, "count", len(ignored), "first", ignored[:min(len(ignored), 8)])
+			}
+			if err != nil {
 				t.log.Debug("mcp tool call rejected", "tool", d.name, "error", err)
 				return errorResult(apierr.Errorf(apierr.InvalidRequest, "%w", err)), nil
 			}
-			out, err := fn(t, withAuthorization(ctx, req), req, in)
-			return t.result(d.name, out, err, time.Since(start)), nil
+			res, err := fn(t, withAuthorization(ctx, req), req, in)
+			return t.result(d.name, out, res, err, time.Since(start)), nil
 		})
 	}
 }
 
-// result is a tool's result: out's REST body, or the error text. A backend
-// that cannot be reached already says so by name (mesh.DialBackend).
-func (t *tools) result(name string, out any, err error, d time.Duration) *mcp.CallToolResult {
+// result is a tool's result: res's REST body as text and as structured
+// content, or the error text. A backend that cannot be reached already says
+// so by name (mesh.DialBackend).
+func (t *tools) result(name string, out output, res any, err error, d time.Duration) *mcp.CallToolResult {
 	if err != nil {
 		code := apierr.CodeOf(err)
 		if apierr.HTTPStatus(code) >= 500 {
@@ -288,13 +288,16 @@ func (t *tools) result(name string, out any, err error, d time.Duration) *mcp.Ca
 		}
 		return errorResult(err)
 	}
-	body, err := restjson.Marshaler{}.Marshal(out)
+	body, err := restjson.Marshaler{}.Marshal(res)
 	if err != nil {
 		t.log.Error("mcp tool result not encodable", "tool", name, "error", err)
 		return errorResult(apierr.Errorf(apierr.Internal, "encoding the result: %w", err))
 	}
 	t.log.Debug("mcp tool call", "tool", name, "duration", d)
-	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(body)}}}
+	return &mcp.CallToolResult{
+		Content:           []mcp.Content{&mcp.TextContent{Text: string(body)}},
+		StructuredContent: out.structured(body),
+	}
 }
 
 // errorResult is the tool result of a failure, "<code>: <message>".

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/google/jsonschema-go/jsonschema"
@@ -23,6 +24,15 @@ var namedDefaults = map[string]any{
 	"diskGiB":   hypervisorv1.DefaultDiskGiB,
 }
 
+// argSchema is a tool's input schema with what decodeArgs needs besides it.
+type argSchema struct {
+	schema   *jsonschema.Schema
+	resolved *jsonschema.Resolved
+	// zero are the properties whose zero value (0, "") means "the
+	// default", as in the original: such a value is taken as absent.
+	zero map[string]bool
+}
+
 // inputSchema derives the JSON schema of a tool's arguments from its Go input
 // struct, the way the go-sdk does (jsonschema.For: the json name is the
 // property, a field without omitempty is required, the `jsonschema` tag is
@@ -34,14 +44,21 @@ var namedDefaults = map[string]any{
 //	default=JSON     default value, as JSON (applied before validation);
 //	                 default=@name takes namedDefaults[name] (the SDK's)
 //	enum=a|b|c       string enum
+//	zero             0 or "" means the default: the schema accepts it
+//	                 (an integer's bounds become anyOf [0, the bounds], a
+//	                 string enum gains "")
 //
 // Pointer fields (optional scalars whose absence matters) get the plain type
-// instead of jsonschema-go's ["null", T]: an explicit null is a bad argument.
-func inputSchema[In any]() (*jsonschema.Schema, *jsonschema.Resolved, error) {
+// instead of jsonschema-go's ["null", T]; decodeArgs takes a null as absent.
+func inputSchema[In any]() (*argSchema, error) {
 	s, err := jsonschema.For[In](nil)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
+	// Undeclared arguments are ignored, not refused (decodeArgs): the schema
+	// says so by allowing them, where jsonschema.For would not.
+	s.AdditionalProperties = nil
+	a := &argSchema{schema: s, zero: map[string]bool{}}
 	t := reflect.TypeFor[In]()
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
@@ -51,7 +68,7 @@ func inputSchema[In any]() (*jsonschema.Schema, *jsonschema.Resolved, error) {
 		}
 		ps := s.Properties[name]
 		if ps == nil {
-			return nil, nil, fmt.Errorf("%s: no schema for property %q", t, name)
+			return nil, fmt.Errorf("%s: no schema for property %q", t, name)
 		}
 		if len(ps.Types) == 2 && ps.Types[0] == "null" {
 			ps.Type, ps.Types = ps.Types[1], nil
@@ -61,15 +78,19 @@ func inputSchema[In any]() (*jsonschema.Schema, *jsonschema.Resolved, error) {
 			continue
 		}
 		for _, kv := range strings.Split(tag, ",") {
+			if kv == "zero" {
+				a.zero[name] = true
+				continue
+			}
 			k, v, ok := strings.Cut(kv, "=")
 			if !ok {
-				return nil, nil, fmt.Errorf("%s.%s: bad schema tag %q", t, f.Name, kv)
+				return nil, fmt.Errorf("%s.%s: bad schema tag %q", t, f.Name, kv)
 			}
 			switch k {
 			case "min", "max":
 				n, err := strconv.ParseFloat(v, 64)
 				if err != nil {
-					return nil, nil, fmt.Errorf("%s.%s: %s: %w", t, f.Name, k, err)
+					return nil, fmt.Errorf("%s.%s: %s: %w", t, f.Name, k, err)
 				}
 				if k == "min" {
 					ps.Minimum = &n
@@ -79,20 +100,20 @@ func inputSchema[In any]() (*jsonschema.Schema, *jsonschema.Resolved, error) {
 			case "minItems":
 				n, err := strconv.Atoi(v)
 				if err != nil {
-					return nil, nil, fmt.Errorf("%s.%s: %s: %w", t, f.Name, k, err)
+					return nil, fmt.Errorf("%s.%s: %s: %w", t, f.Name, k, err)
 				}
 				ps.MinItems = &n
 			case "default":
 				if name, ok := strings.CutPrefix(v, "@"); ok {
 					d, known := namedDefaults[name]
 					if !known {
-						return nil, nil, fmt.Errorf("%s.%s: no default named %q", t, f.Name, name)
+						return nil, fmt.Errorf("%s.%s: no default named %q", t, f.Name, name)
 					}
 					b, _ := json.Marshal(d)
 					v = string(b)
 				}
 				if !json.Valid([]byte(v)) {
-					return nil, nil, fmt.Errorf("%s.%s: default %q is not JSON", t, f.Name, v)
+					return nil, fmt.Errorf("%s.%s: default %q is not JSON", t, f.Name, v)
 				}
 				ps.Default = json.RawMessage(v)
 			case "enum":
@@ -100,53 +121,169 @@ func inputSchema[In any]() (*jsonschema.Schema, *jsonschema.Resolved, error) {
 					ps.Enum = append(ps.Enum, e)
 				}
 			default:
-				return nil, nil, fmt.Errorf("%s.%s: unknown schema key %q", t, f.Name, k)
+				return nil, fmt.Errorf("%s.%s: unknown schema key %q", t, f.Name, k)
+			}
+		}
+		if a.zero[name] {
+			if err := acceptZero(ps); err != nil {
+				return nil, fmt.Errorf("%s.%s: %w", t, f.Name, err)
 			}
 		}
 	}
-	r, err := s.Resolve(&jsonschema.ResolveOptions{ValidateDefaults: true})
+	a.resolved, err = s.Resolve(&jsonschema.ResolveOptions{ValidateDefaults: true})
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	return s, r, nil
+	return a, nil
 }
 
-// decodeArgs applies the schema's defaults to raw tool arguments, validates
-// them and decodes them into in. Every failure is the caller's fault.
-func decodeArgs(raw json.RawMessage, r *jsonschema.Resolved, in any) error {
+// acceptZero widens a property's schema to take its zero value too.
+func acceptZero(ps *jsonschema.Schema) error {
+	switch ps.Type {
+	case "integer":
+		var zero any = 0
+		ps.AnyOf = []*jsonschema.Schema{{Const: &zero}, {Minimum: ps.Minimum, Maximum: ps.Maximum}}
+		ps.Minimum, ps.Maximum = nil, nil
+	case "string":
+		if len(ps.Enum) > 0 {
+			ps.Enum = append(ps.Enum, "")
+		}
+	default:
+		return fmt.Errorf("zero on a %s", ps.Type)
+	}
+	return nil
+}
+
+// bounds are an integer property's minimum and maximum, also when
+// acceptZero moved them into anyOf.
+func bounds(s *jsonschema.Schema) (lo, hi *float64) {
+	if len(s.AnyOf) == 2 && s.AnyOf[0].Const != nil {
+		return s.AnyOf[1].Minimum, s.AnyOf[1].Maximum
+	}
+	return s.Minimum, s.Maximum
+}
+
+// decodeArgs decodes raw tool arguments into in, as leniently as the
+// original: arguments the tool does not declare are ignored (and returned),
+// a null is an absent argument, an integer may be given as a string ("22"),
+// and 0 or "" where it means the default (argSchema.zero) is the default.
+// The schema's defaults fill what is absent; then the arguments are
+// validated. Every failure is the caller's fault.
+func decodeArgs(raw json.RawMessage, a *argSchema, in any) (ignored []string, err error) {
+	// Undeclared arguments stay raw: a body full of them is scanned once,
+	// never built into values.
+	var top map[string]json.RawMessage
+	if t := bytes.TrimSpace(raw); len(t) > 0 && !bytes.Equal(t, []byte("null")) {
+		// encoding/json would turn invalid UTF-8 into U+FFFD without a word,
+		// as REST refuses it (restjson).
+		if !utf8.Valid(t) {
+			return nil, fmt.Errorf("arguments: invalid UTF-8 in the JSON text")
+		}
+		if t[0] != '{' {
+			return nil, fmt.Errorf("arguments: want a JSON object")
+		}
+		if err := json.Unmarshal(t, &top); err != nil {
+			return nil, fmt.Errorf("arguments: %v", err)
+		}
+	}
 	args := map[string]any{}
-	if len(bytes.TrimSpace(raw)) > 0 && !bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+	for name, rv := range top {
+		ps, declared := a.schema.Properties[name]
+		if !declared {
+			ignored = append(ignored, name)
+			continue
+		}
 		var v any
-		if err := json.Unmarshal(raw, &v); err != nil {
-			return fmt.Errorf("arguments: %v", err)
+		if err := json.Unmarshal(rv, &v); err != nil {
+			return nil, fmt.Errorf("argument %q: %v", name, err)
 		}
-		m, ok := v.(map[string]any)
-		if !ok {
-			return fmt.Errorf("arguments: want a JSON object")
+		if v == nil {
+			continue // null: absent
 		}
-		args = m
+		v = coerce(ps, v)
+		if a.zero[name] && isZero(ps, v) {
+			continue // the default's other name
+		}
+		args[name] = v
 	}
-	if err := r.ApplyDefaults(&args); err != nil {
-		return fmt.Errorf("arguments: %v", err)
+	slices.Sort(ignored)
+	if err := a.resolved.ApplyDefaults(&args); err != nil {
+		return ignored, fmt.Errorf("arguments: %v", err)
 	}
-	if err := checkArgs(r.Schema(), args); err != nil {
-		return err
+	if err := checkArgs(a.schema, args); err != nil {
+		return ignored, err
 	}
 	// The schema validator is the safety net for anything checkArgs does not
 	// cover; its messages are less readable.
-	if err := r.Validate(args); err != nil {
-		return fmt.Errorf("arguments: %s", cleanValidationError(err))
+	if err := a.resolved.Validate(args); err != nil {
+		return ignored, fmt.Errorf("arguments: %s", cleanValidationError(err))
 	}
 	b, err := json.Marshal(args)
 	if err != nil {
-		return fmt.Errorf("arguments: %v", err)
+		return ignored, fmt.Errorf("arguments: %v", err)
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
+	dec.DisallowUnknownFields() // nested objects (egress rules) stay strict
 	if err := dec.Decode(in); err != nil {
-		return fmt.Errorf("arguments: %v", err)
+		return ignored, fmt.Errorf("arguments: %v", err)
 	}
-	return nil
+	return ignored, nil
+}
+
+// typeOf is a schema's type; for jsonschema-go's ["null", T] of a nested
+// slice or pointer, T.
+func typeOf(s *jsonschema.Schema) string {
+	if s.Type != "" {
+		return s.Type
+	}
+	for _, t := range s.Types {
+		if t != "null" {
+			return t
+		}
+	}
+	return ""
+}
+
+// isZero reports whether v is the zero value of the property's type.
+func isZero(s *jsonschema.Schema, v any) bool {
+	switch s.Type {
+	case "integer":
+		return v == float64(0)
+	case "string":
+		return v == ""
+	}
+	return false
+}
+
+// coerce turns integers given as strings ("22", as the original's
+// mcp-go took them) into numbers, in v and what it contains; anything else
+// is left for validation.
+func coerce(s *jsonschema.Schema, v any) any {
+	switch typeOf(s) {
+	case "integer":
+		if str, ok := v.(string); ok {
+			if n, err := strconv.ParseInt(str, 10, 64); err == nil {
+				return float64(n)
+			}
+		}
+	case "array":
+		if l, ok := v.([]any); ok && s.Items != nil {
+			for i := range l {
+				l[i] = coerce(s.Items, l[i])
+			}
+		}
+	case "object":
+		if m, ok := v.(map[string]any); ok {
+			for k, e := range m {
+				if ps := s.Properties[k]; ps != nil {
+					m[k] = coerce(ps, e)
+				} else if s.AdditionalProperties != nil {
+					m[k] = coerce(s.AdditionalProperties, e)
+				}
+			}
+		}
+	}
+	return v
 }
 
 // cleanValidationError drops jsonschema-go's "validating root: " noise.
@@ -160,9 +297,9 @@ func cleanValidationError(err error) string {
 // checkArgs validates arguments against a tool's flat schema (the only
 // constructs inputSchema produces: strings, integers, booleans, arrays of
 // strings, objects of strings; required, enum, minimum, maximum, minItems),
-// with messages meant for an agent.
+// with messages meant for an agent. Undeclared arguments are gone already.
 func checkArgs(s *jsonschema.Schema, args map[string]any) error {
-	var missing, unknown []string
+	var missing []string
 	for _, name := range s.Required {
 		if _, ok := args[name]; !ok {
 			missing = append(missing, strconv.Quote(name))
@@ -173,22 +310,6 @@ func checkArgs(s *jsonschema.Schema, args map[string]any) error {
 	}
 	if len(missing) > 1 {
 		return fmt.Errorf("missing required arguments %s", strings.Join(missing, ", "))
-	}
-	for name := range args {
-		if _, ok := s.Properties[name]; !ok {
-			unknown = append(unknown, strconv.Quote(name))
-		}
-	}
-	if len(unknown) > 0 {
-		slices.Sort(unknown)
-		known := make([]string, 0, len(s.PropertyOrder))
-		for _, name := range s.PropertyOrder {
-			known = append(known, strconv.Quote(name))
-		}
-		if len(known) == 0 {
-			return fmt.Errorf("unknown argument %s: this tool takes no arguments", strings.Join(unknown, ", "))
-		}
-		return fmt.Errorf("unknown argument %s (the arguments are %s)", strings.Join(unknown, ", "), strings.Join(known, ", "))
 	}
 	for _, name := range s.PropertyOrder {
 		v, ok := args[name]
@@ -210,9 +331,11 @@ func checkValue(s *jsonschema.Schema, v any) error {
 			return fmt.Errorf("want a string, got %s", jsonType(v))
 		}
 		if len(s.Enum) > 0 && !slices.Contains(s.Enum, any(str)) {
-			names := make([]string, len(s.Enum))
-			for i, e := range s.Enum {
-				names[i] = fmt.Sprint(e)
+			var names []string
+			for _, e := range s.Enum {
+				if e != "" { // "" is the default's other name
+					names = append(names, fmt.Sprint(e))
+				}
 			}
 			return fmt.Errorf("%q is not one of %s", str, strings.Join(names, ", "))
 		}
@@ -221,11 +344,12 @@ func checkValue(s *jsonschema.Schema, v any) error {
 		if !ok || f != math.Trunc(f) {
 			return fmt.Errorf("want an integer, got %s", jsonType(v))
 		}
-		if s.Minimum != nil && f < *s.Minimum {
-			return fmt.Errorf("%v is less than the minimum %v", f, *s.Minimum)
+		lo, hi := bounds(s)
+		if lo != nil && f < *lo {
+			return fmt.Errorf("%v is less than the minimum %v", f, *lo)
 		}
-		if s.Maximum != nil && f > *s.Maximum {
-			return fmt.Errorf("%v is more than the maximum %v", f, *s.Maximum)
+		if hi != nil && f > *hi {
+			return fmt.Errorf("%v is more than the maximum %v", f, *hi)
 		}
 		if f < math.MinInt32 || f > math.MaxInt32 {
 			return fmt.Errorf("%v is out of range", f)

@@ -1,7 +1,6 @@
 package mcp
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -16,7 +15,7 @@ import (
 )
 
 // ToolNames are the tools in registration order (toolDefs): the reads, then
-// the writes.
+// the writes, as get_info lists them; tools/list sorts them by name.
 var ToolNames []string
 
 func init() {
@@ -52,7 +51,7 @@ type (
 
 	consoleArgs struct {
 		ID    string `json:"id" jsonschema:"the VM id (8 hex characters)"`
-		Lines int32  `json:"lines,omitempty" jsonschema:"how many of the last console lines to return (default 100, also for 0, as REST's ?lines=0; at most 10000)" schema:"min=0,max=10000,default=100"`
+		Lines int32  `json:"lines,omitempty" jsonschema:"how many of the last console lines to return: at most 10000, default 100 (also for 0 or less, as REST's ?lines=)" schema:"max=10000,default=100"`
 	}
 
 	createNetworkArgs struct {
@@ -61,7 +60,7 @@ type (
 		DNSSearchDomain string         `json:"dns_search_domain,omitempty" jsonschema:"DNS search domain handed to guests over DHCP"`
 		Egress          []egressArg    `json:"egress,omitempty" jsonschema:"what guests may reach through the NAT (at most 64 rules); empty: everything but loopback, private, shared, link-local and reserved ranges"`
 		DNSRecords      []dnsRecordArg `json:"dns_records,omitempty" jsonschema:"A records the network's DNS answers itself (at most 64)"`
-		DNSPolicy       string         `json:"dns_policy,omitempty" jsonschema:"open (the default): the network's DNS resolves every name; rules: only its records and names matching a domain rule, other lookups are refused" schema:"enum=open|rules,default=\"open\""`
+		DNSPolicy       string         `json:"dns_policy,omitempty" jsonschema:"open (the default): the network's DNS resolves every name; rules: only its records and names matching a domain rule, other lookups are refused" schema:"enum=open|rules,default=\"open\",zero"`
 	}
 
 	egressArg struct {
@@ -79,16 +78,16 @@ type (
 		Name               string            `json:"name" jsonschema:"a DNS label of at most 63 characters, unique among VMs"`
 		Image              string            `json:"image,omitempty" jsonschema:"\"<id>_<version>\" or the bare id; default: the newest version of the newest image"`
 		KubernetesVersion  string            `json:"kubernetes_version,omitempty" jsonschema:"one of the image's kubernetesVersions; default: the newest it offers"`
-		CPUs               *int32            `json:"cpus,omitempty" jsonschema:"virtual CPUs, 1 to 256" schema:"min=1,max=256,default=@cpus"`
-		MemoryMiB          *int32            `json:"memory_mib,omitempty" jsonschema:"memory in MiB, at least 256" schema:"min=256,default=@memoryMiB"`
-		DiskGiB            *int32            `json:"disk_gib,omitempty" jsonschema:"disk size in GiB, 1 to 4096" schema:"min=1,max=4096,default=@diskGiB"`
+		CPUs               *int32            `json:"cpus,omitempty" jsonschema:"virtual CPUs, 1 to 256; 0 or absent: the default" schema:"min=1,max=256,default=@cpus,zero"`
+		MemoryMiB          *int32            `json:"memory_mib,omitempty" jsonschema:"memory in MiB, at least 256; 0 or absent: the default" schema:"min=256,default=@memoryMiB,zero"`
+		DiskGiB            *int32            `json:"disk_gib,omitempty" jsonschema:"disk size in GiB, 1 to 4096; 0 or absent: the default" schema:"min=1,max=4096,default=@diskGiB,zero"`
 		Network            string            `json:"network,omitempty" jsonschema:"the network to attach to (default \"default\")"`
 		UserData           string            `json:"user_data,omitempty" jsonschema:"Ignition JSON (CAPI's bootstrap Secret), released to the guest only after a verified initrd quote, or at the start of the installed boot when require_attestation is false"`
 		SSHAuthorizedKeys  []string          `json:"ssh_authorized_keys,omitempty" jsonschema:"single-line SSH public keys for root, appended after vm-manager's own per-VM key"`
 		Hostname           string            `json:"hostname,omitempty" jsonschema:"a DNS label (default: name)"`
 		Metadata           map[string]string `json:"metadata,omitempty" jsonschema:"served by the IMDS as /metadata/<key>; keys must be non-empty and contain no '/', space, tab or newline"`
 		RequireAttestation *bool             `json:"require_attestation,omitempty" jsonschema:"hold user_data back until the guest's initrd quote is verified (default true)" schema:"default=true"`
-		WaitFor            string            `json:"wait_for,omitempty" jsonschema:"what to block for: none (the installer started), installed, attested (user_data released) or ready (READY=1, the default)" schema:"enum=none|installed|attested|ready,default=\"ready\""`
+		WaitFor            string            `json:"wait_for,omitempty" jsonschema:"what to block for: none (the installer started), installed, attested (user_data released) or ready (READY=1, the default, also for \"\")" schema:"enum=none|installed|attested|ready,default=\"ready\",zero"`
 	}
 
 	execArgs struct {
@@ -132,7 +131,7 @@ func at(t *tools) atc { return t.at }
 var toolDefs = []toolDef{
 	// Reads.
 	{"get_info", hintRead, `Read-only. This server's build: {version, commit, built, tools[]}; version is "dev" for a local build.`,
-		run(func(*tools, context.Context, *mcp.CallToolRequest, *noArgs) (any, error) { return BuildInfo(), nil })},
+		run(func(*tools, context.Context, *mcp.CallToolRequest, *noArgs) (Info, error) { return BuildInfo(), nil })},
 	{"get_host", hintRead, "Read-only. Host capabilities: hostname, kernel, CPUs, memory, /dev/kvm and /dev/vhost-vsock access, QEMU, swtpm and systemd versions, the OVMF firmware, storage providers, whether the host is ready and what is missing. Call it before creating VMs.",
 		call(hv, hvc.GetHost, none[hypervisorv1.GetHostRequest])},
 	{"list_images", hintRead, "Read-only. The image catalog, sorted by id, newest version first, each with its Kubernetes versions. Empty means no image was built or --image-dir is wrong; create_vm needs at least one.",
@@ -170,7 +169,7 @@ var toolDefs = []toolDef{
 			}
 			return req
 		})},
-	{"delete_network", hintDestructive, "WRITES (destructive): delete a network. Conflict while any VM, running or stopped, is attached to it. Returns {name, deleted}.",
+	{"delete_network", hintDestructive, "WRITES (destructive): delete a network. Conflict while any VM, running or stopped, is attached to it. Returns {id, deleted}, id being the network's name.",
 		run((*tools).deleteNetwork)},
 	{"create_vm", hintCreate, `WRITES: create a VM and boot it. Call get_host, list_images and create_network (or use the "default" network) first. Blocks per wait_for: none (the installer started), installed, attested (user_data released) or ready (READY=1, the default). A timeout error still leaves the VM running. A failure returns the VM id: follow it with get_vm and get_vm_console, delete it with delete_vm. Sends progress notifications when the request carries a progress token.`,
 		run((*tools).createVM)},
@@ -213,40 +212,50 @@ func vmRequest[Req any, P interface {
 
 // call is a tool that is one call of a client's method, with the request
 // req builds from the arguments; its result is the response.
-func call[C, In, Req, Resp any](client func(*tools) C, method func(C, context.Context, Req, ...grpc.CallOption) (Resp, error), req func(*In) Req) addFunc {
-	return run(func(t *tools, ctx context.Context, _ *mcp.CallToolRequest, in *In) (any, error) {
+func call[C, In, Req any, Resp proto.Message](client func(*tools) C, method func(C, context.Context, Req, ...grpc.CallOption) (Resp, error), req func(*In) Req) addFunc {
+	return run(func(t *tools, ctx context.Context, _ *mcp.CallToolRequest, in *In) (Resp, error) {
 		return method(client(t), ctx, req(in))
 	})
 }
 
 // list is call for a List method: the result is the list in the response,
 // [] rather than null when it is empty.
-func list[C, In, Req, Resp, Item any](client func(*tools) C, method func(C, context.Context, Req, ...grpc.CallOption) (Resp, error), req func(*In) Req, items func(Resp) []Item) addFunc {
-	return run(func(t *tools, ctx context.Context, _ *mcp.CallToolRequest, in *In) (any, error) {
-		resp, err := method(client(t), ctx, req(in))
+func list[C, In, Req any, Resp proto.Message, Item any](client func(*tools) C, method func(C, context.Context, Req, ...grpc.CallOption) (Resp, error), req func(*In) Req, items func(Resp) []Item) addFunc {
+	return func(s *mcp.Server, t *tools, d toolDef) {
+		var zero Resp
+		out, err := listOutput(zero.ProtoReflect().Descriptor())
 		if err != nil {
-			return nil, err
+			panic(fmt.Sprintf("mcp: tool %s: %v", d.name, err))
 		}
-		return nonNil(items(resp)), nil
-	})
+		register(func(t *tools, ctx context.Context, _ *mcp.CallToolRequest, in *In) ([]Item, error) {
+			resp, err := method(client(t), ctx, req(in))
+			if err != nil {
+				return nil, err
+			}
+			return nonNil(items(resp)), nil
+		}, out)(s, t, d)
+	}
 }
 
-// deleteNetwork and deleteVM answer {name, deleted} and {id, deleted},
-// naming what was deleted when the backend's response leaves it out.
-func (t *tools) deleteNetwork(ctx context.Context, _ *mcp.CallToolRequest, in *networkArgs) (any, error) {
-	resp, err := t.hv.DeleteNetwork(ctx, &hypervisorv1.DeleteNetworkRequest{Name: in.Name})
-	if err != nil {
-		return nil, err
-	}
-	return &hypervisorv1.DeleteNetworkResponse{Name: cmp.Or(resp.GetName(), in.Name), Deleted: true}, nil
+// deleted is what the delete tools answer, as the original: the id of what
+// was deleted (a network's is its name).
+type deleted struct {
+	ID      string `json:"id"`
+	Deleted bool   `json:"deleted"`
 }
 
-func (t *tools) deleteVM(ctx context.Context, _ *mcp.CallToolRequest, in *vmArgs) (any, error) {
-	resp, err := t.hv.DeleteVirtualMachine(ctx, &hypervisorv1.DeleteVirtualMachineRequest{Id: in.ID})
-	if err != nil {
-		return nil, err
+func (t *tools) deleteNetwork(ctx context.Context, _ *mcp.CallToolRequest, in *networkArgs) (deleted, error) {
+	if _, err := t.hv.DeleteNetwork(ctx, &hypervisorv1.DeleteNetworkRequest{Name: in.Name}); err != nil {
+		return deleted{}, err
 	}
-	return &hypervisorv1.DeleteVirtualMachineResponse{Id: cmp.Or(resp.GetId(), in.ID), Deleted: true}, nil
+	return deleted{ID: in.Name, Deleted: true}, nil
+}
+
+func (t *tools) deleteVM(ctx context.Context, _ *mcp.CallToolRequest, in *vmArgs) (deleted, error) {
+	if _, err := t.hv.DeleteVirtualMachine(ctx, &hypervisorv1.DeleteVirtualMachineRequest{Id: in.ID}); err != nil {
+		return deleted{}, err
+	}
+	return deleted{ID: in.ID, Deleted: true}, nil
 }
 
 // nonNil makes an empty list marshal as [] rather than null.
@@ -260,7 +269,7 @@ func nonNil[T any](s []T) []T {
 // createVM calls CreateVirtualMachine, which blocks per wait_for, and while
 // it runs reports the VM's state changes as progress notifications when the
 // client asked for them.
-func (t *tools) createVM(ctx context.Context, req *mcp.CallToolRequest, in *createVMArgs) (any, error) {
+func (t *tools) createVM(ctx context.Context, req *mcp.CallToolRequest, in *createVMArgs) (*hypervisorv1.VirtualMachine, error) {
 	wf, ok := waitFor[in.WaitFor]
 	if !ok { // the schema's enum catches this first
 		return nil, apierr.Invalidf("wait_for", "wait_for: %q is not one of none, installed, attested, ready", in.WaitFor)
