@@ -6,6 +6,7 @@ import (
 	"reflect"
 
 	"github.com/giantswarm/vm-manager/gen/enumname"
+	"github.com/giantswarm/vm-manager/services/gateway/internal/restjson"
 	"github.com/google/jsonschema-go/jsonschema"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -108,11 +109,12 @@ func cloneSeen(seen map[protoreflect.FullName]bool) map[protoreflect.FullName]bo
 	return c
 }
 
-// alwaysWritten mirrors restjson's rule for fields it writes even when they
-// are empty.
+// alwaysWritten mirrors restjson's rule (restjson.emit) for fields it
+// writes even when they are empty: lists, maps, REQUIRED fields and scalars
+// without presence.
 func alwaysWritten(fd protoreflect.FieldDescriptor) bool {
 	switch {
-	case fd.IsList() || fd.IsMap():
+	case fd.IsList() || fd.IsMap() || restjson.Required(fd):
 		return true
 	case fd.HasPresence():
 		return false
@@ -159,6 +161,11 @@ func singularSchema(fd protoreflect.FieldDescriptor, seen map[protoreflect.FullN
 			if ev := values.Get(i); ev.Number() != 0 {
 				s.Enum = append(s.Enum, enumname.Value(ev))
 			}
+		}
+		if field && restjson.Required(fd) {
+			// restjson writes a REQUIRED enum that is unspecified as null.
+			s = nullable(s)
+			s.Enum = append(s.Enum, nil)
 		}
 		return s
 	case protoreflect.MessageKind, protoreflect.GroupKind:
