@@ -20,8 +20,11 @@ func isLive(s hypervisorv1.State) bool {
 }
 
 // Start boots a stopped or failed VM from its disk (phase boot).
-func (m *Manager) Start(_ context.Context, id string) (*hypervisorv1.VirtualMachine, error) {
-	return m.locked(id, m.startLocked)
+func (m *Manager) Start(ctx context.Context, id string) (*hypervisorv1.VirtualMachine, error) {
+	return m.locked(id, func(mc *machine) error {
+		mc.setTrace(ctx)
+		return m.startLocked(mc)
+	})
 }
 
 // locked runs op on a VM under its operation lock and returns the record op
@@ -117,8 +120,9 @@ func (m *Manager) powerOff(mc *machine, rt *runtime) {
 }
 
 // Reboot is Stop followed by Start.
-func (m *Manager) Reboot(_ context.Context, id string) (*hypervisorv1.VirtualMachine, error) {
+func (m *Manager) Reboot(ctx context.Context, id string) (*hypervisorv1.VirtualMachine, error) {
 	return m.locked(id, func(mc *machine) error {
+		mc.setTrace(ctx)
 		if rec, _ := mc.snapshot(); isLive(rec.GetState()) {
 			if err := m.stopLocked(mc); err != nil {
 				return err
