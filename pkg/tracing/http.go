@@ -25,6 +25,7 @@ func HTTP(h http.Handler, untraced func(*http.Request) bool, route func(*http.Re
 		h.ServeHTTP(w, r)
 	})
 	return otelhttp.NewHandler(routed, "http",
+		otelhttp.WithTracerProvider(otel.GetTracerProvider()),
 		otelhttp.WithFilter(func(r *http.Request) bool { return untraced == nil || !untraced(r) }),
 		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string { return Method(r) + " " + route(r) }),
 	)

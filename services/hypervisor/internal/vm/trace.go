@@ -81,6 +81,9 @@ func (m *Manager) tracedIMDS(network string, h http.Handler) http.Handler {
 		h.ServeHTTP(w, r)
 	})
 	spanned := otelhttp.NewHandler(named, "imds",
+		// Explicit: otelhttp would take the provider of the span on the
+		// context, and the boot's parent is a bare span context (no-op).
+		otelhttp.WithTracerProvider(otel.GetTracerProvider()),
 		otelhttp.WithPropagators(propagation.NewCompositeTextMapPropagator()),
 		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string {
 			return "IMDS " + tracing.Method(r) + " " + imdsRoute(r.URL.Path)
