@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
+	"github.com/giantswarm/vm-manager/pkg/tracing"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
@@ -127,7 +128,8 @@ type Server struct {
 
 // NewServer returns a server whose handlers may return domain errors: they are
 // converted to statuses with a google.rpc.ErrorInfo here, once. Panics become
-// internal errors instead of killing the process.
+// internal errors instead of killing the process. With tracing on, each call
+// is a span continuing the caller's trace.
 func NewServer(log *slog.Logger, extra ...grpc.ServerOption) *Server {
 	opts := append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(MaxMessageBytes),
@@ -137,8 +139,8 @@ func NewServer(log *slog.Logger, extra ...grpc.ServerOption) *Server {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: KeepaliveTime / 2}),
 		grpc.ChainUnaryInterceptor(unaryErrors(log)),
 		grpc.ChainStreamInterceptor(streamErrors(log)),
-	}, extra...)
-	s := grpc.NewServer(opts...)
+	}, tracing.ServerOptions()...)
+	s := grpc.NewServer(append(opts, extra...)...)
 	h := health.NewServer()
 	healthpb.RegisterHealthServer(s, h)
 	reflection.Register(s)
@@ -249,8 +251,8 @@ func Dial(path string, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
 			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 			MinConnectTimeout: 2 * time.Second,
 		}),
-	}, extra...)
-	return grpc.NewClient("unix://"+path, opts...)
+	}, tracing.DialOptions()...)
+	return grpc.NewClient("unix://"+path, append(opts, extra...)...)
 }
 
 // DialBackend is Dial for the backend called name ("hypervisor",

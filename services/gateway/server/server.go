@@ -22,6 +22,7 @@ import (
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/pkg/identity"
 	"github.com/giantswarm/vm-manager/pkg/mesh"
+	"github.com/giantswarm/vm-manager/pkg/tracing"
 	"github.com/giantswarm/vm-manager/services/gateway/internal/mcp"
 	"github.com/giantswarm/vm-manager/services/gateway/internal/metrics"
 	"github.com/giantswarm/vm-manager/services/gateway/internal/proxy"
@@ -79,6 +80,15 @@ const mcpPath = "/mcp"
 // the protected resource metadata: identity.MetadataPath).
 var OpenPaths = []string{"/healthz", "/readyz", "/metrics", "/api/v1/openapi.json", "/api/v1/openapi.yaml"}
 
+// untraced are the requests that get no span: probes and the metrics scrape.
+func untraced(r *http.Request) bool {
+	switch r.URL.Path {
+	case "/healthz", "/readyz", "/metrics":
+		return true
+	}
+	return false
+}
+
 // Run serves until ctx ends, then drains in-flight calls.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := checkListen(cfg.Listen, cfg.AllowNonLoopback || cfg.Identity.Enabled()); err != nil {
@@ -119,7 +129,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// the forwarder passes the caller's authorization on.
 	var met *metrics.Metrics
 	var observe mcp.Observer
-	gopts := verifier.ServerOptions()
+	gopts := append(tracing.ServerOptions(), verifier.ServerOptions()...)
 	if cfg.MetricsEnabled {
 		// The scrape has no caller: it reads the hypervisor's internal,
 		// read-only TelemetryService.
@@ -167,7 +177,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// caller's token like REST's.
 	mcpHandler := newMCPDrain(mcp.New(hypervisorv1.NewHypervisorServiceClient(hconn), attestationv1.NewAttestationServiceClient(aconn), log, observe))
 	defer mcpHandler.drain()
-	mux.Handle(mcpPath, mcpHandler)
+	// The SDK runs tool calls on the session's context: the request's span
+	// reaches them in the traceparent header it hands them.
+	mux.Handle(mcpPath, tracing.InHeader(mcpHandler))
 	mux.HandleFunc("/", rest.NotFound)
 
 	ln, err := net.Listen("tcp", cfg.Listen)
@@ -196,6 +208,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	guarded := guard.Handler(resource.HTTP(rest.RefuseUncleanPaths(mux), open))
+	// A span per request, refused ones included; the probes and the
+	// metrics scrape get none.
+	guarded = tracing.HTTP(guarded, untraced, func(r *http.Request) string { return metrics.NormalizePath(r.URL.EscapedPath()) })
 	root := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
 			gs.ServeHTTP(w, r)

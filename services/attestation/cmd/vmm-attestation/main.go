@@ -13,6 +13,7 @@ import (
 	"github.com/giantswarm/vm-manager/pkg/logging"
 	"github.com/giantswarm/vm-manager/pkg/mesh"
 	"github.com/giantswarm/vm-manager/pkg/statedir"
+	"github.com/giantswarm/vm-manager/pkg/tracing"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/nonce"
 	"github.com/giantswarm/vm-manager/services/attestation/server"
 )
@@ -32,11 +33,17 @@ func main() {
 			maxNonces := fs.Int("max-nonces", "VM_MANAGER_MAX_NONCES", nonce.DefaultMax, "outstanding attestation nonces of all VMs together, kept in memory; at the bound the oldest is dropped (counted in GET /api/v1/attestation)")
 			oidc := identity.Flags(fs)
 			logger := logging.Flags(fs, "info", "attestation")
+			tracer := tracing.Flags(fs)
 			return func(ctx context.Context) error {
 				log, err := logger()
 				if err != nil {
 					return err
 				}
+				stopTracing, err := tracing.Start(ctx, tracer(), tracing.Attestation, false, log)
+				if err != nil {
+					return err
+				}
+				defer stopTracing()
 				sock := cmp.Or(*socket, filepath.Join(*runDir, mesh.AttestationSocket))
 				vsock := cmp.Or(*verifierSocket, filepath.Join(*stateDir, mesh.VerifierSocket))
 				return server.Run(ctx, server.Config{StateDir: *stateDir, Socket: sock, VerifierSocket: vsock, Mode: *mode,

@@ -13,6 +13,7 @@ import (
 	"github.com/giantswarm/vm-manager/pkg/identity"
 	"github.com/giantswarm/vm-manager/pkg/logging"
 	"github.com/giantswarm/vm-manager/pkg/mesh"
+	"github.com/giantswarm/vm-manager/pkg/tracing"
 	"github.com/giantswarm/vm-manager/services/gateway/server"
 )
 
@@ -31,11 +32,17 @@ func main() {
 			resource := identity.ResourceFlags(fs)
 			metricsOn := fs.Bool("metrics-enabled", "VM_MANAGER_METRICS_ENABLED", false, "serve Prometheus metrics at /metrics (VMs, networks, requests per surface)")
 			logger := logging.Flags(fs, "info", "gateway")
+			tracer := tracing.Flags(fs)
 			return func(ctx context.Context) error {
 				log, err := logger()
 				if err != nil {
 					return err
 				}
+				stopTracing, err := tracing.Start(ctx, tracer(), tracing.Gateway, true, log)
+				if err != nil {
+					return err
+				}
+				defer stopTracing()
 				cfg := server.Config{
 					Listen:            *listen,
 					HypervisorSocket:  cmp.Or(*hvSock, filepath.Join(*runDir, mesh.HypervisorSocket)),

@@ -34,6 +34,7 @@ import (
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/pkg/buildinfo"
+	"github.com/giantswarm/vm-manager/pkg/tracing"
 	"github.com/giantswarm/vm-manager/services/gateway/internal/restjson"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"google.golang.org/grpc/metadata"
@@ -74,6 +75,9 @@ func New(hv hypervisorv1.HypervisorServiceClient, at attestationv1.AttestationSe
 	srv := NewServer(hv, at, log)
 	if observe != nil {
 		srv.AddReceivingMiddleware(observed(observe))
+	}
+	if tracing.Enabled() {
+		srv.AddReceivingMiddleware(traced) // outermost: the calls below run in its span
 	}
 	return negotiate(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
 		Logger:              sdkLogger(log),

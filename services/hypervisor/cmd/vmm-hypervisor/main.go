@@ -17,6 +17,7 @@ import (
 	"github.com/giantswarm/vm-manager/pkg/logging"
 	"github.com/giantswarm/vm-manager/pkg/mesh"
 	"github.com/giantswarm/vm-manager/pkg/statedir"
+	"github.com/giantswarm/vm-manager/pkg/tracing"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guest"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/host"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/imds"
@@ -78,11 +79,17 @@ func serveCommand() cli.Command {
 			consoleMax := fs.Int("console-log-max-bytes", "VM_MANAGER_CONSOLE_LOG_MAX_BYTES", vm.DefaultConsoleLogMaxBytes, "serial console kept per VM, console.log and console.log.1 together (at least 64 KiB)")
 			oidc := identity.Flags(fs)
 			logger := logging.Flags(fs, "info", "hypervisor")
+			tracer := tracing.Flags(fs)
 			return func(ctx context.Context) error {
 				log, err := logger()
 				if err != nil {
 					return err
 				}
+				stopTracing, err := tracing.Start(ctx, tracer(), tracing.Hypervisor, false, log)
+				if err != nil {
+					return err
+				}
+				defer stopTracing()
 				if *notifyPort < 0 || *notifyPort > 1<<32-1 {
 					return fmt.Errorf("--notify-port=%d: want 0..4294967295", *notifyPort)
 				}

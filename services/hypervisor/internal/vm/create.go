@@ -14,6 +14,7 @@ import (
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/lifecycle"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/sshexec"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
@@ -123,7 +124,7 @@ func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMac
 	if r.image.GetKind() == hypervisorv1.ImageKind_IMAGE_KIND_UKI {
 		rec.Paths.Volume = filepath.Join(dir, "disk.raw")
 	}
-	mc := &machine{id: id, rec: rec, changed: make(chan struct{})}
+	mc := &machine{id: id, rec: rec, changed: make(chan struct{}), trace: trace.SpanContextFromContext(ctx)}
 	mc.op.Lock()
 	m.machines[id] = mc
 	m.mu.Unlock()

@@ -48,13 +48,14 @@ func (m *Manager) directKernel(rec *storepb.VirtualMachine) bool {
 // QEMU starts: no IMDS request of the new boot can see the previous boot's
 // gate. Attestation being down must not stop a boot whose user-data is not
 // gated: the record then says boot 0 and the guest's first nonce request
-// registers it (beginLate).
-func (m *Manager) beginBoot(rec *storepb.VirtualMachine) *attestationv1.Attestation {
+// registers it (beginLate). ctx is the launch's: the hypervisor's, in the
+// trace of the call that started the boot.
+func (m *Manager) beginBoot(ctx context.Context, rec *storepb.VirtualMachine) *attestationv1.Attestation {
 	local := &attestationv1.Attestation{Required: rec.GetRequireAttestation(), UserDataReleased: !rec.GetRequireAttestation()}
 	if m.verifier == nil {
 		return local
 	}
-	ctx, cancel := context.WithTimeout(m.ctx, 5*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	att, err := m.verifier.BeginBoot(ctx, m.BeginBootRequest(rec))
 	if err != nil {

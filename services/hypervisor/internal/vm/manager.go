@@ -34,6 +34,7 @@ import (
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/network"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -174,6 +175,7 @@ type machine struct {
 	changed chan struct{}
 	resets  []time.Time // guest resets within GuestResetWindow
 	console consoleCounters
+	trace   trace.SpanContext // the call that started the current boot (trace.go)
 }
 
 // New loads the records and re-adopts the VMs whose processes still run.
@@ -185,7 +187,7 @@ func New(cfg Config, log *slog.Logger, st Store, images ImageResolver, verifier 
 	m.guest = guest.New(m, verifier, guest.Config{ImageDir: cfg.ImageDir, SeriesLimit: cfg.GuestSeriesLimit}, log)
 	m.imds = imds.NewGuard(cfg.IMDS)
 	m.nets = network.NewRegistry(ctx, st, func(name string) http.Handler {
-		return imds.New(m.guest.Network(name), m.imds, log.With("network", name))
+		return m.tracedIMDS(name, imds.New(m.guest.Network(name), m.imds, log.With("network", name)))
 	}, cfg.Network, log)
 	// Networks first: re-adopted VMs redial their network's socket.
 	if err := m.nets.Restore(cfg.DefaultNetwork, cfg.DefaultSubnet); err != nil {

@@ -20,8 +20,8 @@ func isLive(s hypervisorv1.State) bool {
 }
 
 // Start boots a stopped or failed VM from its disk (phase boot).
-func (m *Manager) Start(_ context.Context, id string) (*hypervisorv1.VirtualMachine, error) {
-	return m.locked(id, m.startLocked)
+func (m *Manager) Start(ctx context.Context, id string) (*hypervisorv1.VirtualMachine, error) {
+	return m.locked(id, func(mc *machine) error { return m.startLocked(ctx, mc) })
 }
 
 // locked runs op on a VM under its operation lock and returns the record op
@@ -40,7 +40,8 @@ func (m *Manager) locked(id string, op func(*machine) error) (*hypervisorv1.Virt
 	return View(rec), nil
 }
 
-func (m *Manager) startLocked(mc *machine) error {
+// startLocked boots mc; the boot continues the trace of ctx's call.
+func (m *Manager) startLocked(ctx context.Context, mc *machine) error {
 	m.mu.Lock()
 	closing := m.closing
 	m.mu.Unlock()
@@ -63,6 +64,7 @@ func (m *Manager) startLocked(mc *machine) error {
 	mc.mu.Lock()
 	mc.resets = nil // a boot loop's count starts again with the caller's start
 	mc.mu.Unlock()
+	mc.setTrace(ctx)
 	if err := m.launch(mc, hypervisorv1.Phase_PHASE_BOOT); err != nil {
 		return apierr.Errorf(apierr.VMFailed, "vm %s could not start: %v", mc.id, err)
 	}
@@ -117,14 +119,14 @@ func (m *Manager) powerOff(mc *machine, rt *runtime) {
 }
 
 // Reboot is Stop followed by Start.
-func (m *Manager) Reboot(_ context.Context, id string) (*hypervisorv1.VirtualMachine, error) {
+func (m *Manager) Reboot(ctx context.Context, id string) (*hypervisorv1.VirtualMachine, error) {
 	return m.locked(id, func(mc *machine) error {
 		if rec, _ := mc.snapshot(); isLive(rec.GetState()) {
 			if err := m.stopLocked(mc); err != nil {
 				return err
 			}
 		}
-		return m.startLocked(mc)
+		return m.startLocked(ctx, mc)
 	})
 }
 

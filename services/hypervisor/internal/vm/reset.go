@@ -1,6 +1,7 @@
 package vm
 
 import (
+	"context"
 	"time"
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
@@ -60,6 +61,8 @@ func (m *Manager) relaunch(mc *machine) {
 		})
 		return
 	}
+	// No call started this boot: it joins no trace.
+	mc.setTrace(context.Background())
 	if err := m.launch(mc, hypervisorv1.Phase_PHASE_BOOT); err != nil {
 		m.update(mc, func(r *storepb.VirtualMachine) {
 			r.State = hypervisorv1.State_STATE_FAILED

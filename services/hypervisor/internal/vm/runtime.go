@@ -45,6 +45,8 @@ func (m *Manager) launch(mc *machine, phase hypervisorv1.Phase) error {
 	}
 	ctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
 	defer cancel()
+	ctx, span := m.startLaunch(ctx, mc, phase)
+	defer span.End()
 	identity, err := m.provisionTPM(ctx, rec)
 	if err != nil {
 		return err
@@ -58,7 +60,7 @@ func (m *Manager) launch(mc *machine, phase hypervisorv1.Phase) error {
 	})
 	var att *attestationv1.Attestation
 	if phase == hypervisorv1.Phase_PHASE_BOOT {
-		att = m.beginBoot(rec)
+		att = m.beginBoot(ctx, rec)
 		m.update(mc, func(r *storepb.VirtualMachine) { r.Attestation = att })
 	}
 	run, err := m.driver.Launch(ctx, Launch{Record: rec, Image: img, Phase: phase, CIDTaken: m.cidTaken(mc.id)})
