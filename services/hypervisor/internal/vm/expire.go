@@ -150,33 +150,34 @@ func (m *Manager) carryOut(mc *machine, act int, why string) {
 	if again, _ := m.due(mc, time.Now()); again != act {
 		return
 	}
+	// An expiry is carried out once: a start afterwards runs unbounded until
+	// a new one is set. It is cleared in the write that makes the VM
+	// stopping, which a restarted hypervisor carries on with.
+	consume := func(r *storepb.VirtualMachine) {
+		if lt := r.GetLifetime(); act == actExpiredStop && lt != nil {
+			lt.ExpireAt, lt.OnExpire = nil, hypervisorv1.OnExpire_ON_EXPIRE_UNSPECIFIED
+			if lt.GetIdleTimeout() == "" {
+				r.Lifetime = nil
+			}
+		}
+	}
 	mc.mu.Lock()
-	rt, live := mc.run, mc.run != nil && isLive(mc.rec.GetState())
-	if live {
+	rt, state := mc.run, mc.rec.GetState()
+	stoppable := isLive(state) && state != hypervisorv1.State_STATE_STOPPING
+	if rt != nil && stoppable {
 		rt.stopReason = why
 	}
 	mc.mu.Unlock()
-	if live {
-		m.log.Info("vm lifetime: stopping", "vm", mc.id, "reason", why)
-		if err := m.stopLocked(mc); err != nil {
-			m.log.Warn("vm lifetime: stop failed; tried again", "vm", mc.id, "error", err)
-			return
-		}
-		m.lifetimeActs[act].Add(1)
+	if !stoppable {
+		m.update(mc, consume) // already down, or on its way
+		return
 	}
-	if act == actExpiredStop {
-		// An expiry is carried out once: a start afterwards runs unbounded
-		// until a new one is set. Cleared after the stop, so a restart in
-		// between stops it again rather than never.
-		m.update(mc, func(r *storepb.VirtualMachine) {
-			if lt := r.GetLifetime(); lt != nil {
-				lt.ExpireAt, lt.OnExpire = nil, hypervisorv1.OnExpire_ON_EXPIRE_UNSPECIFIED
-				if lt.GetIdleTimeout() == "" {
-					r.Lifetime = nil
-				}
-			}
-		})
+	m.log.Info("vm lifetime: stopping", "vm", mc.id, "reason", why)
+	if err := m.stopLockedWith(mc, consume); err != nil {
+		m.log.Warn("vm lifetime: stop failed; tried again", "vm", mc.id, "error", err)
+		return
 	}
+	m.lifetimeActs[act].Add(1)
 }
 
 // persistActivity writes a VM's last activity to the store now and then
