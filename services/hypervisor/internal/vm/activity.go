@@ -34,9 +34,13 @@ func (m *Manager) leaseHolder(network, remoteAddr string) *machine {
 }
 
 // activeConn counts the bytes of a forwarded connection, either way, as
-// activity of VM id.
+// activity of VM id (looked up once: touch is cheap per read).
 func (m *Manager) activeConn(id string, c net.Conn) net.Conn {
-	return &activeConn{Conn: c, touch: func() { m.Touch(id, ActivityForward) }}
+	mc, err := m.get(id)
+	if err != nil {
+		return c
+	}
+	return &activeConn{Conn: c, touch: func() { m.touch(mc, ActivityForward) }}
 }
 
 type activeConn struct {

@@ -2,6 +2,7 @@ package vm
 
 import (
 	"context"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -240,5 +241,26 @@ func TestIMDSActivity(t *testing.T) {
 	serve(http.MethodGet, imds.BasePath+"/metadata/k", "10.0.0.2:4000")
 	if rec, _ := m.Record(mc.id); rec.GetLifetime().GetLastActivity() != ActivityIMDS || time.Since(rec.GetLifetime().GetLastActivityAt().AsTime()) > time.Minute {
 		t.Errorf("a metadata read did not count: %v", rec.GetLifetime())
+	}
+}
+
+// Bytes through a port forward, either way, are activity.
+func TestForwardActivity(t *testing.T) {
+	m, mc := newTestManager(t, nil)
+	old := timestamppb.New(time.Now().Add(-time.Hour))
+	mc.rec.Lifetime = &hypervisorv1.Lifetime{IdleTimeout: "1h0m0s", LastActivityAt: old}
+	host, guest := net.Pipe()
+	defer host.Close()
+	c := m.activeConn(mc.id, guest)
+	defer c.Close()
+	go func() { _, _ = host.Read(make([]byte, 8)) }()
+	if rec, _ := m.Record(mc.id); !proto.Equal(rec.GetLifetime().GetLastActivityAt(), old) {
+		t.Fatal("a connection alone counted")
+	}
+	if _, err := c.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	if rec, _ := m.Record(mc.id); rec.GetLifetime().GetLastActivity() != ActivityForward {
+		t.Errorf("bytes through a forward did not count: %v", rec.GetLifetime())
 	}
 }
