@@ -138,7 +138,7 @@ type Lifetime struct {
 	IdleTimeout string `protobuf:"bytes,3,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
 	OnIdle      OnIdle `protobuf:"varint,4,opt,name=on_idle,json=onIdle,proto3,enum=vmmanager.hypervisor.v1.OnIdle" json:"on_idle,omitempty"`
 	// The last activity (with idle_timeout set): its time and kind ("exec",
-	// "forward", "imds", "start", "lifetime"). The idle clock also restarts
+	// "forward", "imds", "start", "lifetime", "restart"). The idle clock also restarts
 	// when the VM becomes ready and when the hypervisor starts.
 	LastActivityAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=last_activity_at,json=lastActivityAt,proto3" json:"last_activity_at,omitempty"`
 	LastActivity   string                 `protobuf:"bytes,6,opt,name=last_activity,json=lastActivity,proto3" json:"last_activity,omitempty"`
