@@ -169,7 +169,11 @@ func (m *Manager) carryOut(mc *machine, act int, why string) {
 	}
 	mc.mu.Unlock()
 	if !stoppable {
-		m.update(mc, consume) // already down, or on its way
+		// Already down: nothing to stop. Still creating or stopping: the
+		// next check sees how it ends.
+		if state == hypervisorv1.State_STATE_STOPPED || state == hypervisorv1.State_STATE_FAILED {
+			m.update(mc, consume)
+		}
 		return
 	}
 	m.log.Info("vm lifetime: stopping", "vm", mc.id, "reason", why)

@@ -264,3 +264,40 @@ func TestForwardActivity(t *testing.T) {
 		t.Errorf("bytes through a forward did not count: %v", rec.GetLifetime())
 	}
 }
+
+// An expiry that finds the VM down is cleared without a stop; one that
+// finds it still being created waits for it.
+func TestExpiryOfADownVM(t *testing.T) {
+	h := lifetimeHarness(t)
+	id := h.create("web").GetId()
+	if _, err := h.m.Stop(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	past := timestamppb.New(time.Now().Add(-time.Second))
+	if err := h.m.Update(id, func(r *storepb.VirtualMachine) {
+		r.Lifetime = &hypervisorv1.Lifetime{ExpireAt: past, OnExpire: hypervisorv1.OnExpire_ON_EXPIRE_STOP}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	v := h.waitFor(id, func(v *hypervisorv1.VirtualMachine) bool { return v.GetLifetime() == nil })
+	if v.GetState() != hypervisorv1.State_STATE_STOPPED || h.m.LifetimeActions()[LifetimeExpiredStop] != 0 {
+		t.Errorf("%v, %d stops counted", v.GetState(), h.m.LifetimeActions()[LifetimeExpiredStop])
+	}
+	mc, _ := h.m.get(id)
+	if due, _ := h.m.due(mc, time.Now()); due != actCount {
+		t.Errorf("still due: %d", due)
+	}
+	// Creating: not consumed until it is up (then stopped). Set behind the
+	// lifecycle's back, as a create still under way.
+	mc.mu.Lock()
+	mc.rec.State = hypervisorv1.State_STATE_CREATING
+	mc.rec.Lifetime = &hypervisorv1.Lifetime{ExpireAt: past, OnExpire: hypervisorv1.OnExpire_ON_EXPIRE_STOP}
+	mc.mu.Unlock()
+	time.Sleep(300 * time.Millisecond) // 15 checks
+	if rec, _ := h.m.Record(id); rec.GetLifetime().GetExpireAt() == nil {
+		t.Error("an expiry was cleared while the VM was being created")
+	}
+	mc.mu.Lock()
+	mc.rec.State = hypervisorv1.State_STATE_STOPPED
+	mc.mu.Unlock()
+}
