@@ -21,9 +21,9 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-// mcpTools are the contract's 20 tools (§2.3) in registration order, with
-// their annotation class; tools/list sorts them by name, as the original's
-// mcp-go did.
+// mcpTools are the contract's 20 tools (§2.3) in registration order, then
+// our additions (update_vm_lifetime), with their annotation class;
+// tools/list sorts them by name, as the original's mcp-go did.
 var mcpTools = []struct{ name, class string }{
 	{"get_info", "read"}, {"get_host", "read"}, {"list_images", "read"}, {"get_image", "read"},
 	{"list_networks", "read"}, {"get_network", "read"}, {"list_vms", "read"}, {"get_vm", "read"},
@@ -31,6 +31,7 @@ var mcpTools = []struct{ name, class string }{
 	{"create_network", "create"}, {"delete_network", "destructive"}, {"create_vm", "create"},
 	{"start_vm", "idempotent"}, {"stop_vm", "idempotent"}, {"reboot_vm", "idempotent"},
 	{"delete_vm", "destructive"}, {"exec_vm", "exec"}, {"forward_port", "idempotent"},
+	{"update_vm_lifetime", "lifetime"},
 }
 
 // classOf reads an annotation class back from the hints (contract §2.2).
@@ -51,6 +52,8 @@ func classOf(a *mcp.ToolAnnotations) string {
 		return "idempotent"
 	case !a.ReadOnlyHint && !destructive && !a.IdempotentHint && !open:
 		return "create"
+	case !a.ReadOnlyHint && destructive && !a.IdempotentHint && !open:
+		return "lifetime"
 	}
 	return fmt.Sprintf("%+v", *a)
 }
@@ -222,7 +225,7 @@ func TestMCPEndToEnd(t *testing.T) {
 			switch want.class {
 			case "create", "idempotent":
 				prefix = "WRITES:"
-			case "destructive", "exec":
+			case "destructive", "exec", "lifetime":
 				prefix = "WRITES (destructive):"
 			}
 			if !strings.HasPrefix(tool.Description, prefix) {

@@ -74,6 +74,9 @@ type Config struct {
 	// ConsoleLogMaxBytes bounds each VM's serial console files
 	// (vm.DefaultConsoleLogMaxBytes when 0).
 	ConsoleLogMaxBytes int64
+	// Lifetimes are the default and bound of VM expiries (--default-vm-ttl,
+	// --max-vm-ttl).
+	Lifetimes vm.Lifetimes
 	// What one VM can make its network hold on the host, and the IMDS's
 	// patience (--max-nat-flows-tcp, --max-nat-flows-udp,
 	// --nat-udp-idle-timeout, --max-imds-connections, --imds-read-timeout,
@@ -228,6 +231,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Limits:             limits,
 		IMDS:               cfg.IMDS,
 		ConsoleLogMaxBytes: cfg.ConsoleLogMaxBytes,
+		Lifetimes:          cfg.Lifetimes,
 		Network:            networkLimits(cfg, log),
 	}, log, st, cat, attestationv1.NewVerifierServiceClient(aconn), router, drv)
 	if err != nil {

@@ -772,7 +772,19 @@ type CreateVirtualMachineRequest struct {
 	// Default true.
 	RequireAttestation *bool `protobuf:"varint,12,opt,name=require_attestation,json=requireAttestation,proto3,oneof" json:"require_attestation,omitempty"`
 	// none, installed, attested or ready (the default).
-	WaitFor       WaitFor `protobuf:"varint,13,opt,name=wait_for,json=waitFor,proto3,enum=vmmanager.hypervisor.v1.WaitFor" json:"wait_for,omitempty"`
+	WaitFor WaitFor `protobuf:"varint,13,opt,name=wait_for,json=waitFor,proto3,enum=vmmanager.hypervisor.v1.WaitFor" json:"wait_for,omitempty"`
+	// Lifetime (docs/api.md "Lifetimes"). ttl is a Go duration from now
+	// ("60s", "2h"), at most --max-vm-ttl; expire_at the same as a time; give
+	// one of them (default: --default-vm-ttl, 0: no expiry).
+	Ttl      string                 `protobuf:"bytes,14,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	ExpireAt *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=expire_at,json=expireAt,proto3" json:"expire_at,omitempty"`
+	// stop (the default) or delete.
+	OnExpire OnExpire `protobuf:"varint,16,opt,name=on_expire,json=onExpire,proto3,enum=vmmanager.hypervisor.v1.OnExpire" json:"on_expire,omitempty"`
+	// Stop the VM after this long (a Go duration, at least 10s) without exec,
+	// forward or IMDS traffic; default: none.
+	IdleTimeout string `protobuf:"bytes,17,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
+	// stop (the default).
+	OnIdle        OnIdle `protobuf:"varint,18,opt,name=on_idle,json=onIdle,proto3,enum=vmmanager.hypervisor.v1.OnIdle" json:"on_idle,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -896,6 +908,41 @@ func (x *CreateVirtualMachineRequest) GetWaitFor() WaitFor {
 		return x.WaitFor
 	}
 	return WaitFor_WAIT_FOR_UNSPECIFIED
+}
+
+func (x *CreateVirtualMachineRequest) GetTtl() string {
+	if x != nil {
+		return x.Ttl
+	}
+	return ""
+}
+
+func (x *CreateVirtualMachineRequest) GetExpireAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpireAt
+	}
+	return nil
+}
+
+func (x *CreateVirtualMachineRequest) GetOnExpire() OnExpire {
+	if x != nil {
+		return x.OnExpire
+	}
+	return OnExpire_ON_EXPIRE_UNSPECIFIED
+}
+
+func (x *CreateVirtualMachineRequest) GetIdleTimeout() string {
+	if x != nil {
+		return x.IdleTimeout
+	}
+	return ""
+}
+
+func (x *CreateVirtualMachineRequest) GetOnIdle() OnIdle {
+	if x != nil {
+		return x.OnIdle
+	}
+	return OnIdle_ON_IDLE_UNSPECIFIED
 }
 
 type DeleteVirtualMachineRequest struct {
@@ -2141,7 +2188,7 @@ var File_vmmanager_hypervisor_v1_hypervisor_service_proto protoreflect.FileDescr
 
 const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\n" +
-	"0vmmanager/hypervisor/v1/hypervisor_service.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a#vmmanager/hypervisor/v1/image.proto\x1a%vmmanager/hypervisor/v1/network.proto\x1a-vmmanager/hypervisor/v1/virtual_machine.proto\"\x10\n" +
+	"0vmmanager/hypervisor/v1/hypervisor_service.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a#vmmanager/hypervisor/v1/image.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\x1a%vmmanager/hypervisor/v1/network.proto\x1a-vmmanager/hypervisor/v1/virtual_machine.proto\"\x10\n" +
 	"\x0eGetHostRequest\"\x13\n" +
 	"\x11ListImagesRequest\"L\n" +
 	"\x12ListImagesResponse\x126\n" +
@@ -2171,7 +2218,7 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\x1bListVirtualMachinesResponse\x129\n" +
 	"\x03vms\x18\x01 \x03(\v2'.vmmanager.hypervisor.v1.VirtualMachineR\x03vms\"/\n" +
 	"\x18GetVirtualMachineRequest\x12\x13\n" +
-	"\x02id\x18\x01 \x01(\tB\x03\xe0A\x02R\x02id\"\xe4\x05\n" +
+	"\x02id\x18\x01 \x01(\tB\x03\xe0A\x02R\x02id\"\xe5\a\n" +
 	"\x1bCreateVirtualMachineRequest\x12\x17\n" +
 	"\x04name\x18\x01 \x01(\tB\x03\xe0A\x02R\x04name\x12\x19\n" +
 	"\x05image\x18\x02 \x01(\tB\x03\xe0A\x01R\x05image\x122\n" +
@@ -2187,7 +2234,12 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	" \x01(\tB\x03\xe0A\x01R\bhostname\x12c\n" +
 	"\bmetadata\x18\v \x03(\v2B.vmmanager.hypervisor.v1.CreateVirtualMachineRequest.MetadataEntryB\x03\xe0A\x01R\bmetadata\x129\n" +
 	"\x13require_attestation\x18\f \x01(\bB\x03\xe0A\x01H\x03R\x12requireAttestation\x88\x01\x01\x12@\n" +
-	"\bwait_for\x18\r \x01(\x0e2 .vmmanager.hypervisor.v1.WaitForB\x03\xe0A\x01R\awaitFor\x1a;\n" +
+	"\bwait_for\x18\r \x01(\x0e2 .vmmanager.hypervisor.v1.WaitForB\x03\xe0A\x01R\awaitFor\x12\x15\n" +
+	"\x03ttl\x18\x0e \x01(\tB\x03\xe0A\x01R\x03ttl\x12<\n" +
+	"\texpire_at\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampB\x03\xe0A\x01R\bexpireAt\x12C\n" +
+	"\ton_expire\x18\x10 \x01(\x0e2!.vmmanager.hypervisor.v1.OnExpireB\x03\xe0A\x01R\bonExpire\x12&\n" +
+	"\fidle_timeout\x18\x11 \x01(\tB\x03\xe0A\x01R\vidleTimeout\x12=\n" +
+	"\aon_idle\x18\x12 \x01(\x0e2\x1f.vmmanager.hypervisor.v1.OnIdleB\x03\xe0A\x01R\x06onIdle\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\a\n" +
@@ -2315,7 +2367,7 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\x1aATTESTATION_STATE_DISABLED\x10\x01\x12\x1d\n" +
 	"\x19ATTESTATION_STATE_PENDING\x10\x02\x12\x1e\n" +
 	"\x1aATTESTATION_STATE_RELEASED\x10\x03\x12\x1c\n" +
-	"\x18ATTESTATION_STATE_FAILED\x10\x042\xa4\x16\n" +
+	"\x18ATTESTATION_STATE_FAILED\x10\x042\xd2\x17\n" +
 	"\x11HypervisorService\x12g\n" +
 	"\aGetHost\x12'.vmmanager.hypervisor.v1.GetHostRequest\x1a\x1d.vmmanager.hypervisor.v1.Host\"\x14\x82\xd3\xe4\x93\x02\x0e\x12\f/api/v1/host\x12\x85\x01\n" +
 	"\n" +
@@ -2337,7 +2389,8 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\x19ForwardVirtualMachinePort\x129.vmmanager.hypervisor.v1.ForwardVirtualMachinePortRequest\x1a:.vmmanager.hypervisor.v1.ForwardVirtualMachinePortResponse\"#\x82\xd3\xe4\x93\x02\x1d:\x01*\"\x18/api/v1/vms/{id}/forward\x12\xb1\x01\n" +
 	"\x18GetVirtualMachineConsole\x128.vmmanager.hypervisor.v1.GetVirtualMachineConsoleRequest\x1a9.vmmanager.hypervisor.v1.GetVirtualMachineConsoleResponse\" \x82\xd3\xe4\x93\x02\x1a\x12\x18/api/v1/vms/{id}/console\x12\xa6\x01\n" +
 	"\x18GetVirtualMachineMetrics\x128.vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest\x1a..vmmanager.hypervisor.v1.VirtualMachineMetrics\" \x82\xd3\xe4\x93\x02\x1a\x12\x18/api/v1/vms/{id}/metrics\x12\xb5\x01\n" +
-	"\x17GetVirtualMachineReport\x127.vmmanager.hypervisor.v1.GetVirtualMachineReportRequest\x1a8.vmmanager.hypervisor.v1.GetVirtualMachineReportResponse\"'\x82\xd3\xe4\x93\x02!b\x06report\x12\x17/api/v1/vms/{id}/reportBKZIgithub.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1;hypervisorv1b\x06proto3"
+	"\x17GetVirtualMachineReport\x127.vmmanager.hypervisor.v1.GetVirtualMachineReportRequest\x1a8.vmmanager.hypervisor.v1.GetVirtualMachineReportResponse\"'\x82\xd3\xe4\x93\x02!b\x06report\x12\x17/api/v1/vms/{id}/report\x12\xab\x01\n" +
+	"\x1cUpdateVirtualMachineLifetime\x12<.vmmanager.hypervisor.v1.UpdateVirtualMachineLifetimeRequest\x1a'.vmmanager.hypervisor.v1.VirtualMachine\"$\x82\xd3\xe4\x93\x02\x1e:\x01*\"\x19/api/v1/vms/{id}/lifetimeBKZIgithub.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1;hypervisorv1b\x06proto3"
 
 var (
 	file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescOnce sync.Once
@@ -2354,56 +2407,59 @@ func file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP() []byte 
 var file_vmmanager_hypervisor_v1_hypervisor_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
 var file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_vmmanager_hypervisor_v1_hypervisor_service_proto_goTypes = []any{
-	(WaitFor)(0),                              // 0: vmmanager.hypervisor.v1.WaitFor
-	(AttestationState)(0),                     // 1: vmmanager.hypervisor.v1.AttestationState
-	(*GetHostRequest)(nil),                    // 2: vmmanager.hypervisor.v1.GetHostRequest
-	(*ListImagesRequest)(nil),                 // 3: vmmanager.hypervisor.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),                // 4: vmmanager.hypervisor.v1.ListImagesResponse
-	(*GetImageRequest)(nil),                   // 5: vmmanager.hypervisor.v1.GetImageRequest
-	(*ListNetworksRequest)(nil),               // 6: vmmanager.hypervisor.v1.ListNetworksRequest
-	(*ListNetworksResponse)(nil),              // 7: vmmanager.hypervisor.v1.ListNetworksResponse
-	(*GetNetworkRequest)(nil),                 // 8: vmmanager.hypervisor.v1.GetNetworkRequest
-	(*CreateNetworkRequest)(nil),              // 9: vmmanager.hypervisor.v1.CreateNetworkRequest
-	(*DeleteNetworkRequest)(nil),              // 10: vmmanager.hypervisor.v1.DeleteNetworkRequest
-	(*DeleteNetworkResponse)(nil),             // 11: vmmanager.hypervisor.v1.DeleteNetworkResponse
-	(*ListVirtualMachinesRequest)(nil),        // 12: vmmanager.hypervisor.v1.ListVirtualMachinesRequest
-	(*ListVirtualMachinesResponse)(nil),       // 13: vmmanager.hypervisor.v1.ListVirtualMachinesResponse
-	(*GetVirtualMachineRequest)(nil),          // 14: vmmanager.hypervisor.v1.GetVirtualMachineRequest
-	(*CreateVirtualMachineRequest)(nil),       // 15: vmmanager.hypervisor.v1.CreateVirtualMachineRequest
-	(*DeleteVirtualMachineRequest)(nil),       // 16: vmmanager.hypervisor.v1.DeleteVirtualMachineRequest
-	(*DeleteVirtualMachineResponse)(nil),      // 17: vmmanager.hypervisor.v1.DeleteVirtualMachineResponse
-	(*StartVirtualMachineRequest)(nil),        // 18: vmmanager.hypervisor.v1.StartVirtualMachineRequest
-	(*StopVirtualMachineRequest)(nil),         // 19: vmmanager.hypervisor.v1.StopVirtualMachineRequest
-	(*RebootVirtualMachineRequest)(nil),       // 20: vmmanager.hypervisor.v1.RebootVirtualMachineRequest
-	(*ExecVirtualMachineRequest)(nil),         // 21: vmmanager.hypervisor.v1.ExecVirtualMachineRequest
-	(*ExecVirtualMachineResponse)(nil),        // 22: vmmanager.hypervisor.v1.ExecVirtualMachineResponse
-	(*ForwardVirtualMachinePortRequest)(nil),  // 23: vmmanager.hypervisor.v1.ForwardVirtualMachinePortRequest
-	(*ForwardVirtualMachinePortResponse)(nil), // 24: vmmanager.hypervisor.v1.ForwardVirtualMachinePortResponse
-	(*GetVirtualMachineConsoleRequest)(nil),   // 25: vmmanager.hypervisor.v1.GetVirtualMachineConsoleRequest
-	(*GetVirtualMachineConsoleResponse)(nil),  // 26: vmmanager.hypervisor.v1.GetVirtualMachineConsoleResponse
-	(*GetVirtualMachineMetricsRequest)(nil),   // 27: vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
-	(*GetVirtualMachineReportRequest)(nil),    // 28: vmmanager.hypervisor.v1.GetVirtualMachineReportRequest
-	(*GetVirtualMachineReportResponse)(nil),   // 29: vmmanager.hypervisor.v1.GetVirtualMachineReportResponse
-	(*VirtualMachineMetrics)(nil),             // 30: vmmanager.hypervisor.v1.VirtualMachineMetrics
-	(*HostMetrics)(nil),                       // 31: vmmanager.hypervisor.v1.HostMetrics
-	(*NetworkMetrics)(nil),                    // 32: vmmanager.hypervisor.v1.NetworkMetrics
-	(*GuestMetrics)(nil),                      // 33: vmmanager.hypervisor.v1.GuestMetrics
-	(*MetricSample)(nil),                      // 34: vmmanager.hypervisor.v1.MetricSample
-	nil,                                       // 35: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.MetadataEntry
-	nil,                                       // 36: vmmanager.hypervisor.v1.NetworkMetrics.EgressDroppedByReasonEntry
-	nil,                                       // 37: vmmanager.hypervisor.v1.NetworkMetrics.NatRefusedEntry
-	nil,                                       // 38: vmmanager.hypervisor.v1.NetworkMetrics.DnsRefusedEntry
-	nil,                                       // 39: vmmanager.hypervisor.v1.MetricSample.FieldsEntry
-	(*Image)(nil),                             // 40: vmmanager.hypervisor.v1.Image
-	(*Network)(nil),                           // 41: vmmanager.hypervisor.v1.Network
-	(*EgressRule)(nil),                        // 42: vmmanager.hypervisor.v1.EgressRule
-	(*DnsRecord)(nil),                         // 43: vmmanager.hypervisor.v1.DnsRecord
-	(DnsPolicy)(0),                            // 44: vmmanager.hypervisor.v1.DnsPolicy
-	(*VirtualMachine)(nil),                    // 45: vmmanager.hypervisor.v1.VirtualMachine
-	(*structpb.Value)(nil),                    // 46: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil),             // 47: google.protobuf.Timestamp
-	(State)(0),                                // 48: vmmanager.hypervisor.v1.State
-	(*Host)(nil),                              // 49: vmmanager.hypervisor.v1.Host
+	(WaitFor)(0),                                // 0: vmmanager.hypervisor.v1.WaitFor
+	(AttestationState)(0),                       // 1: vmmanager.hypervisor.v1.AttestationState
+	(*GetHostRequest)(nil),                      // 2: vmmanager.hypervisor.v1.GetHostRequest
+	(*ListImagesRequest)(nil),                   // 3: vmmanager.hypervisor.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),                  // 4: vmmanager.hypervisor.v1.ListImagesResponse
+	(*GetImageRequest)(nil),                     // 5: vmmanager.hypervisor.v1.GetImageRequest
+	(*ListNetworksRequest)(nil),                 // 6: vmmanager.hypervisor.v1.ListNetworksRequest
+	(*ListNetworksResponse)(nil),                // 7: vmmanager.hypervisor.v1.ListNetworksResponse
+	(*GetNetworkRequest)(nil),                   // 8: vmmanager.hypervisor.v1.GetNetworkRequest
+	(*CreateNetworkRequest)(nil),                // 9: vmmanager.hypervisor.v1.CreateNetworkRequest
+	(*DeleteNetworkRequest)(nil),                // 10: vmmanager.hypervisor.v1.DeleteNetworkRequest
+	(*DeleteNetworkResponse)(nil),               // 11: vmmanager.hypervisor.v1.DeleteNetworkResponse
+	(*ListVirtualMachinesRequest)(nil),          // 12: vmmanager.hypervisor.v1.ListVirtualMachinesRequest
+	(*ListVirtualMachinesResponse)(nil),         // 13: vmmanager.hypervisor.v1.ListVirtualMachinesResponse
+	(*GetVirtualMachineRequest)(nil),            // 14: vmmanager.hypervisor.v1.GetVirtualMachineRequest
+	(*CreateVirtualMachineRequest)(nil),         // 15: vmmanager.hypervisor.v1.CreateVirtualMachineRequest
+	(*DeleteVirtualMachineRequest)(nil),         // 16: vmmanager.hypervisor.v1.DeleteVirtualMachineRequest
+	(*DeleteVirtualMachineResponse)(nil),        // 17: vmmanager.hypervisor.v1.DeleteVirtualMachineResponse
+	(*StartVirtualMachineRequest)(nil),          // 18: vmmanager.hypervisor.v1.StartVirtualMachineRequest
+	(*StopVirtualMachineRequest)(nil),           // 19: vmmanager.hypervisor.v1.StopVirtualMachineRequest
+	(*RebootVirtualMachineRequest)(nil),         // 20: vmmanager.hypervisor.v1.RebootVirtualMachineRequest
+	(*ExecVirtualMachineRequest)(nil),           // 21: vmmanager.hypervisor.v1.ExecVirtualMachineRequest
+	(*ExecVirtualMachineResponse)(nil),          // 22: vmmanager.hypervisor.v1.ExecVirtualMachineResponse
+	(*ForwardVirtualMachinePortRequest)(nil),    // 23: vmmanager.hypervisor.v1.ForwardVirtualMachinePortRequest
+	(*ForwardVirtualMachinePortResponse)(nil),   // 24: vmmanager.hypervisor.v1.ForwardVirtualMachinePortResponse
+	(*GetVirtualMachineConsoleRequest)(nil),     // 25: vmmanager.hypervisor.v1.GetVirtualMachineConsoleRequest
+	(*GetVirtualMachineConsoleResponse)(nil),    // 26: vmmanager.hypervisor.v1.GetVirtualMachineConsoleResponse
+	(*GetVirtualMachineMetricsRequest)(nil),     // 27: vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
+	(*GetVirtualMachineReportRequest)(nil),      // 28: vmmanager.hypervisor.v1.GetVirtualMachineReportRequest
+	(*GetVirtualMachineReportResponse)(nil),     // 29: vmmanager.hypervisor.v1.GetVirtualMachineReportResponse
+	(*VirtualMachineMetrics)(nil),               // 30: vmmanager.hypervisor.v1.VirtualMachineMetrics
+	(*HostMetrics)(nil),                         // 31: vmmanager.hypervisor.v1.HostMetrics
+	(*NetworkMetrics)(nil),                      // 32: vmmanager.hypervisor.v1.NetworkMetrics
+	(*GuestMetrics)(nil),                        // 33: vmmanager.hypervisor.v1.GuestMetrics
+	(*MetricSample)(nil),                        // 34: vmmanager.hypervisor.v1.MetricSample
+	nil,                                         // 35: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.MetadataEntry
+	nil,                                         // 36: vmmanager.hypervisor.v1.NetworkMetrics.EgressDroppedByReasonEntry
+	nil,                                         // 37: vmmanager.hypervisor.v1.NetworkMetrics.NatRefusedEntry
+	nil,                                         // 38: vmmanager.hypervisor.v1.NetworkMetrics.DnsRefusedEntry
+	nil,                                         // 39: vmmanager.hypervisor.v1.MetricSample.FieldsEntry
+	(*Image)(nil),                               // 40: vmmanager.hypervisor.v1.Image
+	(*Network)(nil),                             // 41: vmmanager.hypervisor.v1.Network
+	(*EgressRule)(nil),                          // 42: vmmanager.hypervisor.v1.EgressRule
+	(*DnsRecord)(nil),                           // 43: vmmanager.hypervisor.v1.DnsRecord
+	(DnsPolicy)(0),                              // 44: vmmanager.hypervisor.v1.DnsPolicy
+	(*VirtualMachine)(nil),                      // 45: vmmanager.hypervisor.v1.VirtualMachine
+	(*timestamppb.Timestamp)(nil),               // 46: google.protobuf.Timestamp
+	(OnExpire)(0),                               // 47: vmmanager.hypervisor.v1.OnExpire
+	(OnIdle)(0),                                 // 48: vmmanager.hypervisor.v1.OnIdle
+	(*structpb.Value)(nil),                      // 49: google.protobuf.Value
+	(State)(0),                                  // 50: vmmanager.hypervisor.v1.State
+	(*UpdateVirtualMachineLifetimeRequest)(nil), // 51: vmmanager.hypervisor.v1.UpdateVirtualMachineLifetimeRequest
+	(*Host)(nil),                                // 52: vmmanager.hypervisor.v1.Host
 }
 var file_vmmanager_hypervisor_v1_hypervisor_service_proto_depIdxs = []int32{
 	40, // 0: vmmanager.hypervisor.v1.ListImagesResponse.images:type_name -> vmmanager.hypervisor.v1.Image
@@ -2414,64 +2470,69 @@ var file_vmmanager_hypervisor_v1_hypervisor_service_proto_depIdxs = []int32{
 	45, // 5: vmmanager.hypervisor.v1.ListVirtualMachinesResponse.vms:type_name -> vmmanager.hypervisor.v1.VirtualMachine
 	35, // 6: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.metadata:type_name -> vmmanager.hypervisor.v1.CreateVirtualMachineRequest.MetadataEntry
 	0,  // 7: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.wait_for:type_name -> vmmanager.hypervisor.v1.WaitFor
-	46, // 8: vmmanager.hypervisor.v1.GetVirtualMachineReportResponse.report:type_name -> google.protobuf.Value
-	47, // 9: vmmanager.hypervisor.v1.GetVirtualMachineReportResponse.received_at:type_name -> google.protobuf.Timestamp
-	31, // 10: vmmanager.hypervisor.v1.VirtualMachineMetrics.host:type_name -> vmmanager.hypervisor.v1.HostMetrics
-	33, // 11: vmmanager.hypervisor.v1.VirtualMachineMetrics.guest:type_name -> vmmanager.hypervisor.v1.GuestMetrics
-	48, // 12: vmmanager.hypervisor.v1.HostMetrics.state:type_name -> vmmanager.hypervisor.v1.State
-	1,  // 13: vmmanager.hypervisor.v1.HostMetrics.attestation:type_name -> vmmanager.hypervisor.v1.AttestationState
-	32, // 14: vmmanager.hypervisor.v1.HostMetrics.network:type_name -> vmmanager.hypervisor.v1.NetworkMetrics
-	36, // 15: vmmanager.hypervisor.v1.NetworkMetrics.egress_dropped_by_reason:type_name -> vmmanager.hypervisor.v1.NetworkMetrics.EgressDroppedByReasonEntry
-	37, // 16: vmmanager.hypervisor.v1.NetworkMetrics.nat_refused:type_name -> vmmanager.hypervisor.v1.NetworkMetrics.NatRefusedEntry
-	38, // 17: vmmanager.hypervisor.v1.NetworkMetrics.dns_refused:type_name -> vmmanager.hypervisor.v1.NetworkMetrics.DnsRefusedEntry
-	47, // 18: vmmanager.hypervisor.v1.GuestMetrics.received_at:type_name -> google.protobuf.Timestamp
-	47, // 19: vmmanager.hypervisor.v1.GuestMetrics.generated_at:type_name -> google.protobuf.Timestamp
-	34, // 20: vmmanager.hypervisor.v1.GuestMetrics.sample:type_name -> vmmanager.hypervisor.v1.MetricSample
-	39, // 21: vmmanager.hypervisor.v1.MetricSample.fields:type_name -> vmmanager.hypervisor.v1.MetricSample.FieldsEntry
-	46, // 22: vmmanager.hypervisor.v1.MetricSample.value:type_name -> google.protobuf.Value
-	2,  // 23: vmmanager.hypervisor.v1.HypervisorService.GetHost:input_type -> vmmanager.hypervisor.v1.GetHostRequest
-	3,  // 24: vmmanager.hypervisor.v1.HypervisorService.ListImages:input_type -> vmmanager.hypervisor.v1.ListImagesRequest
-	5,  // 25: vmmanager.hypervisor.v1.HypervisorService.GetImage:input_type -> vmmanager.hypervisor.v1.GetImageRequest
-	6,  // 26: vmmanager.hypervisor.v1.HypervisorService.ListNetworks:input_type -> vmmanager.hypervisor.v1.ListNetworksRequest
-	8,  // 27: vmmanager.hypervisor.v1.HypervisorService.GetNetwork:input_type -> vmmanager.hypervisor.v1.GetNetworkRequest
-	9,  // 28: vmmanager.hypervisor.v1.HypervisorService.CreateNetwork:input_type -> vmmanager.hypervisor.v1.CreateNetworkRequest
-	10, // 29: vmmanager.hypervisor.v1.HypervisorService.DeleteNetwork:input_type -> vmmanager.hypervisor.v1.DeleteNetworkRequest
-	12, // 30: vmmanager.hypervisor.v1.HypervisorService.ListVirtualMachines:input_type -> vmmanager.hypervisor.v1.ListVirtualMachinesRequest
-	14, // 31: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachine:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineRequest
-	15, // 32: vmmanager.hypervisor.v1.HypervisorService.CreateVirtualMachine:input_type -> vmmanager.hypervisor.v1.CreateVirtualMachineRequest
-	16, // 33: vmmanager.hypervisor.v1.HypervisorService.DeleteVirtualMachine:input_type -> vmmanager.hypervisor.v1.DeleteVirtualMachineRequest
-	18, // 34: vmmanager.hypervisor.v1.HypervisorService.StartVirtualMachine:input_type -> vmmanager.hypervisor.v1.StartVirtualMachineRequest
-	19, // 35: vmmanager.hypervisor.v1.HypervisorService.StopVirtualMachine:input_type -> vmmanager.hypervisor.v1.StopVirtualMachineRequest
-	20, // 36: vmmanager.hypervisor.v1.HypervisorService.RebootVirtualMachine:input_type -> vmmanager.hypervisor.v1.RebootVirtualMachineRequest
-	21, // 37: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachine:input_type -> vmmanager.hypervisor.v1.ExecVirtualMachineRequest
-	23, // 38: vmmanager.hypervisor.v1.HypervisorService.ForwardVirtualMachinePort:input_type -> vmmanager.hypervisor.v1.ForwardVirtualMachinePortRequest
-	25, // 39: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineConsole:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineConsoleRequest
-	27, // 40: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineMetrics:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
-	28, // 41: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineReport:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineReportRequest
-	49, // 42: vmmanager.hypervisor.v1.HypervisorService.GetHost:output_type -> vmmanager.hypervisor.v1.Host
-	4,  // 43: vmmanager.hypervisor.v1.HypervisorService.ListImages:output_type -> vmmanager.hypervisor.v1.ListImagesResponse
-	40, // 44: vmmanager.hypervisor.v1.HypervisorService.GetImage:output_type -> vmmanager.hypervisor.v1.Image
-	7,  // 45: vmmanager.hypervisor.v1.HypervisorService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
-	41, // 46: vmmanager.hypervisor.v1.HypervisorService.GetNetwork:output_type -> vmmanager.hypervisor.v1.Network
-	41, // 47: vmmanager.hypervisor.v1.HypervisorService.CreateNetwork:output_type -> vmmanager.hypervisor.v1.Network
-	11, // 48: vmmanager.hypervisor.v1.HypervisorService.DeleteNetwork:output_type -> vmmanager.hypervisor.v1.DeleteNetworkResponse
-	13, // 49: vmmanager.hypervisor.v1.HypervisorService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
-	45, // 50: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	45, // 51: vmmanager.hypervisor.v1.HypervisorService.CreateVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	17, // 52: vmmanager.hypervisor.v1.HypervisorService.DeleteVirtualMachine:output_type -> vmmanager.hypervisor.v1.DeleteVirtualMachineResponse
-	45, // 53: vmmanager.hypervisor.v1.HypervisorService.StartVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	45, // 54: vmmanager.hypervisor.v1.HypervisorService.StopVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	45, // 55: vmmanager.hypervisor.v1.HypervisorService.RebootVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	22, // 56: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachine:output_type -> vmmanager.hypervisor.v1.ExecVirtualMachineResponse
-	24, // 57: vmmanager.hypervisor.v1.HypervisorService.ForwardVirtualMachinePort:output_type -> vmmanager.hypervisor.v1.ForwardVirtualMachinePortResponse
-	26, // 58: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineConsole:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineConsoleResponse
-	30, // 59: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
-	29, // 60: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineReport:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineReportResponse
-	42, // [42:61] is the sub-list for method output_type
-	23, // [23:42] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	46, // 8: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.expire_at:type_name -> google.protobuf.Timestamp
+	47, // 9: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.on_expire:type_name -> vmmanager.hypervisor.v1.OnExpire
+	48, // 10: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.on_idle:type_name -> vmmanager.hypervisor.v1.OnIdle
+	49, // 11: vmmanager.hypervisor.v1.GetVirtualMachineReportResponse.report:type_name -> google.protobuf.Value
+	46, // 12: vmmanager.hypervisor.v1.GetVirtualMachineReportResponse.received_at:type_name -> google.protobuf.Timestamp
+	31, // 13: vmmanager.hypervisor.v1.VirtualMachineMetrics.host:type_name -> vmmanager.hypervisor.v1.HostMetrics
+	33, // 14: vmmanager.hypervisor.v1.VirtualMachineMetrics.guest:type_name -> vmmanager.hypervisor.v1.GuestMetrics
+	50, // 15: vmmanager.hypervisor.v1.HostMetrics.state:type_name -> vmmanager.hypervisor.v1.State
+	1,  // 16: vmmanager.hypervisor.v1.HostMetrics.attestation:type_name -> vmmanager.hypervisor.v1.AttestationState
+	32, // 17: vmmanager.hypervisor.v1.HostMetrics.network:type_name -> vmmanager.hypervisor.v1.NetworkMetrics
+	36, // 18: vmmanager.hypervisor.v1.NetworkMetrics.egress_dropped_by_reason:type_name -> vmmanager.hypervisor.v1.NetworkMetrics.EgressDroppedByReasonEntry
+	37, // 19: vmmanager.hypervisor.v1.NetworkMetrics.nat_refused:type_name -> vmmanager.hypervisor.v1.NetworkMetrics.NatRefusedEntry
+	38, // 20: vmmanager.hypervisor.v1.NetworkMetrics.dns_refused:type_name -> vmmanager.hypervisor.v1.NetworkMetrics.DnsRefusedEntry
+	46, // 21: vmmanager.hypervisor.v1.GuestMetrics.received_at:type_name -> google.protobuf.Timestamp
+	46, // 22: vmmanager.hypervisor.v1.GuestMetrics.generated_at:type_name -> google.protobuf.Timestamp
+	34, // 23: vmmanager.hypervisor.v1.GuestMetrics.sample:type_name -> vmmanager.hypervisor.v1.MetricSample
+	39, // 24: vmmanager.hypervisor.v1.MetricSample.fields:type_name -> vmmanager.hypervisor.v1.MetricSample.FieldsEntry
+	49, // 25: vmmanager.hypervisor.v1.MetricSample.value:type_name -> google.protobuf.Value
+	2,  // 26: vmmanager.hypervisor.v1.HypervisorService.GetHost:input_type -> vmmanager.hypervisor.v1.GetHostRequest
+	3,  // 27: vmmanager.hypervisor.v1.HypervisorService.ListImages:input_type -> vmmanager.hypervisor.v1.ListImagesRequest
+	5,  // 28: vmmanager.hypervisor.v1.HypervisorService.GetImage:input_type -> vmmanager.hypervisor.v1.GetImageRequest
+	6,  // 29: vmmanager.hypervisor.v1.HypervisorService.ListNetworks:input_type -> vmmanager.hypervisor.v1.ListNetworksRequest
+	8,  // 30: vmmanager.hypervisor.v1.HypervisorService.GetNetwork:input_type -> vmmanager.hypervisor.v1.GetNetworkRequest
+	9,  // 31: vmmanager.hypervisor.v1.HypervisorService.CreateNetwork:input_type -> vmmanager.hypervisor.v1.CreateNetworkRequest
+	10, // 32: vmmanager.hypervisor.v1.HypervisorService.DeleteNetwork:input_type -> vmmanager.hypervisor.v1.DeleteNetworkRequest
+	12, // 33: vmmanager.hypervisor.v1.HypervisorService.ListVirtualMachines:input_type -> vmmanager.hypervisor.v1.ListVirtualMachinesRequest
+	14, // 34: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachine:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineRequest
+	15, // 35: vmmanager.hypervisor.v1.HypervisorService.CreateVirtualMachine:input_type -> vmmanager.hypervisor.v1.CreateVirtualMachineRequest
+	16, // 36: vmmanager.hypervisor.v1.HypervisorService.DeleteVirtualMachine:input_type -> vmmanager.hypervisor.v1.DeleteVirtualMachineRequest
+	18, // 37: vmmanager.hypervisor.v1.HypervisorService.StartVirtualMachine:input_type -> vmmanager.hypervisor.v1.StartVirtualMachineRequest
+	19, // 38: vmmanager.hypervisor.v1.HypervisorService.StopVirtualMachine:input_type -> vmmanager.hypervisor.v1.StopVirtualMachineRequest
+	20, // 39: vmmanager.hypervisor.v1.HypervisorService.RebootVirtualMachine:input_type -> vmmanager.hypervisor.v1.RebootVirtualMachineRequest
+	21, // 40: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachine:input_type -> vmmanager.hypervisor.v1.ExecVirtualMachineRequest
+	23, // 41: vmmanager.hypervisor.v1.HypervisorService.ForwardVirtualMachinePort:input_type -> vmmanager.hypervisor.v1.ForwardVirtualMachinePortRequest
+	25, // 42: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineConsole:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineConsoleRequest
+	27, // 43: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineMetrics:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
+	28, // 44: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineReport:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineReportRequest
+	51, // 45: vmmanager.hypervisor.v1.HypervisorService.UpdateVirtualMachineLifetime:input_type -> vmmanager.hypervisor.v1.UpdateVirtualMachineLifetimeRequest
+	52, // 46: vmmanager.hypervisor.v1.HypervisorService.GetHost:output_type -> vmmanager.hypervisor.v1.Host
+	4,  // 47: vmmanager.hypervisor.v1.HypervisorService.ListImages:output_type -> vmmanager.hypervisor.v1.ListImagesResponse
+	40, // 48: vmmanager.hypervisor.v1.HypervisorService.GetImage:output_type -> vmmanager.hypervisor.v1.Image
+	7,  // 49: vmmanager.hypervisor.v1.HypervisorService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
+	41, // 50: vmmanager.hypervisor.v1.HypervisorService.GetNetwork:output_type -> vmmanager.hypervisor.v1.Network
+	41, // 51: vmmanager.hypervisor.v1.HypervisorService.CreateNetwork:output_type -> vmmanager.hypervisor.v1.Network
+	11, // 52: vmmanager.hypervisor.v1.HypervisorService.DeleteNetwork:output_type -> vmmanager.hypervisor.v1.DeleteNetworkResponse
+	13, // 53: vmmanager.hypervisor.v1.HypervisorService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
+	45, // 54: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	45, // 55: vmmanager.hypervisor.v1.HypervisorService.CreateVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	17, // 56: vmmanager.hypervisor.v1.HypervisorService.DeleteVirtualMachine:output_type -> vmmanager.hypervisor.v1.DeleteVirtualMachineResponse
+	45, // 57: vmmanager.hypervisor.v1.HypervisorService.StartVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	45, // 58: vmmanager.hypervisor.v1.HypervisorService.StopVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	45, // 59: vmmanager.hypervisor.v1.HypervisorService.RebootVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	22, // 60: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachine:output_type -> vmmanager.hypervisor.v1.ExecVirtualMachineResponse
+	24, // 61: vmmanager.hypervisor.v1.HypervisorService.ForwardVirtualMachinePort:output_type -> vmmanager.hypervisor.v1.ForwardVirtualMachinePortResponse
+	26, // 62: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineConsole:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineConsoleResponse
+	30, // 63: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
+	29, // 64: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineReport:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineReportResponse
+	45, // 65: vmmanager.hypervisor.v1.HypervisorService.UpdateVirtualMachineLifetime:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	46, // [46:66] is the sub-list for method output_type
+	26, // [26:46] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_vmmanager_hypervisor_v1_hypervisor_service_proto_init() }
@@ -2481,6 +2542,7 @@ func file_vmmanager_hypervisor_v1_hypervisor_service_proto_init() {
 	}
 	file_vmmanager_hypervisor_v1_host_proto_init()
 	file_vmmanager_hypervisor_v1_image_proto_init()
+	file_vmmanager_hypervisor_v1_lifetime_proto_init()
 	file_vmmanager_hypervisor_v1_network_proto_init()
 	file_vmmanager_hypervisor_v1_virtual_machine_proto_init()
 	file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[13].OneofWrappers = []any{}

@@ -706,6 +706,51 @@ func local_request_HypervisorService_GetVirtualMachineReport_0(ctx context.Conte
 	return msg, metadata, err
 }
 
+func request_HypervisorService_UpdateVirtualMachineLifetime_0(ctx context.Context, marshaler runtime.Marshaler, client HypervisorServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq UpdateVirtualMachineLifetimeRequest
+		metadata runtime.ServerMetadata
+		err      error
+	)
+	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	val, ok := pathParams["id"]
+	if !ok {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "id")
+	}
+	protoReq.Id, err = runtime.String(val)
+	if err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "id", err)
+	}
+	if req.Body != nil {
+		_, _ = io.Copy(io.Discard, req.Body)
+	}
+	msg, err := client.UpdateVirtualMachineLifetime(ctx, &protoReq, grpc.Header(&metadata.HeaderMD), grpc.Trailer(&metadata.TrailerMD))
+	return msg, metadata, err
+}
+
+func local_request_HypervisorService_UpdateVirtualMachineLifetime_0(ctx context.Context, marshaler runtime.Marshaler, server HypervisorServiceServer, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq UpdateVirtualMachineLifetimeRequest
+		metadata runtime.ServerMetadata
+		err      error
+	)
+	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	val, ok := pathParams["id"]
+	if !ok {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "id")
+	}
+	protoReq.Id, err = runtime.String(val)
+	if err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "id", err)
+	}
+	msg, err := server.UpdateVirtualMachineLifetime(ctx, &protoReq)
+	return msg, metadata, err
+}
+
 // RegisterHypervisorServiceHandlerServer registers the http handlers for service HypervisorService to "mux".
 // UnaryRPC     :call HypervisorServiceServer directly.
 // StreamingRPC :currently unsupported pending https://github.com/grpc/grpc-go/issues/906.
@@ -1092,6 +1137,26 @@ func RegisterHypervisorServiceHandlerServer(ctx context.Context, mux *runtime.Se
 		}
 		forward_HypervisorService_GetVirtualMachineReport_0(annotatedContext, mux, outboundMarshaler, w, req, response_HypervisorService_GetVirtualMachineReport_0{resp.(*GetVirtualMachineReportResponse)}, mux.GetForwardResponseOptions()...)
 	})
+	mux.Handle(http.MethodPost, pattern_HypervisorService_UpdateVirtualMachineLifetime_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		var stream runtime.ServerTransportStream
+		ctx = grpc.NewContextWithServerTransportStream(ctx, &stream)
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/vmmanager.hypervisor.v1.HypervisorService/UpdateVirtualMachineLifetime", runtime.WithHTTPPathPattern("/api/v1/vms/{id}/lifetime"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := local_request_HypervisorService_UpdateVirtualMachineLifetime_0(annotatedContext, inboundMarshaler, server, req, pathParams)
+		md.HeaderMD, md.TrailerMD = metadata.Join(md.HeaderMD, stream.Header()), metadata.Join(md.TrailerMD, stream.Trailer())
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_HypervisorService_UpdateVirtualMachineLifetime_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
 
 	return nil
 }
@@ -1455,6 +1520,23 @@ func RegisterHypervisorServiceHandlerClient(ctx context.Context, mux *runtime.Se
 		}
 		forward_HypervisorService_GetVirtualMachineReport_0(annotatedContext, mux, outboundMarshaler, w, req, response_HypervisorService_GetVirtualMachineReport_0{resp.(*GetVirtualMachineReportResponse)}, mux.GetForwardResponseOptions()...)
 	})
+	mux.Handle(http.MethodPost, pattern_HypervisorService_UpdateVirtualMachineLifetime_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/vmmanager.hypervisor.v1.HypervisorService/UpdateVirtualMachineLifetime", runtime.WithHTTPPathPattern("/api/v1/vms/{id}/lifetime"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := request_HypervisorService_UpdateVirtualMachineLifetime_0(annotatedContext, inboundMarshaler, client, req, pathParams)
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_HypervisorService_UpdateVirtualMachineLifetime_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
 	return nil
 }
 
@@ -1495,45 +1577,47 @@ func (m response_HypervisorService_GetVirtualMachineReport_0) XXX_ResponseBody()
 }
 
 var (
-	pattern_HypervisorService_GetHost_0                   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"api", "v1", "host"}, ""))
-	pattern_HypervisorService_ListImages_0                = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"api", "v1", "images"}, ""))
-	pattern_HypervisorService_GetImage_0                  = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"api", "v1", "images", "ref"}, ""))
-	pattern_HypervisorService_ListNetworks_0              = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"api", "v1", "networks"}, ""))
-	pattern_HypervisorService_GetNetwork_0                = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"api", "v1", "networks", "name"}, ""))
-	pattern_HypervisorService_CreateNetwork_0             = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"api", "v1", "networks"}, ""))
-	pattern_HypervisorService_DeleteNetwork_0             = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"api", "v1", "networks", "name"}, ""))
-	pattern_HypervisorService_ListVirtualMachines_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"api", "v1", "vms"}, ""))
-	pattern_HypervisorService_GetVirtualMachine_0         = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"api", "v1", "vms", "id"}, ""))
-	pattern_HypervisorService_CreateVirtualMachine_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"api", "v1", "vms"}, ""))
-	pattern_HypervisorService_DeleteVirtualMachine_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"api", "v1", "vms", "id"}, ""))
-	pattern_HypervisorService_StartVirtualMachine_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3, 2, 4}, []string{"api", "v1", "vms", "id", "start"}, ""))
-	pattern_HypervisorService_StopVirtualMachine_0        = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3, 2, 4}, []string{"api", "v1", "vms", "id", "stop"}, ""))
-	pattern_HypervisorService_RebootVirtualMachine_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3, 2, 4}, []string{"api", "v1", "vms", "id", "reboot"}, ""))
-	pattern_HypervisorService_ExecVirtualMachine_0        = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3, 2, 4}, []string{"api", "v1", "vms", "id", "exec"}, ""))
-	pattern_HypervisorService_ForwardVirtualMachinePort_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3, 2, 4}, []string{"api", "v1", "vms", "id", "forward"}, ""))
-	pattern_HypervisorService_GetVirtualMachineConsole_0  = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3, 2, 4}, []string{"api", "v1", "vms", "id", "console"}, ""))
-	pattern_HypervisorService_GetVirtualMachineMetrics_0  = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3, 2, 4}, []string{"api", "v1", "vms", "id", "metrics"}, ""))
-	pattern_HypervisorService_GetVirtualMachineReport_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3, 2, 4}, []string{"api", "v1", "vms", "id", "report"}, ""))
+	pattern_HypervisorService_GetHost_0                      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"api", "v1", "host"}, ""))
+	pattern_HypervisorService_ListImages_0                   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"api", "v1", "images"}, ""))
+	pattern_HypervisorService_GetImage_0                     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"api", "v1", "images", "ref"}, ""))
+	pattern_HypervisorService_ListNetworks_0                 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"api", "v1", "networks"}, ""))
+	pattern_HypervisorService_GetNetwork_0                   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"api", "v1", "networks", "name"}, ""))
+	pattern_HypervisorService_CreateNetwork_0                = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"api", "v1", "networks"}, ""))
+	pattern_HypervisorService_DeleteNetwork_0                = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"api", "v1", "networks", "name"}, ""))
+	pattern_HypervisorService_ListVirtualMachines_0          = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"api", "v1", "vms"}, ""))
+	pattern_HypervisorService_GetVirtualMachine_0            = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"api", "v1", "vms", "id"}, ""))
+	pattern_HypervisorService_CreateVirtualMachine_0         = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"api", "v1", "vms"}, ""))
+	pattern_HypervisorService_DeleteVirtualMachine_0         = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"api", "v1", "vms", "id"}, ""))
+	pattern_HypervisorService_StartVirtualMachine_0          = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3, 2, 4}, []string{"api", "v1", "vms", "id", "start"}, ""))
+	pattern_HypervisorService_StopVirtualMachine_0           = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3, 2, 4}, []string{"api", "v1", "vms", "id", "stop"}, ""))
+	pattern_HypervisorService_RebootVirtualMachine_0         = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3, 2, 4}, []string{"api", "v1", "vms", "id", "reboot"}, ""))
+	pattern_HypervisorService_ExecVirtualMachine_0           = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3, 2, 4}, []string{"api", "v1", "vms", "id", "exec"}, ""))
+	pattern_HypervisorService_ForwardVirtualMachinePort_0    = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3, 2, 4}, []string{"api", "v1", "vms", "id", "forward"}, ""))
+	pattern_HypervisorService_GetVirtualMachineConsole_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3, 2, 4}, []string{"api", "v1", "vms", "id", "console"}, ""))
+	pattern_HypervisorService_GetVirtualMachineMetrics_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3, 2, 4}, []string{"api", "v1", "vms", "id", "metrics"}, ""))
+	pattern_HypervisorService_GetVirtualMachineReport_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3, 2, 4}, []string{"api", "v1", "vms", "id", "report"}, ""))
+	pattern_HypervisorService_UpdateVirtualMachineLifetime_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3, 2, 4}, []string{"api", "v1", "vms", "id", "lifetime"}, ""))
 )
 
 var (
-	forward_HypervisorService_GetHost_0                   = runtime.ForwardResponseMessage
-	forward_HypervisorService_ListImages_0                = runtime.ForwardResponseMessage
-	forward_HypervisorService_GetImage_0                  = runtime.ForwardResponseMessage
-	forward_HypervisorService_ListNetworks_0              = runtime.ForwardResponseMessage
-	forward_HypervisorService_GetNetwork_0                = runtime.ForwardResponseMessage
-	forward_HypervisorService_CreateNetwork_0             = runtime.ForwardResponseMessage
-	forward_HypervisorService_DeleteNetwork_0             = runtime.ForwardResponseMessage
-	forward_HypervisorService_ListVirtualMachines_0       = runtime.ForwardResponseMessage
-	forward_HypervisorService_GetVirtualMachine_0         = runtime.ForwardResponseMessage
-	forward_HypervisorService_CreateVirtualMachine_0      = runtime.ForwardResponseMessage
-	forward_HypervisorService_DeleteVirtualMachine_0      = runtime.ForwardResponseMessage
-	forward_HypervisorService_StartVirtualMachine_0       = runtime.ForwardResponseMessage
-	forward_HypervisorService_StopVirtualMachine_0        = runtime.ForwardResponseMessage
-	forward_HypervisorService_RebootVirtualMachine_0      = runtime.ForwardResponseMessage
-	forward_HypervisorService_ExecVirtualMachine_0        = runtime.ForwardResponseMessage
-	forward_HypervisorService_ForwardVirtualMachinePort_0 = runtime.ForwardResponseMessage
-	forward_HypervisorService_GetVirtualMachineConsole_0  = runtime.ForwardResponseMessage
-	forward_HypervisorService_GetVirtualMachineMetrics_0  = runtime.ForwardResponseMessage
-	forward_HypervisorService_GetVirtualMachineReport_0   = runtime.ForwardResponseMessage
+	forward_HypervisorService_GetHost_0                      = runtime.ForwardResponseMessage
+	forward_HypervisorService_ListImages_0                   = runtime.ForwardResponseMessage
+	forward_HypervisorService_GetImage_0                     = runtime.ForwardResponseMessage
+	forward_HypervisorService_ListNetworks_0                 = runtime.ForwardResponseMessage
+	forward_HypervisorService_GetNetwork_0                   = runtime.ForwardResponseMessage
+	forward_HypervisorService_CreateNetwork_0                = runtime.ForwardResponseMessage
+	forward_HypervisorService_DeleteNetwork_0                = runtime.ForwardResponseMessage
+	forward_HypervisorService_ListVirtualMachines_0          = runtime.ForwardResponseMessage
+	forward_HypervisorService_GetVirtualMachine_0            = runtime.ForwardResponseMessage
+	forward_HypervisorService_CreateVirtualMachine_0         = runtime.ForwardResponseMessage
+	forward_HypervisorService_DeleteVirtualMachine_0         = runtime.ForwardResponseMessage
+	forward_HypervisorService_StartVirtualMachine_0          = runtime.ForwardResponseMessage
+	forward_HypervisorService_StopVirtualMachine_0           = runtime.ForwardResponseMessage
+	forward_HypervisorService_RebootVirtualMachine_0         = runtime.ForwardResponseMessage
+	forward_HypervisorService_ExecVirtualMachine_0           = runtime.ForwardResponseMessage
+	forward_HypervisorService_ForwardVirtualMachinePort_0    = runtime.ForwardResponseMessage
+	forward_HypervisorService_GetVirtualMachineConsole_0     = runtime.ForwardResponseMessage
+	forward_HypervisorService_GetVirtualMachineMetrics_0     = runtime.ForwardResponseMessage
+	forward_HypervisorService_GetVirtualMachineReport_0      = runtime.ForwardResponseMessage
+	forward_HypervisorService_UpdateVirtualMachineLifetime_0 = runtime.ForwardResponseMessage
 )

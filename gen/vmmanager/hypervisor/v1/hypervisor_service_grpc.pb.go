@@ -19,25 +19,26 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	HypervisorService_GetHost_FullMethodName                   = "/vmmanager.hypervisor.v1.HypervisorService/GetHost"
-	HypervisorService_ListImages_FullMethodName                = "/vmmanager.hypervisor.v1.HypervisorService/ListImages"
-	HypervisorService_GetImage_FullMethodName                  = "/vmmanager.hypervisor.v1.HypervisorService/GetImage"
-	HypervisorService_ListNetworks_FullMethodName              = "/vmmanager.hypervisor.v1.HypervisorService/ListNetworks"
-	HypervisorService_GetNetwork_FullMethodName                = "/vmmanager.hypervisor.v1.HypervisorService/GetNetwork"
-	HypervisorService_CreateNetwork_FullMethodName             = "/vmmanager.hypervisor.v1.HypervisorService/CreateNetwork"
-	HypervisorService_DeleteNetwork_FullMethodName             = "/vmmanager.hypervisor.v1.HypervisorService/DeleteNetwork"
-	HypervisorService_ListVirtualMachines_FullMethodName       = "/vmmanager.hypervisor.v1.HypervisorService/ListVirtualMachines"
-	HypervisorService_GetVirtualMachine_FullMethodName         = "/vmmanager.hypervisor.v1.HypervisorService/GetVirtualMachine"
-	HypervisorService_CreateVirtualMachine_FullMethodName      = "/vmmanager.hypervisor.v1.HypervisorService/CreateVirtualMachine"
-	HypervisorService_DeleteVirtualMachine_FullMethodName      = "/vmmanager.hypervisor.v1.HypervisorService/DeleteVirtualMachine"
-	HypervisorService_StartVirtualMachine_FullMethodName       = "/vmmanager.hypervisor.v1.HypervisorService/StartVirtualMachine"
-	HypervisorService_StopVirtualMachine_FullMethodName        = "/vmmanager.hypervisor.v1.HypervisorService/StopVirtualMachine"
-	HypervisorService_RebootVirtualMachine_FullMethodName      = "/vmmanager.hypervisor.v1.HypervisorService/RebootVirtualMachine"
-	HypervisorService_ExecVirtualMachine_FullMethodName        = "/vmmanager.hypervisor.v1.HypervisorService/ExecVirtualMachine"
-	HypervisorService_ForwardVirtualMachinePort_FullMethodName = "/vmmanager.hypervisor.v1.HypervisorService/ForwardVirtualMachinePort"
-	HypervisorService_GetVirtualMachineConsole_FullMethodName  = "/vmmanager.hypervisor.v1.HypervisorService/GetVirtualMachineConsole"
-	HypervisorService_GetVirtualMachineMetrics_FullMethodName  = "/vmmanager.hypervisor.v1.HypervisorService/GetVirtualMachineMetrics"
-	HypervisorService_GetVirtualMachineReport_FullMethodName   = "/vmmanager.hypervisor.v1.HypervisorService/GetVirtualMachineReport"
+	HypervisorService_GetHost_FullMethodName                      = "/vmmanager.hypervisor.v1.HypervisorService/GetHost"
+	HypervisorService_ListImages_FullMethodName                   = "/vmmanager.hypervisor.v1.HypervisorService/ListImages"
+	HypervisorService_GetImage_FullMethodName                     = "/vmmanager.hypervisor.v1.HypervisorService/GetImage"
+	HypervisorService_ListNetworks_FullMethodName                 = "/vmmanager.hypervisor.v1.HypervisorService/ListNetworks"
+	HypervisorService_GetNetwork_FullMethodName                   = "/vmmanager.hypervisor.v1.HypervisorService/GetNetwork"
+	HypervisorService_CreateNetwork_FullMethodName                = "/vmmanager.hypervisor.v1.HypervisorService/CreateNetwork"
+	HypervisorService_DeleteNetwork_FullMethodName                = "/vmmanager.hypervisor.v1.HypervisorService/DeleteNetwork"
+	HypervisorService_ListVirtualMachines_FullMethodName          = "/vmmanager.hypervisor.v1.HypervisorService/ListVirtualMachines"
+	HypervisorService_GetVirtualMachine_FullMethodName            = "/vmmanager.hypervisor.v1.HypervisorService/GetVirtualMachine"
+	HypervisorService_CreateVirtualMachine_FullMethodName         = "/vmmanager.hypervisor.v1.HypervisorService/CreateVirtualMachine"
+	HypervisorService_DeleteVirtualMachine_FullMethodName         = "/vmmanager.hypervisor.v1.HypervisorService/DeleteVirtualMachine"
+	HypervisorService_StartVirtualMachine_FullMethodName          = "/vmmanager.hypervisor.v1.HypervisorService/StartVirtualMachine"
+	HypervisorService_StopVirtualMachine_FullMethodName           = "/vmmanager.hypervisor.v1.HypervisorService/StopVirtualMachine"
+	HypervisorService_RebootVirtualMachine_FullMethodName         = "/vmmanager.hypervisor.v1.HypervisorService/RebootVirtualMachine"
+	HypervisorService_ExecVirtualMachine_FullMethodName           = "/vmmanager.hypervisor.v1.HypervisorService/ExecVirtualMachine"
+	HypervisorService_ForwardVirtualMachinePort_FullMethodName    = "/vmmanager.hypervisor.v1.HypervisorService/ForwardVirtualMachinePort"
+	HypervisorService_GetVirtualMachineConsole_FullMethodName     = "/vmmanager.hypervisor.v1.HypervisorService/GetVirtualMachineConsole"
+	HypervisorService_GetVirtualMachineMetrics_FullMethodName     = "/vmmanager.hypervisor.v1.HypervisorService/GetVirtualMachineMetrics"
+	HypervisorService_GetVirtualMachineReport_FullMethodName      = "/vmmanager.hypervisor.v1.HypervisorService/GetVirtualMachineReport"
+	HypervisorService_UpdateVirtualMachineLifetime_FullMethodName = "/vmmanager.hypervisor.v1.HypervisorService/UpdateVirtualMachineLifetime"
 )
 
 // HypervisorServiceClient is the client API for HypervisorService service.
@@ -82,6 +83,9 @@ type HypervisorServiceClient interface {
 	GetVirtualMachineMetrics(ctx context.Context, in *GetVirtualMachineMetricsRequest, opts ...grpc.CallOption) (*VirtualMachineMetrics, error)
 	// The guest's last report upload, re-encoded as JSON.
 	GetVirtualMachineReport(ctx context.Context, in *GetVirtualMachineReportRequest, opts ...grpc.CallOption) (*GetVirtualMachineReportResponse, error)
+	// Extend, shorten or clear a VM's expiry, change what it does then, or
+	// its idle auto-stop (lifetimes).
+	UpdateVirtualMachineLifetime(ctx context.Context, in *UpdateVirtualMachineLifetimeRequest, opts ...grpc.CallOption) (*VirtualMachine, error)
 }
 
 type hypervisorServiceClient struct {
@@ -282,6 +286,16 @@ func (c *hypervisorServiceClient) GetVirtualMachineReport(ctx context.Context, i
 	return out, nil
 }
 
+func (c *hypervisorServiceClient) UpdateVirtualMachineLifetime(ctx context.Context, in *UpdateVirtualMachineLifetimeRequest, opts ...grpc.CallOption) (*VirtualMachine, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(VirtualMachine)
+	err := c.cc.Invoke(ctx, HypervisorService_UpdateVirtualMachineLifetime_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // HypervisorServiceServer is the server API for HypervisorService service.
 // All implementations must embed UnimplementedHypervisorServiceServer
 // for forward compatibility.
@@ -324,6 +338,9 @@ type HypervisorServiceServer interface {
 	GetVirtualMachineMetrics(context.Context, *GetVirtualMachineMetricsRequest) (*VirtualMachineMetrics, error)
 	// The guest's last report upload, re-encoded as JSON.
 	GetVirtualMachineReport(context.Context, *GetVirtualMachineReportRequest) (*GetVirtualMachineReportResponse, error)
+	// Extend, shorten or clear a VM's expiry, change what it does then, or
+	// its idle auto-stop (lifetimes).
+	UpdateVirtualMachineLifetime(context.Context, *UpdateVirtualMachineLifetimeRequest) (*VirtualMachine, error)
 	mustEmbedUnimplementedHypervisorServiceServer()
 }
 
@@ -390,6 +407,9 @@ func (UnimplementedHypervisorServiceServer) GetVirtualMachineMetrics(context.Con
 }
 func (UnimplementedHypervisorServiceServer) GetVirtualMachineReport(context.Context, *GetVirtualMachineReportRequest) (*GetVirtualMachineReportResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetVirtualMachineReport not implemented")
+}
+func (UnimplementedHypervisorServiceServer) UpdateVirtualMachineLifetime(context.Context, *UpdateVirtualMachineLifetimeRequest) (*VirtualMachine, error) {
+	return nil, status.Error(codes.Unimplemented, "method UpdateVirtualMachineLifetime not implemented")
 }
 func (UnimplementedHypervisorServiceServer) mustEmbedUnimplementedHypervisorServiceServer() {}
 func (UnimplementedHypervisorServiceServer) testEmbeddedByValue()                           {}
@@ -754,6 +774,24 @@ func _HypervisorService_GetVirtualMachineReport_Handler(srv interface{}, ctx con
 	return interceptor(ctx, in, info, handler)
 }
 
+func _HypervisorService_UpdateVirtualMachineLifetime_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateVirtualMachineLifetimeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HypervisorServiceServer).UpdateVirtualMachineLifetime(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: HypervisorService_UpdateVirtualMachineLifetime_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HypervisorServiceServer).UpdateVirtualMachineLifetime(ctx, req.(*UpdateVirtualMachineLifetimeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // HypervisorService_ServiceDesc is the grpc.ServiceDesc for HypervisorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -836,6 +874,10 @@ var HypervisorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetVirtualMachineReport",
 			Handler:    _HypervisorService_GetVirtualMachineReport_Handler,
+		},
+		{
+			MethodName: "UpdateVirtualMachineLifetime",
+			Handler:    _HypervisorService_UpdateVirtualMachineLifetime_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -381,9 +381,12 @@ type GetBoundCountersResponse struct {
 	Vms []*VirtualMachineBoundCounters `protobuf:"bytes,1,rep,name=vms,proto3" json:"vms,omitempty"`
 	// Creates refused at a per-host bound, by bound: "vms" (--max-vms),
 	// "networks" (--max-networks), "forwards_per_vm" (--max-forwards-per-vm).
-	RefusedTotal  map[string]uint64 `protobuf:"bytes,2,rep,name=refused_total,json=refusedTotal,proto3" json:"refused_total,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RefusedTotal map[string]uint64 `protobuf:"bytes,2,rep,name=refused_total,json=refusedTotal,proto3" json:"refused_total,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// What lifetimes did to VMs, by "<reason>_<action>": "expired_stop",
+	// "expired_delete", "idle_stop".
+	LifetimeActionsTotal map[string]uint64 `protobuf:"bytes,3,rep,name=lifetime_actions_total,json=lifetimeActionsTotal,proto3" json:"lifetime_actions_total,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *GetBoundCountersResponse) Reset() {
@@ -426,6 +429,13 @@ func (x *GetBoundCountersResponse) GetVms() []*VirtualMachineBoundCounters {
 func (x *GetBoundCountersResponse) GetRefusedTotal() map[string]uint64 {
 	if x != nil {
 		return x.RefusedTotal
+	}
+	return nil
+}
+
+func (x *GetBoundCountersResponse) GetLifetimeActionsTotal() map[string]uint64 {
+	if x != nil {
+		return x.LifetimeActionsTotal
 	}
 	return nil
 }
@@ -550,11 +560,15 @@ const file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDesc = "" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x19\n" +
-	"\x17GetBoundCountersRequest\"\x8d\x02\n" +
+	"\x17GetBoundCountersRequest\"\xda\x03\n" +
 	"\x18GetBoundCountersResponse\x12F\n" +
 	"\x03vms\x18\x01 \x03(\v24.vmmanager.hypervisor.v1.VirtualMachineBoundCountersR\x03vms\x12h\n" +
-	"\rrefused_total\x18\x02 \x03(\v2C.vmmanager.hypervisor.v1.GetBoundCountersResponse.RefusedTotalEntryR\frefusedTotal\x1a?\n" +
+	"\rrefused_total\x18\x02 \x03(\v2C.vmmanager.hypervisor.v1.GetBoundCountersResponse.RefusedTotalEntryR\frefusedTotal\x12\x81\x01\n" +
+	"\x16lifetime_actions_total\x18\x03 \x03(\v2K.vmmanager.hypervisor.v1.GetBoundCountersResponse.LifetimeActionsTotalEntryR\x14lifetimeActionsTotal\x1a?\n" +
 	"\x11RefusedTotalEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\x1aG\n" +
+	"\x19LifetimeActionsTotalEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xf5\x03\n" +
 	"\x1bVirtualMachineBoundCounters\x12\x13\n" +
@@ -592,7 +606,7 @@ func file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDescGZIP() []byte {
 }
 
 var file_vmmanager_hypervisor_v1_telemetry_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_vmmanager_hypervisor_v1_telemetry_service_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_vmmanager_hypervisor_v1_telemetry_service_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_vmmanager_hypervisor_v1_telemetry_service_proto_goTypes = []any{
 	(GuestSeriesType)(0),                    // 0: vmmanager.hypervisor.v1.GuestSeriesType
 	(*ListGuestSeriesRequest)(nil),          // 1: vmmanager.hypervisor.v1.ListGuestSeriesRequest
@@ -605,40 +619,42 @@ var file_vmmanager_hypervisor_v1_telemetry_service_proto_goTypes = []any{
 	nil,                                     // 8: vmmanager.hypervisor.v1.VirtualMachineGuestSeries.SeriesDroppedTotalEntry
 	nil,                                     // 9: vmmanager.hypervisor.v1.GuestSeries.LabelsEntry
 	nil,                                     // 10: vmmanager.hypervisor.v1.GetBoundCountersResponse.RefusedTotalEntry
-	nil,                                     // 11: vmmanager.hypervisor.v1.VirtualMachineBoundCounters.ImdsBodyTooLargeTotalEntry
-	(*timestamppb.Timestamp)(nil),           // 12: google.protobuf.Timestamp
-	(*ListVirtualMachinesRequest)(nil),      // 13: vmmanager.hypervisor.v1.ListVirtualMachinesRequest
-	(*GetVirtualMachineMetricsRequest)(nil), // 14: vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
-	(*ListNetworksRequest)(nil),             // 15: vmmanager.hypervisor.v1.ListNetworksRequest
-	(*ListVirtualMachinesResponse)(nil),     // 16: vmmanager.hypervisor.v1.ListVirtualMachinesResponse
-	(*VirtualMachineMetrics)(nil),           // 17: vmmanager.hypervisor.v1.VirtualMachineMetrics
-	(*ListNetworksResponse)(nil),            // 18: vmmanager.hypervisor.v1.ListNetworksResponse
+	nil,                                     // 11: vmmanager.hypervisor.v1.GetBoundCountersResponse.LifetimeActionsTotalEntry
+	nil,                                     // 12: vmmanager.hypervisor.v1.VirtualMachineBoundCounters.ImdsBodyTooLargeTotalEntry
+	(*timestamppb.Timestamp)(nil),           // 13: google.protobuf.Timestamp
+	(*ListVirtualMachinesRequest)(nil),      // 14: vmmanager.hypervisor.v1.ListVirtualMachinesRequest
+	(*GetVirtualMachineMetricsRequest)(nil), // 15: vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
+	(*ListNetworksRequest)(nil),             // 16: vmmanager.hypervisor.v1.ListNetworksRequest
+	(*ListVirtualMachinesResponse)(nil),     // 17: vmmanager.hypervisor.v1.ListVirtualMachinesResponse
+	(*VirtualMachineMetrics)(nil),           // 18: vmmanager.hypervisor.v1.VirtualMachineMetrics
+	(*ListNetworksResponse)(nil),            // 19: vmmanager.hypervisor.v1.ListNetworksResponse
 }
 var file_vmmanager_hypervisor_v1_telemetry_service_proto_depIdxs = []int32{
 	3,  // 0: vmmanager.hypervisor.v1.ListGuestSeriesResponse.vms:type_name -> vmmanager.hypervisor.v1.VirtualMachineGuestSeries
-	12, // 1: vmmanager.hypervisor.v1.VirtualMachineGuestSeries.received_at:type_name -> google.protobuf.Timestamp
+	13, // 1: vmmanager.hypervisor.v1.VirtualMachineGuestSeries.received_at:type_name -> google.protobuf.Timestamp
 	8,  // 2: vmmanager.hypervisor.v1.VirtualMachineGuestSeries.series_dropped_total:type_name -> vmmanager.hypervisor.v1.VirtualMachineGuestSeries.SeriesDroppedTotalEntry
 	4,  // 3: vmmanager.hypervisor.v1.VirtualMachineGuestSeries.series:type_name -> vmmanager.hypervisor.v1.GuestSeries
 	0,  // 4: vmmanager.hypervisor.v1.GuestSeries.type:type_name -> vmmanager.hypervisor.v1.GuestSeriesType
 	9,  // 5: vmmanager.hypervisor.v1.GuestSeries.labels:type_name -> vmmanager.hypervisor.v1.GuestSeries.LabelsEntry
 	7,  // 6: vmmanager.hypervisor.v1.GetBoundCountersResponse.vms:type_name -> vmmanager.hypervisor.v1.VirtualMachineBoundCounters
 	10, // 7: vmmanager.hypervisor.v1.GetBoundCountersResponse.refused_total:type_name -> vmmanager.hypervisor.v1.GetBoundCountersResponse.RefusedTotalEntry
-	11, // 8: vmmanager.hypervisor.v1.VirtualMachineBoundCounters.imds_body_too_large_total:type_name -> vmmanager.hypervisor.v1.VirtualMachineBoundCounters.ImdsBodyTooLargeTotalEntry
-	13, // 9: vmmanager.hypervisor.v1.TelemetryService.ListVirtualMachines:input_type -> vmmanager.hypervisor.v1.ListVirtualMachinesRequest
-	14, // 10: vmmanager.hypervisor.v1.TelemetryService.GetVirtualMachineMetrics:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
-	15, // 11: vmmanager.hypervisor.v1.TelemetryService.ListNetworks:input_type -> vmmanager.hypervisor.v1.ListNetworksRequest
-	1,  // 12: vmmanager.hypervisor.v1.TelemetryService.ListGuestSeries:input_type -> vmmanager.hypervisor.v1.ListGuestSeriesRequest
-	5,  // 13: vmmanager.hypervisor.v1.TelemetryService.GetBoundCounters:input_type -> vmmanager.hypervisor.v1.GetBoundCountersRequest
-	16, // 14: vmmanager.hypervisor.v1.TelemetryService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
-	17, // 15: vmmanager.hypervisor.v1.TelemetryService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
-	18, // 16: vmmanager.hypervisor.v1.TelemetryService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
-	2,  // 17: vmmanager.hypervisor.v1.TelemetryService.ListGuestSeries:output_type -> vmmanager.hypervisor.v1.ListGuestSeriesResponse
-	6,  // 18: vmmanager.hypervisor.v1.TelemetryService.GetBoundCounters:output_type -> vmmanager.hypervisor.v1.GetBoundCountersResponse
-	14, // [14:19] is the sub-list for method output_type
-	9,  // [9:14] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	11, // 8: vmmanager.hypervisor.v1.GetBoundCountersResponse.lifetime_actions_total:type_name -> vmmanager.hypervisor.v1.GetBoundCountersResponse.LifetimeActionsTotalEntry
+	12, // 9: vmmanager.hypervisor.v1.VirtualMachineBoundCounters.imds_body_too_large_total:type_name -> vmmanager.hypervisor.v1.VirtualMachineBoundCounters.ImdsBodyTooLargeTotalEntry
+	14, // 10: vmmanager.hypervisor.v1.TelemetryService.ListVirtualMachines:input_type -> vmmanager.hypervisor.v1.ListVirtualMachinesRequest
+	15, // 11: vmmanager.hypervisor.v1.TelemetryService.GetVirtualMachineMetrics:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
+	16, // 12: vmmanager.hypervisor.v1.TelemetryService.ListNetworks:input_type -> vmmanager.hypervisor.v1.ListNetworksRequest
+	1,  // 13: vmmanager.hypervisor.v1.TelemetryService.ListGuestSeries:input_type -> vmmanager.hypervisor.v1.ListGuestSeriesRequest
+	5,  // 14: vmmanager.hypervisor.v1.TelemetryService.GetBoundCounters:input_type -> vmmanager.hypervisor.v1.GetBoundCountersRequest
+	17, // 15: vmmanager.hypervisor.v1.TelemetryService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
+	18, // 16: vmmanager.hypervisor.v1.TelemetryService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
+	19, // 17: vmmanager.hypervisor.v1.TelemetryService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
+	2,  // 18: vmmanager.hypervisor.v1.TelemetryService.ListGuestSeries:output_type -> vmmanager.hypervisor.v1.ListGuestSeriesResponse
+	6,  // 19: vmmanager.hypervisor.v1.TelemetryService.GetBoundCounters:output_type -> vmmanager.hypervisor.v1.GetBoundCountersResponse
+	15, // [15:20] is the sub-list for method output_type
+	10, // [10:15] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_vmmanager_hypervisor_v1_telemetry_service_proto_init() }
@@ -653,7 +669,7 @@ func file_vmmanager_hypervisor_v1_telemetry_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDesc), len(file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

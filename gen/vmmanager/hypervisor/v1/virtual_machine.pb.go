@@ -220,7 +220,10 @@ type VirtualMachine struct {
 	// Boots started: create, start, reboot and every reset inside the guest
 	// (each is a new boot that attests afresh). Records from before this field
 	// count from their first boot after it.
-	BootCount     uint32 `protobuf:"varint,36,opt,name=boot_count,json=bootCount,proto3" json:"boot_count,omitempty"`
+	BootCount uint32 `protobuf:"varint,36,opt,name=boot_count,json=bootCount,proto3" json:"boot_count,omitempty"`
+	// When the VM ends by itself (ttl, expire_at, idle_timeout); absent when
+	// it has no lifetime.
+	Lifetime      *Lifetime `protobuf:"bytes,37,opt,name=lifetime,proto3" json:"lifetime,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -505,6 +508,13 @@ func (x *VirtualMachine) GetBootCount() uint32 {
 		return x.BootCount
 	}
 	return 0
+}
+
+func (x *VirtualMachine) GetLifetime() *Lifetime {
+	if x != nil {
+		return x.Lifetime
+	}
+	return nil
 }
 
 // TpmIdentity is a VM's vTPM identity, in the manner of a cloud's shielded-VM
@@ -934,7 +944,7 @@ var File_vmmanager_hypervisor_v1_virtual_machine_proto protoreflect.FileDescript
 
 const file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDesc = "" +
 	"\n" +
-	"-vmmanager/hypervisor/v1/virtual_machine.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\x1a\"vmmanager/hypervisor/v1/host.proto\"\xb6\x0e\n" +
+	"-vmmanager/hypervisor/v1/virtual_machine.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\"\xfa\x0e\n" +
 	"\x0eVirtualMachine\x12\x16\n" +
 	"\x02id\x18\x01 \x01(\tB\x06\xe0A\x02\xe0A\bR\x02id\x12\x1a\n" +
 	"\x04name\x18\x02 \x01(\tB\x06\xe0A\x02\xe0A\x03R\x04name\x12\x1c\n" +
@@ -978,7 +988,8 @@ const file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDesc = "" +
 	"\bforwards\x18\" \x03(\v2$.vmmanager.hypervisor.v1.PortForwardB\x03\xe0A\x03R\bforwards\x12;\n" +
 	"\x03tpm\x18# \x01(\v2$.vmmanager.hypervisor.v1.TpmIdentityB\x03\xe0A\x03R\x03tpm\x12\"\n" +
 	"\n" +
-	"boot_count\x18$ \x01(\rB\x03\xe0A\x03R\tbootCount\x1a;\n" +
+	"boot_count\x18$ \x01(\rB\x03\xe0A\x03R\tbootCount\x12B\n" +
+	"\blifetime\x18% \x01(\v2!.vmmanager.hypervisor.v1.LifetimeB\x03\xe0A\x03R\blifetime\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01:W\xeaAT\n" +
@@ -1068,6 +1079,7 @@ var file_vmmanager_hypervisor_v1_virtual_machine_proto_goTypes = []any{
 	(Accelerator)(0),              // 9: vmmanager.hypervisor.v1.Accelerator
 	(*v1.Attestation)(nil),        // 10: vmmanager.attestation.v1.Attestation
 	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(*Lifetime)(nil),              // 12: vmmanager.hypervisor.v1.Lifetime
 }
 var file_vmmanager_hypervisor_v1_virtual_machine_proto_depIdxs = []int32{
 	8,  // 0: vmmanager.hypervisor.v1.VirtualMachine.metadata:type_name -> vmmanager.hypervisor.v1.VirtualMachine.MetadataEntry
@@ -1083,15 +1095,16 @@ var file_vmmanager_hypervisor_v1_virtual_machine_proto_depIdxs = []int32{
 	6,  // 10: vmmanager.hypervisor.v1.VirtualMachine.processes:type_name -> vmmanager.hypervisor.v1.Processes
 	4,  // 11: vmmanager.hypervisor.v1.VirtualMachine.forwards:type_name -> vmmanager.hypervisor.v1.PortForward
 	3,  // 12: vmmanager.hypervisor.v1.VirtualMachine.tpm:type_name -> vmmanager.hypervisor.v1.TpmIdentity
-	11, // 13: vmmanager.hypervisor.v1.TpmIdentity.provision_time:type_name -> google.protobuf.Timestamp
-	11, // 14: vmmanager.hypervisor.v1.TpmIdentity.update_time:type_name -> google.protobuf.Timestamp
-	7,  // 15: vmmanager.hypervisor.v1.Processes.qemu:type_name -> vmmanager.hypervisor.v1.Process
-	7,  // 16: vmmanager.hypervisor.v1.Processes.tpm:type_name -> vmmanager.hypervisor.v1.Process
-	17, // [17:17] is the sub-list for method output_type
-	17, // [17:17] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	12, // 13: vmmanager.hypervisor.v1.VirtualMachine.lifetime:type_name -> vmmanager.hypervisor.v1.Lifetime
+	11, // 14: vmmanager.hypervisor.v1.TpmIdentity.provision_time:type_name -> google.protobuf.Timestamp
+	11, // 15: vmmanager.hypervisor.v1.TpmIdentity.update_time:type_name -> google.protobuf.Timestamp
+	7,  // 16: vmmanager.hypervisor.v1.Processes.qemu:type_name -> vmmanager.hypervisor.v1.Process
+	7,  // 17: vmmanager.hypervisor.v1.Processes.tpm:type_name -> vmmanager.hypervisor.v1.Process
+	18, // [18:18] is the sub-list for method output_type
+	18, // [18:18] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_vmmanager_hypervisor_v1_virtual_machine_proto_init() }
@@ -1100,6 +1113,7 @@ func file_vmmanager_hypervisor_v1_virtual_machine_proto_init() {
 		return
 	}
 	file_vmmanager_hypervisor_v1_host_proto_init()
+	file_vmmanager_hypervisor_v1_lifetime_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

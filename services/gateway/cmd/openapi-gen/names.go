@@ -80,6 +80,8 @@ var errorCodes = map[protoreflect.Name][]apierr.Code{
 	"GetVirtualMachineConsole":  {apierr.InvalidRequest, apierr.NotFound},
 	"GetVirtualMachineMetrics":  {apierr.NotFound},
 	"GetVirtualMachineReport":   {apierr.NotFound},
+	// Lifetimes.
+	"UpdateVirtualMachineLifetime": {apierr.InvalidRequest, apierr.NotFound, apierr.Conflict},
 	// AttestationService.
 	"GetVirtualMachineAttestation": {apierr.NotFound},
 	"ListImagePolicies":            nil,

@@ -201,6 +201,9 @@ const (
 	hintIdempotent
 	hintDestructive
 	hintExec
+	// A lifetime change: it may stop or delete the VM later, and a ttl is
+	// from now, so repeating it is not idempotent.
+	hintLifetime
 )
 
 func (c class) annotations() *mcp.ToolAnnotations {
@@ -216,6 +219,8 @@ func (c class) annotations() *mcp.ToolAnnotations {
 		return &mcp.ToolAnnotations{DestructiveHint: &tr, IdempotentHint: true, OpenWorldHint: &f}
 	case hintExec:
 		return &mcp.ToolAnnotations{DestructiveHint: &tr, OpenWorldHint: &tr}
+	case hintLifetime:
+		return &mcp.ToolAnnotations{DestructiveHint: &tr, OpenWorldHint: &f}
 	}
 	panic(fmt.Sprintf("unknown annotation class %d", c))
 }

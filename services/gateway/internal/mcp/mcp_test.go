@@ -16,6 +16,7 @@ import (
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 func TestServerInfo(t *testing.T) {
@@ -51,8 +52,8 @@ func TestListTools(t *testing.T) {
 	if want := slices.Sorted(slices.Values(ToolNames)); !slices.Equal(names, want) {
 		t.Fatalf("tools = %v\nwant   %v", names, want)
 	}
-	if len(ToolNames) != 20 {
-		t.Errorf("%d tools, want 20", len(ToolNames))
+	if len(ToolNames) != 21 {
+		t.Errorf("%d tools, want 21", len(ToolNames))
 	}
 
 	type hints struct{ readOnly, destructive, idempotent, openWorld bool }
@@ -62,12 +63,13 @@ func TestListTools(t *testing.T) {
 		"idempotent":  {false, false, true, false},
 		"destructive": {false, true, true, false},
 		"exec":        {false, true, false, true},
+		"lifetime":    {false, true, false, false},
 	}
 	classOf := map[string]string{
 		"create_network": "create", "create_vm": "create",
 		"delete_network": "destructive", "delete_vm": "destructive",
 		"start_vm": "idempotent", "stop_vm": "idempotent", "reboot_vm": "idempotent", "forward_port": "idempotent",
-		"exec_vm": "exec",
+		"exec_vm": "exec", "update_vm_lifetime": "lifetime",
 	}
 	required := map[string][]string{
 		"get_image":          {"ref"},
@@ -85,6 +87,7 @@ func TestListTools(t *testing.T) {
 		"delete_vm":          {"id"},
 		"exec_vm":            {"id", "command"},
 		"forward_port":       {"id", "port"},
+		"update_vm_lifetime": {"id"},
 	}
 	nameRE := regexp.MustCompile(`^[a-z_]+$`)
 	for _, tool := range res.Tools {
@@ -383,6 +386,14 @@ func TestEveryToolCallsItsRPC(t *testing.T) {
 		{"delete_vm", id, "HypervisorService/DeleteVirtualMachine", &hypervisorv1.DeleteVirtualMachineRequest{Id: "0a1b2c3d"}},
 		{"exec_vm", map[string]any{"id": "0a1b2c3d", "command": []string{"true"}}, "HypervisorService/ExecVirtualMachine", &hypervisorv1.ExecVirtualMachineRequest{Id: "0a1b2c3d", Command: []string{"true"}}},
 		{"forward_port", map[string]any{"id": "0a1b2c3d", "port": 6443}, "HypervisorService/ForwardVirtualMachinePort", &hypervisorv1.ForwardVirtualMachinePortRequest{Id: "0a1b2c3d", Port: 6443}},
+		{"create_vm", map[string]any{"name": "w", "ttl": "60s", "on_expire": "delete", "idle_timeout": "5m", "on_idle": "stop"}, "HypervisorService/CreateVirtualMachine",
+			&hypervisorv1.CreateVirtualMachineRequest{Name: "w", Cpus: proto.Int32(2), MemoryMib: proto.Int32(2048), DiskGib: proto.Int32(20), RequireAttestation: proto.Bool(true), WaitFor: hypervisorv1.WaitFor_WAIT_FOR_READY, Ttl: "60s", OnExpire: hypervisorv1.OnExpire_ON_EXPIRE_DELETE, IdleTimeout: "5m", OnIdle: hypervisorv1.OnIdle_ON_IDLE_STOP}},
+		{"create_vm", map[string]any{"name": "w", "expire_at": "2030-01-02T15:04:05Z"}, "HypervisorService/CreateVirtualMachine",
+			&hypervisorv1.CreateVirtualMachineRequest{Name: "w", Cpus: proto.Int32(2), MemoryMib: proto.Int32(2048), DiskGib: proto.Int32(20), RequireAttestation: proto.Bool(true), WaitFor: hypervisorv1.WaitFor_WAIT_FOR_READY, ExpireAt: &timestamppb.Timestamp{Seconds: 1893596645}}},
+		{"update_vm_lifetime", map[string]any{"id": "0a1b2c3d", "ttl": "2h", "on_expire": "stop", "idle_timeout": "0s"}, "HypervisorService/UpdateVirtualMachineLifetime",
+			&hypervisorv1.UpdateVirtualMachineLifetimeRequest{Id: "0a1b2c3d", Ttl: "2h", OnExpire: hypervisorv1.OnExpire_ON_EXPIRE_STOP, IdleTimeout: proto.String("0s")}},
+		{"update_vm_lifetime", map[string]any{"id": "0a1b2c3d", "clear_expiry": true}, "HypervisorService/UpdateVirtualMachineLifetime",
+			&hypervisorv1.UpdateVirtualMachineLifetimeRequest{Id: "0a1b2c3d", ClearExpiry: true}},
 	} {
 		h.call(t, tc.tool, tc.args) // the fake leaves some unimplemented: any result will do
 		if got := h.rpcs.last(); got.method != tc.method || !proto.Equal(got.req, tc.req) {
@@ -466,13 +477,13 @@ func TestToolsListStable(t *testing.T) {
 			for _, tool := range res.Tools {
 				names = append(names, tool.Name)
 			}
-			if !slices.IsSorted(names) || len(names) != 20 {
+			if !slices.IsSorted(names) || len(names) != 21 {
 				t.Fatalf("tools/list: %v", names)
 			}
 			lists = append(lists, mustJSON(res.Tools))
 		}
 	}
-	t.Logf("tools/list: %d tools, %d bytes of JSON", 20, len(lists[0]))
+	t.Logf("tools/list: %d tools, %d bytes of JSON", 21, len(lists[0]))
 	for i, l := range lists {
 		if l != lists[0] {
 			t.Fatalf("tools/list %d differs from the first:\n%s\n%s", i, l, lists[0])

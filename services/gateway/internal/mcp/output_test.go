@@ -188,6 +188,7 @@ var validArgs = map[string]map[string]any{
 	"delete_vm":          {"id": "0a1b2c3d"},
 	"exec_vm":            {"id": "0a1b2c3d", "command": []string{"true"}},
 	"forward_port":       {"id": "0a1b2c3d", "port": 22},
+	"update_vm_lifetime": {"id": "0a1b2c3d", "ttl": "1h"},
 }
 
 // connect is an MCP SDK client session with h.

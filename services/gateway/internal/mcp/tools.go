@@ -88,6 +88,7 @@ type (
 		Metadata           map[string]string `json:"metadata,omitempty" jsonschema:"served by the IMDS as /metadata/<key>; keys must be non-empty and contain no '/', space, tab or newline"`
 		RequireAttestation *bool             `json:"require_attestation,omitempty" jsonschema:"hold user_data back until the guest's initrd quote is verified (default true)" schema:"default=true"`
 		WaitFor            string            `json:"wait_for,omitempty" jsonschema:"what to block for: none (the installer started), installed, attested (user_data released) or ready (READY=1, the default, also for \"\")" schema:"enum=none|installed|attested|ready,default=\"ready\",zero"`
+		lifetimeArgs
 	}
 
 	execArgs struct {
@@ -189,6 +190,9 @@ var toolDefs = []toolDef{
 		call(hv, hvc.ForwardVirtualMachinePort, func(in *forwardArgs) *hypervisorv1.ForwardVirtualMachinePortRequest {
 			return &hypervisorv1.ForwardVirtualMachinePortRequest{Id: in.ID, Port: in.Port}
 		})},
+	// Lifetimes (lifetime.go).
+	{"update_vm_lifetime", hintLifetime, "WRITES (destructive): extend, shorten or clear a VM's expiry (ttl from now, expire_at, or clear_expiry), change on_expire (stop or delete: the VM ends then), or its idle auto-stop (idle_timeout, \"0s\" for none). Arguments left out keep their values. Returns the VM; its lifetime shows expireAt, onExpire, idleTimeout and lastActivityAt.",
+		run((*tools).updateLifetime)},
 }
 
 // none is the request of a call that takes no arguments.
@@ -288,6 +292,9 @@ func (t *tools) createVM(ctx context.Context, req *mcp.CallToolRequest, in *crea
 		Metadata:           in.Metadata,
 		RequireAttestation: in.RequireAttestation,
 		WaitFor:            wf,
+	}
+	if err := in.lifetimeArgs.apply(creq); err != nil {
+		return nil, err
 	}
 	var token any
 	if req != nil && req.Params != nil {

@@ -34,7 +34,7 @@ type boundsCollector struct {
 }
 
 func (c *boundsCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descIMDSLimited, descIMDSTooLarge, descConsoleRot, descConsoleMoved, descConsoleDrop, descLimitRefusals} {
+	for _, d := range []*prometheus.Desc{descIMDSLimited, descIMDSTooLarge, descConsoleRot, descConsoleMoved, descConsoleDrop, descLimitRefusals, descLifetimeActs} {
 		ch <- d
 	}
 }
@@ -68,6 +68,7 @@ func (c *boundsCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- counter(descConsoleMoved, float64(vm.GetConsoleRotatedBytesTotal()), id)
 		ch <- counter(descConsoleDrop, float64(vm.GetConsoleDroppedBytesTotal()), id)
 	}
+	collectLifetimeActions(ch, r.GetLifetimeActionsTotal())
 	refused := r.GetRefusedTotal()
 	names := append([]string(nil), limitNames...)
 	for name := range refused {

@@ -112,6 +112,9 @@ func (c *hostCollector) Describe(ch chan<- *prometheus.Desc) {
 	} {
 		ch <- d
 	}
+	for _, d := range lifetimeDescs {
+		ch <- d
+	}
 	c.install.Describe(ch)
 	c.bootToReady.Describe(ch)
 	c.scrapeErrors.Describe(ch)
@@ -250,6 +253,7 @@ func (c *hostCollector) collectVMs(ch chan<- prometheus.Metric, s *snapshot) {
 		if ts := vm.GetCreatedAt(); ts != nil {
 			ch <- gauge(descVMCreated, seconds(ts), id, name)
 		}
+		collectLifetime(ch, vm, time.Now())
 		if h == nil {
 			continue
 		}

@@ -77,6 +77,8 @@ func serveCommand() cli.Command {
 			maxQuote := fs.Int("imds-max-quote-bytes", "VM_MANAGER_IMDS_MAX_QUOTE_BYTES", imds.DefaultMaxQuoteBytes, "largest body of POST attest/quote; beyond, 413")
 			maxReport := fs.Int("imds-max-report-bytes", "VM_MANAGER_IMDS_MAX_REPORT_BYTES", imds.DefaultMaxReportBytes, "largest body of POST report; beyond, 413")
 			consoleMax := fs.Int("console-log-max-bytes", "VM_MANAGER_CONSOLE_LOG_MAX_BYTES", vm.DefaultConsoleLogMaxBytes, "serial console kept per VM, console.log and console.log.1 together (at least 64 KiB)")
+			defaultTTL := fs.Duration("default-vm-ttl", "VM_MANAGER_DEFAULT_VM_TTL", 0, "expiry of a VM created without ttl or expire_at (0: none, it lives until deleted)")
+			maxTTL := fs.Duration("max-vm-ttl", "VM_MANAGER_MAX_VM_TTL", vm.DefaultMaxTTL, "longest ttl, expire_at and idle_timeout a caller may set")
 			oidc := identity.Flags(fs)
 			logger := logging.Flags(fs, "info", "hypervisor")
 			tracer := tracing.Flags(fs)
@@ -127,6 +129,9 @@ func serveCommand() cli.Command {
 						return fmt.Errorf("--%s=%s: want at least 1s", f.name, f.v)
 					}
 				}
+				if *maxTTL < time.Second || *defaultTTL < 0 || *defaultTTL > *maxTTL {
+					return fmt.Errorf("--max-vm-ttl=%s, --default-vm-ttl=%s: want max at least 1s and default within 0..max", *maxTTL, *defaultTTL)
+				}
 				return server.Run(ctx, server.Config{
 					StateDir:         *stateDir,
 					ImageDir:         *imageDir,
@@ -154,6 +159,7 @@ func serveCommand() cli.Command {
 					IMDSIdleTimeout:    *imdsIdle,
 					Host:               host.Config{QEMUBinary: *qemu, SwtpmBinary: *swtpm, OVMFCode: *ovmfCode, OVMFVars: *ovmfVars, ForceTCG: *accel == "tcg"},
 					Identity:           oidc(),
+					Lifetimes:          vm.Lifetimes{DefaultTTL: *defaultTTL, MaxTTL: *maxTTL},
 				}, log)
 			}
 		},

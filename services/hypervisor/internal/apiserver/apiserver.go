@@ -34,6 +34,7 @@ type VMs interface {
 	Metrics(id string) (*hypervisorv1.VirtualMachineMetrics, error)
 	Exec(ctx context.Context, id string, command []string) (*hypervisorv1.ExecVirtualMachineResponse, error)
 	Forward(ctx context.Context, id string, port int32) (*hypervisorv1.ForwardVirtualMachinePortResponse, error)
+	UpdateLifetime(ctx context.Context, req *hypervisorv1.UpdateVirtualMachineLifetimeRequest) (*hypervisorv1.VirtualMachine, error)
 
 	CreateNetwork(ctx context.Context, req *hypervisorv1.CreateNetworkRequest, createdBy string) (*hypervisorv1.Network, error)
 	GetNetwork(name string) (*hypervisorv1.Network, error)
@@ -143,6 +144,10 @@ func (s *Server) ExecVirtualMachine(ctx context.Context, req *hypervisorv1.ExecV
 
 func (s *Server) ForwardVirtualMachinePort(ctx context.Context, req *hypervisorv1.ForwardVirtualMachinePortRequest) (*hypervisorv1.ForwardVirtualMachinePortResponse, error) {
 	return s.vms.Forward(ctx, req.GetId(), req.GetPort())
+}
+
+func (s *Server) UpdateVirtualMachineLifetime(ctx context.Context, req *hypervisorv1.UpdateVirtualMachineLifetimeRequest) (*hypervisorv1.VirtualMachine, error) {
+	return s.vms.UpdateLifetime(ctx, req)
 }
 
 func (s *Server) GetVirtualMachineReport(_ context.Context, req *hypervisorv1.GetVirtualMachineReportRequest) (*hypervisorv1.GetVirtualMachineReportResponse, error) {

@@ -97,6 +97,7 @@ func (m *Manager) Exec(ctx context.Context, id string, argv []string) (*hypervis
 	if err != nil {
 		return nil, apierr.Errorf(apierr.Conflict, "vm %s has no per-VM SSH key (created by an older vm-manager?): %v", id, err)
 	}
+	defer m.Hold(id, ActivityExec)()
 	dctx, cancel := context.WithTimeout(ctx, sshexec.HandshakeTimeout)
 	conn, err := ns.DialContextTCP(dctx, net.JoinHostPort(ip.String(), strconv.Itoa(sshPort)))
 	cancel()
@@ -178,7 +179,11 @@ func (m *Manager) guestDialer(rec *storepb.VirtualMachine, port int32) forward.D
 		if n == nil {
 			return nil, fmt.Errorf("network %s is not running", netName)
 		}
-		return n.DialContextTCP(ctx, addr)
+		c, err := n.DialContextTCP(ctx, addr)
+		if err != nil {
+			return nil, err
+		}
+		return m.activeConn(rec.GetId(), c), nil
 	}
 }
 

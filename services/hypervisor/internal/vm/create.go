@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"time"
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
@@ -67,6 +68,10 @@ func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMac
 	if err != nil {
 		return nil, err
 	}
+	lifetime, err := m.cfg.Lifetimes.createLifetime(req, time.Now())
+	if err != nil {
+		return nil, err
+	}
 	m.mu.Lock()
 	if m.closing {
 		m.mu.Unlock()
@@ -112,6 +117,7 @@ func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMac
 		CreatedAt:          timestamppb.Now(),
 		CreatedBy:          createdBy,
 		Paths:              PathsIn(dir),
+		Lifetime:           lifetime,
 	}
 	sshKey, err := newSSHKey(rec)
 	if err != nil {

@@ -92,7 +92,7 @@ func (m *Manager) Refusals() map[string]uint64 {
 // started (TelemetryService): per VM, its IMDS refusals and console
 // rotations; per host, the creates refused.
 func (m *Manager) BoundCounters() *hypervisorv1.GetBoundCountersResponse {
-	out := &hypervisorv1.GetBoundCountersResponse{RefusedTotal: m.Refusals()}
+	out := &hypervisorv1.GetBoundCountersResponse{RefusedTotal: m.Refusals(), LifetimeActionsTotal: m.LifetimeActions()}
 	imdsByVM := map[string]imds.Counters{}
 	for _, c := range m.imds.Counters() {
 		imdsByVM[c.VMID] = c

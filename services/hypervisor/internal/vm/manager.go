@@ -81,6 +81,8 @@ type Config struct {
 	// Network bounds what a VM can make its network hold (NAT flows, IMDS
 	// connections); zero fields take the defaults.
 	Network network.Limits
+	// Lifetimes bound expiries and idle timeouts (lifetime.go).
+	Lifetimes Lifetimes
 }
 
 func (c *Config) defaults() {
@@ -97,6 +99,7 @@ func (c *Config) defaults() {
 		c.KillGrace = 5 * time.Second
 	}
 	c.Limits.defaults()
+	c.Lifetimes.defaults()
 	if c.ConsoleLogMaxBytes <= 0 {
 		c.ConsoleLogMaxBytes = DefaultConsoleLogMaxBytes
 	}
@@ -147,6 +150,11 @@ type Manager struct {
 	// netCreate serialises network creates, so that two cannot both pass
 	// the MaxNetworks check.
 	netCreate sync.Mutex
+
+	// Lifetimes (expire.go): when this hypervisor started (an idle clock
+	// starts no earlier) and what they did.
+	started      time.Time
+	lifetimeActs lifetimeActions
 }
 
 // lease is an address on a network: one VM's at a time.
@@ -176,6 +184,12 @@ type machine struct {
 	resets  []time.Time // guest resets within GuestResetWindow
 	console consoleCounters
 	trace   trace.SpanContext // the call that started the current boot (trace.go)
+
+	// Lifetimes (lifetime.go, expire.go): the last touch and the last
+	// persisted one (unix seconds), open exec sessions, an action running.
+	touched, persisted atomic.Int64
+	holds              atomic.Int32
+	acting             atomic.Bool
 }
 
 // New loads the records and re-adopts the VMs whose processes still run.
@@ -183,11 +197,12 @@ func New(cfg Config, log *slog.Logger, st Store, images ImageResolver, verifier 
 	cfg.defaults()
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{cfg: cfg, log: log, store: st, images: images, verifier: verifier, router: router, driver: driver, ctx: ctx, cancel: cancel,
-		machines: map[string]*machine{}, leases: map[lease]*machine{}, newID: newID, events: lifecycle.NewBroker(0)}
+		machines: map[string]*machine{}, leases: map[lease]*machine{}, newID: newID, events: lifecycle.NewBroker(0),
+		started: time.Now()}
 	m.guest = guest.New(m, verifier, guest.Config{ImageDir: cfg.ImageDir, SeriesLimit: cfg.GuestSeriesLimit}, log)
 	m.imds = imds.NewGuard(cfg.IMDS)
 	m.nets = network.NewRegistry(ctx, st, func(name string) http.Handler {
-		return m.tracedIMDS(name, imds.New(m.guest.Network(name), m.imds, log.With("network", name)))
+		return m.activeIMDS(name, m.tracedIMDS(name, imds.New(m.guest.Network(name), m.imds, log.With("network", name))))
 	}, cfg.Network, log)
 	// Networks first: re-adopted VMs redial their network's socket.
 	if err := m.nets.Restore(cfg.DefaultNetwork, cfg.DefaultSubnet); err != nil {
@@ -207,6 +222,7 @@ func New(cfg Config, log *slog.Logger, st Store, images ImageResolver, verifier 
 			m.leases[l] = mc
 		}
 		m.restore(mc, strays[mc.id])
+		m.restartIdleClock(mc)
 		m.restoreForwards(mc)
 		delete(strays, mc.id)
 	}
@@ -216,6 +232,7 @@ func New(cfg Config, log *slog.Logger, st Store, images ImageResolver, verifier 
 	m.sweepDeleted()
 	m.wg.Go(m.forgetLoop)
 	m.wg.Go(m.consoleLoop)
+	m.wg.Go(m.lifetimeLoop)
 	return m, nil
 }
 

@@ -77,7 +77,14 @@ func (m *Manager) Stop(_ context.Context, id string) (*hypervisorv1.VirtualMachi
 	return m.locked(id, m.stopLocked)
 }
 
-func (m *Manager) stopLocked(mc *machine) error {
+func (m *Manager) stopLocked(mc *machine) error { return m.stopLockedWith(mc, nil) }
+
+// stopLockedWith is stopLocked that also applies also to the record, in the
+// write that makes the VM stopping (or stopped).
+func (m *Manager) stopLockedWith(mc *machine, also func(*storepb.VirtualMachine)) error {
+	if also == nil {
+		also = func(*storepb.VirtualMachine) {}
+	}
 	mc.mu.Lock()
 	rt, state := mc.run, mc.rec.GetState()
 	if state == hypervisorv1.State_STATE_DELETING {
@@ -86,7 +93,7 @@ func (m *Manager) stopLocked(mc *machine) error {
 	}
 	if rt == nil && state == hypervisorv1.State_STATE_BOOTING {
 		// Between a guest reset and its next boot: that boot will not start.
-		m.updateLocked(mc, func(rec *storepb.VirtualMachine) { rec.State = hypervisorv1.State_STATE_STOPPED })
+		m.updateLocked(mc, func(rec *storepb.VirtualMachine) { rec.State = hypervisorv1.State_STATE_STOPPED; also(rec) })
 		mc.mu.Unlock()
 		return nil
 	}
@@ -95,7 +102,7 @@ func (m *Manager) stopLocked(mc *machine) error {
 		return apierr.Errorf(apierr.Conflict, "vm %s is not running (state %s)", mc.id, lifecycle.Name(state))
 	}
 	rt.stopping.Store(true)
-	m.updateLocked(mc, func(rec *storepb.VirtualMachine) { rec.State = hypervisorv1.State_STATE_STOPPING })
+	m.updateLocked(mc, func(rec *storepb.VirtualMachine) { rec.State = hypervisorv1.State_STATE_STOPPING; also(rec) })
 	mc.mu.Unlock()
 	m.powerOff(mc, rt)
 	return nil

@@ -84,6 +84,7 @@ func (m *Manager) launch(mc *machine, phase hypervisorv1.Phase) error {
 		mc.run = rt
 	})
 	m.supervise(mc, rt)
+	m.touch(mc, ActivityStart)
 	return nil
 }
 

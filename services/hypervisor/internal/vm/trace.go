@@ -103,17 +103,7 @@ type imdsVMKey struct{}
 // bootingHolder is the booting VM holding the lease on the request's peer
 // address in network, or nil.
 func (m *Manager) bootingHolder(network, remoteAddr string) *machine {
-	host, _, err := net.SplitHostPort(remoteAddr)
-	if err != nil {
-		return nil
-	}
-	ip, err := netip.ParseAddr(host)
-	if err != nil {
-		return nil
-	}
-	m.mu.Lock()
-	mc := m.leases[lease{network, ip.Unmap()}]
-	m.mu.Unlock()
+	mc := m.leaseHolder(network, remoteAddr)
 	if mc == nil {
 		return nil
 	}
@@ -123,6 +113,16 @@ func (m *Manager) bootingHolder(network, remoteAddr string) *machine {
 		return nil
 	}
 	return mc
+}
+
+// peerIP is the address of a request's peer.
+func peerIP(remoteAddr string) (netip.Addr, bool) {
+	host, _, err := net.SplitHostPort(remoteAddr)
+	if err != nil {
+		return netip.Addr{}, false
+	}
+	ip, err := netip.ParseAddr(host)
+	return ip.Unmap(), err == nil
 }
 
 // imdsRoute is the key-table path a request's path matches ("/attest/nonce",

@@ -54,6 +54,9 @@ func View(rec *storepb.VirtualMachine) *hypervisorv1.VirtualMachine {
 		BootCount:          rec.GetBootCount(),
 		Tpm:                tpmIdentity(rec.GetTpm()),
 	}
+	if lt := rec.GetLifetime(); lt != nil {
+		v.Lifetime = clone(lt).(*hypervisorv1.Lifetime)
+	}
 	if md := rec.GetMetadata(); md != nil {
 		v.Metadata = make(map[string]string, len(md))
 		for k, val := range md {

@@ -71,8 +71,11 @@ type VirtualMachine struct {
 	CreatedBy string            `protobuf:"bytes,33,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
 	Forwards  []*v1.PortForward `protobuf:"bytes,34,rep,name=forwards,proto3" json:"forwards,omitempty"`
 	// The vTPM's keys, read from it before the last boot.
-	Tpm           *TpmKeys `protobuf:"bytes,35,opt,name=tpm,proto3" json:"tpm,omitempty"`
-	BootCount     uint32   `protobuf:"varint,36,opt,name=boot_count,json=bootCount,proto3" json:"boot_count,omitempty"`
+	Tpm       *TpmKeys `protobuf:"bytes,35,opt,name=tpm,proto3" json:"tpm,omitempty"`
+	BootCount uint32   `protobuf:"varint,36,opt,name=boot_count,json=bootCount,proto3" json:"boot_count,omitempty"`
+	// Absent in records written before lifetimes: no lifetime, which is what
+	// they had (no migration needed).
+	Lifetime      *v1.Lifetime `protobuf:"bytes,37,opt,name=lifetime,proto3" json:"lifetime,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -359,6 +362,13 @@ func (x *VirtualMachine) GetBootCount() uint32 {
 	return 0
 }
 
+func (x *VirtualMachine) GetLifetime() *v1.Lifetime {
+	if x != nil {
+		return x.Lifetime
+	}
+	return nil
+}
+
 // Processes are what a restarted hypervisor re-adopts.
 type Processes struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -569,7 +579,7 @@ var File_vmmanager_hypervisor_store_v1_record_proto protoreflect.FileDescriptor
 
 const file_vmmanager_hypervisor_store_v1_record_proto_rawDesc = "" +
 	"\n" +
-	"*vmmanager/hypervisor/store/v1/record.proto\x12\x1dvmmanager.hypervisor.store.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a-vmmanager/hypervisor/v1/virtual_machine.proto\"\x87\f\n" +
+	"*vmmanager/hypervisor/store/v1/record.proto\x12\x1dvmmanager.hypervisor.store.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\x1a-vmmanager/hypervisor/v1/virtual_machine.proto\"\xc6\f\n" +
 	"\x0eVirtualMachine\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
@@ -613,7 +623,8 @@ const file_vmmanager_hypervisor_store_v1_record_proto_rawDesc = "" +
 	"\bforwards\x18\" \x03(\v2$.vmmanager.hypervisor.v1.PortForwardR\bforwards\x128\n" +
 	"\x03tpm\x18# \x01(\v2&.vmmanager.hypervisor.store.v1.TpmKeysR\x03tpm\x12\x1d\n" +
 	"\n" +
-	"boot_count\x18$ \x01(\rR\tbootCount\x1a;\n" +
+	"boot_count\x18$ \x01(\rR\tbootCount\x12=\n" +
+	"\blifetime\x18% \x01(\v2!.vmmanager.hypervisor.v1.LifetimeR\blifetime\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x81\x01\n" +
@@ -661,6 +672,7 @@ var file_vmmanager_hypervisor_store_v1_record_proto_goTypes = []any{
 	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
 	(*v1.Paths)(nil),              // 10: vmmanager.hypervisor.v1.Paths
 	(*v1.PortForward)(nil),        // 11: vmmanager.hypervisor.v1.PortForward
+	(*v1.Lifetime)(nil),           // 12: vmmanager.hypervisor.v1.Lifetime
 }
 var file_vmmanager_hypervisor_store_v1_record_proto_depIdxs = []int32{
 	4,  // 0: vmmanager.hypervisor.store.v1.VirtualMachine.metadata:type_name -> vmmanager.hypervisor.store.v1.VirtualMachine.MetadataEntry
@@ -676,15 +688,16 @@ var file_vmmanager_hypervisor_store_v1_record_proto_depIdxs = []int32{
 	1,  // 10: vmmanager.hypervisor.store.v1.VirtualMachine.processes:type_name -> vmmanager.hypervisor.store.v1.Processes
 	11, // 11: vmmanager.hypervisor.store.v1.VirtualMachine.forwards:type_name -> vmmanager.hypervisor.v1.PortForward
 	3,  // 12: vmmanager.hypervisor.store.v1.VirtualMachine.tpm:type_name -> vmmanager.hypervisor.store.v1.TpmKeys
-	2,  // 13: vmmanager.hypervisor.store.v1.Processes.qemu:type_name -> vmmanager.hypervisor.store.v1.Process
-	2,  // 14: vmmanager.hypervisor.store.v1.Processes.tpm:type_name -> vmmanager.hypervisor.store.v1.Process
-	9,  // 15: vmmanager.hypervisor.store.v1.TpmKeys.provision_time:type_name -> google.protobuf.Timestamp
-	9,  // 16: vmmanager.hypervisor.store.v1.TpmKeys.update_time:type_name -> google.protobuf.Timestamp
-	17, // [17:17] is the sub-list for method output_type
-	17, // [17:17] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	12, // 13: vmmanager.hypervisor.store.v1.VirtualMachine.lifetime:type_name -> vmmanager.hypervisor.v1.Lifetime
+	2,  // 14: vmmanager.hypervisor.store.v1.Processes.qemu:type_name -> vmmanager.hypervisor.store.v1.Process
+	2,  // 15: vmmanager.hypervisor.store.v1.Processes.tpm:type_name -> vmmanager.hypervisor.store.v1.Process
+	9,  // 16: vmmanager.hypervisor.store.v1.TpmKeys.provision_time:type_name -> google.protobuf.Timestamp
+	9,  // 17: vmmanager.hypervisor.store.v1.TpmKeys.update_time:type_name -> google.protobuf.Timestamp
+	18, // [18:18] is the sub-list for method output_type
+	18, // [18:18] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_vmmanager_hypervisor_store_v1_record_proto_init() }
