@@ -80,6 +80,7 @@ var errorCodes = map[protoreflect.Name][]apierr.Code{
 	"GetVirtualMachineConsole":  {apierr.InvalidRequest, apierr.NotFound},
 	"GetVirtualMachineMetrics":  {apierr.NotFound},
 	"GetVirtualMachineReport":   {apierr.NotFound},
+	"WatchVirtualMachines":      {apierr.InvalidRequest, apierr.NotFound, apierr.OutOfRange, apierr.ResourceExhausted},
 	// AttestationService.
 	"GetVirtualMachineAttestation": {apierr.NotFound},
 	"ListImagePolicies":            nil,

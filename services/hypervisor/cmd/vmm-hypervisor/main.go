@@ -77,6 +77,9 @@ func serveCommand() cli.Command {
 			maxQuote := fs.Int("imds-max-quote-bytes", "VM_MANAGER_IMDS_MAX_QUOTE_BYTES", imds.DefaultMaxQuoteBytes, "largest body of POST attest/quote; beyond, 413")
 			maxReport := fs.Int("imds-max-report-bytes", "VM_MANAGER_IMDS_MAX_REPORT_BYTES", imds.DefaultMaxReportBytes, "largest body of POST report; beyond, 413")
 			consoleMax := fs.Int("console-log-max-bytes", "VM_MANAGER_CONSOLE_LOG_MAX_BYTES", vm.DefaultConsoleLogMaxBytes, "serial console kept per VM, console.log and console.log.1 together (at least 64 KiB)")
+			maxWatchers := fs.Int("max-watchers", "VM_MANAGER_MAX_WATCHERS", vm.DefaultMaxWatchers, "open WatchVirtualMachines streams; one more is refused (resource_exhausted) and counted")
+			watchBuffer := fs.Int("watch-buffer", "VM_MANAGER_WATCH_BUFFER", vm.DefaultWatchBuffer, "events one watch stream may fall behind before it is cut off (resource_exhausted, counted; the client resumes)")
+			watchRetain := fs.Int("watch-retain", "VM_MANAGER_WATCH_RETAIN", vm.DefaultWatchRetain, "events kept for watch resumes (since_revision); an older revision is refused with out_of_range")
 			oidc := identity.Flags(fs)
 			logger := logging.Flags(fs, "info", "hypervisor")
 			tracer := tracing.Flags(fs)
@@ -111,6 +114,7 @@ func serveCommand() cli.Command {
 					{"console-log-max-bytes", *consoleMax, vm.MinConsoleLogMaxBytes},
 					{"max-nat-flows-tcp", *natTCP, 1}, {"max-nat-flows-udp", *natUDP, 1}, {"max-nat-flows", *natAll, 1},
 					{"max-imds-connections", *imdsConns, 1},
+					{"max-watchers", *maxWatchers, 1}, {"watch-buffer", *watchBuffer, 1}, {"watch-retain", *watchRetain, 1},
 				} {
 					if f.v < f.min {
 						return fmt.Errorf("--%s=%d: want at least %d", f.name, f.v, f.min)
@@ -154,6 +158,7 @@ func serveCommand() cli.Command {
 					IMDSIdleTimeout:    *imdsIdle,
 					Host:               host.Config{QEMUBinary: *qemu, SwtpmBinary: *swtpm, OVMFCode: *ovmfCode, OVMFVars: *ovmfVars, ForceTCG: *accel == "tcg"},
 					Identity:           oidc(),
+					Watch:              vm.WatchLimits{MaxWatchers: *maxWatchers, Buffer: *watchBuffer, Retain: *watchRetain},
 				}, log)
 			}
 		},
