@@ -54,9 +54,9 @@ type Broker struct {
 
 	mu       sync.Mutex
 	revision uint64
-	floor    uint64 // events up to floor happened before this process
-	reserved uint64 // persisted ceiling
-	recent   []Event
+	floor    uint64           // events up to floor happened before this process
+	reserved uint64           // persisted ceiling
+	recent   []Event          // the last retain events (up to twice as many kept), oldest first
 	current  map[string]Event // the last event of each VM that exists
 	subs     map[*Subscription]struct{}
 
@@ -116,9 +116,10 @@ func (b *Broker) Publish(e Event) uint64 {
 	} else {
 		b.current[e.VMID] = e
 	}
+	// Trimmed in batches, so a change costs O(1), not a shift of the window.
 	b.recent = append(b.recent, e)
-	if len(b.recent) > b.retain {
-		b.recent = slices.Delete(b.recent, 0, len(b.recent)-b.retain)
+	if len(b.recent) >= 2*b.retain {
+		b.recent = append(make([]Event, 0, 2*b.retain), b.recent[len(b.recent)-b.retain:]...)
 	}
 	for s := range b.subs {
 		select {
@@ -184,16 +185,20 @@ func (b *Broker) Snapshot(buffer int) (sub *Subscription, current []Event, revis
 func (b *Broker) Subscribe(since uint64, buffer int) (*Subscription, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	recent := b.recent
+	if len(recent) > b.retain {
+		recent = recent[len(recent)-b.retain:]
+	}
 	switch {
 	case since > b.revision:
 		return nil, fmt.Errorf("%w: revision %d is ahead of the current %d (from another host, or before a crash)", ErrRevisionGone, since, b.revision)
 	case since < b.floor:
 		return nil, fmt.Errorf("%w: revision %d is from before the hypervisor restarted (at %d)", ErrRevisionGone, since, b.floor)
-	case since < b.revision && (len(b.recent) == 0 || b.recent[0].Revision > since+1):
-		return nil, fmt.Errorf("%w: revision %d is older than the %d retained events (the oldest is %d)", ErrRevisionGone, since, b.retain, b.recent[0].Revision)
+	case since < b.revision && (len(recent) == 0 || recent[0].Revision > since+1):
+		return nil, fmt.Errorf("%w: revision %d is older than the %d retained events (the oldest is %d)", ErrRevisionGone, since, b.retain, recent[0].Revision)
 	}
 	var backlog []Event
-	for _, e := range b.recent {
+	for _, e := range recent {
 		if e.Revision > since {
 			backlog = append(backlog, e)
 		}
