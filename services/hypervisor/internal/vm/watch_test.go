@@ -134,7 +134,10 @@ func TestWatchRefusals(t *testing.T) {
 		{&hypervisorv1.WatchVirtualMachinesRequest{SinceRevision: 1 << 40}, apierr.OutOfRange},          // never handed out
 		{&hypervisorv1.WatchVirtualMachinesRequest{Id: v.GetId(), SinceRevision: 1}, apierr.OutOfRange}, // filters do not widen the window
 	} {
-		err := h.m.Watch(context.Background(), c.req, func(*watchMsg) error { return nil })
+		// A refusal is immediate; a watch that runs ends with the deadline.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		err := h.m.Watch(ctx, c.req, func(*watchMsg) error { return nil })
+		cancel()
 		if apierr.CodeOf(err) != c.code {
 			t.Errorf("%v: %v, want %s", c.req, err, c.code)
 		}
@@ -170,7 +173,9 @@ func TestWatchBounds(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	err := h.m.Watch(context.Background(), &hypervisorv1.WatchVirtualMachinesRequest{}, func(*watchMsg) error { return nil })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	err := h.m.Watch(ctx, &hypervisorv1.WatchVirtualMachinesRequest{}, func(*watchMsg) error { return nil })
+	cancel()
 	if apierr.CodeOf(err) != apierr.ResourceExhausted {
 		t.Errorf("a third watcher: %v", err)
 	}
