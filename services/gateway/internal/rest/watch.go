@@ -39,6 +39,11 @@ func Watch(hv hypervisorv1.HypervisorServiceClient, drain context.Context, log *
 			return
 		}
 		sse := acceptsEventStream(r.Header.Get("Accept"))
+		if r.Method == http.MethodHead { // the stream's headers, not a stream without end
+			w.Header().Set("Content-Type", contentType(sse))
+			w.WriteHeader(http.StatusOK)
+			return
+		}
 		ctx, cancel := context.WithCancel(r.Context())
 		defer cancel()
 		stop := context.AfterFunc(drain, cancel)
@@ -77,11 +82,7 @@ func Watch(hv hypervisorv1.HypervisorServiceClient, drain context.Context, log *
 			if !started {
 				started = true
 				h := w.Header()
-				if sse {
-					h.Set("Content-Type", "text/event-stream")
-				} else {
-					h.Set("Content-Type", "application/x-ndjson")
-				}
+				h.Set("Content-Type", contentType(sse))
 				h.Set("Cache-Control", "no-store")
 				h.Set("X-Accel-Buffering", "no") // nginx: do not hold the stream back
 				w.WriteHeader(http.StatusOK)
@@ -131,6 +132,13 @@ func watchRequest(r *http.Request) (*hypervisorv1.WatchVirtualMachinesRequest, e
 		req.SinceRevision = n
 	}
 	return req, nil
+}
+
+func contentType(sse bool) string {
+	if sse {
+		return "text/event-stream"
+	}
+	return "application/x-ndjson"
 }
 
 // acceptsEventStream says whether Accept asks for text/event-stream.

@@ -136,3 +136,13 @@ func TestWatchRefusals(t *testing.T) {
 		t.Errorf("out of range: %d %s", w.Code, b)
 	}
 }
+
+// HEAD answers the stream's headers and returns.
+func TestWatchHead(t *testing.T) {
+	r := httptest.NewRequest("HEAD", "/api/v1/vms:watch", nil)
+	w := httptest.NewRecorder()
+	Watch(&fakeWatch{}, context.Background(), slog.New(slog.DiscardHandler)).ServeHTTP(w, r)
+	if w.Code != 200 || w.Header().Get("Content-Type") != "application/x-ndjson" || w.Body.Len() != 0 {
+		t.Errorf("HEAD: %d %s %q", w.Code, w.Header().Get("Content-Type"), w.Body)
+	}
+}
