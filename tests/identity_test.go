@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -101,7 +102,7 @@ func identityChecks(t *testing.T, c *cluster.Cluster, op *oidctest.Provider) {
 
 	t.Run("REST refuses bad tokens", func(t *testing.T) {
 		for _, tc := range bad {
-			for _, req := range [][3]string{{"GET", api + "/host", ""}, {"GET", api + "/networks", ""}, {"POST", api + "/networks", `{"name":"nope","cidr":"10.9.0.0/24"}`}, {"GET", api + "/attestation", ""}} {
+			for _, req := range [][3]string{{"GET", api + "/host", ""}, {"GET", api + "/networks", ""}, {"POST", api + "/networks", `{"name":"nope","cidr":"10.9.0.0/24"}`}, {"GET", api + "/attestation", ""}, {"GET", api + "/vms:watch", ""}} {
 				code, hdr, b := authDo(t, req[0], req[1], bearer(tc.token), req[2])
 				if code != http.StatusUnauthorized {
 					t.Errorf("%s: %s %s: status %d, want 401: %s", tc.name, req[0], req[1], code, b)
@@ -138,6 +139,20 @@ func identityChecks(t *testing.T, c *cluster.Cluster, op *oidctest.Provider) {
 		if code, _, b := authDo(t, "GET", api+"/networks", bearer(good), ""); code != http.StatusOK {
 			t.Fatalf("GET /networks: %d %s", code, b)
 		}
+		// The watch's stream, whose handler forwards the token itself.
+		wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+		wreq, _ := http.NewRequestWithContext(wctx, "GET", api+"/vms:watch", nil)
+		wreq.Header.Set("Authorization", bearer(good))
+		if resp, err := http.DefaultClient.Do(wreq); err != nil {
+			t.Errorf("GET /vms:watch: %v", err)
+		} else {
+			line, _ := bufio.NewReader(resp.Body).ReadString('\n')
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || !strings.HasPrefix(line, `{"result":{"type":"synced"`) {
+				t.Errorf("GET /vms:watch with a good token: %d %s", resp.StatusCode, line)
+			}
+		}
+		wcancel()
 		// A second trusted audience and an ES256 key work too.
 		if _, err := op.Rotate(jose.ES256); err != nil {
 			t.Fatal(err)
@@ -246,6 +261,10 @@ func identityChecks(t *testing.T, c *cluster.Cluster, op *oidctest.Provider) {
 			if _, err := at.GetAttestationStatus(cctx, &attestationv1.GetAttestationStatusRequest{}); status.Code(err) != codes.Unauthenticated {
 				t.Errorf("%s: GetAttestationStatus: err = %v, want Unauthenticated", tc.name, err)
 			}
+			// A stream is checked like a call: the watch's first Recv.
+			if _, err := firstWatchMessage(cctx, hv); status.Code(err) != codes.Unauthenticated || apierr.MessageOf(err) != tc.reason {
+				t.Errorf("%s: WatchVirtualMachines: err = %v, want Unauthenticated %q", tc.name, err, tc.reason)
+			}
 		}
 		// Health and reflection stay open.
 		if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
@@ -257,6 +276,9 @@ func identityChecks(t *testing.T, c *cluster.Cluster, op *oidctest.Provider) {
 		}
 		if _, err := at.GetAttestationStatus(ctx, &attestationv1.GetAttestationStatusRequest{}, good); err != nil {
 			t.Fatalf("GetAttestationStatus with a good token: %v", err)
+		}
+		if m, err := firstWatchMessage(ctx, hv, good); err != nil || m.GetType() != hypervisorv1.WatchEventType_WATCH_EVENT_TYPE_SYNCED {
+			t.Errorf("WatchVirtualMachines with a good token: %v %v", m, err)
 		}
 		// The forwarder passes the caller's token on: the backend records it.
 		nw, err := hv.CreateNetwork(ctx, &hypervisorv1.CreateNetworkRequest{Name: "grpcident", Cidr: "10.78.0.0/24"}, good)
@@ -280,6 +302,9 @@ func identityChecks(t *testing.T, c *cluster.Cluster, op *oidctest.Provider) {
 		hv := hypervisorv1.NewHypervisorServiceClient(hconn)
 		if _, err := hv.GetHost(ctx, &hypervisorv1.GetHostRequest{}); status.Code(err) != codes.Unauthenticated || apierr.CodeOf(err) != apierr.Unauthenticated {
 			t.Errorf("hypervisor socket without token: err = %v, want Unauthenticated", err)
+		}
+		if _, err := firstWatchMessage(ctx, hv); status.Code(err) != codes.Unauthenticated {
+			t.Errorf("hypervisor socket, a watch without token: err = %v, want Unauthenticated", err)
 		}
 		for _, tc := range bad[1:] {
 			cctx := metadata.AppendToOutgoingContext(ctx, "authorization", bearer(tc.token))
@@ -457,4 +482,15 @@ func keyChecks(t *testing.T, c *cluster.Cluster, op *oidctest.Provider) {
 		}
 		return nil
 	})
+}
+
+// firstWatchMessage opens a watch and returns its first message.
+func firstWatchMessage(ctx context.Context, hv hypervisorv1.HypervisorServiceClient, opts ...grpc.CallOption) (*hypervisorv1.WatchVirtualMachinesResponse, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s, err := hv.WatchVirtualMachines(ctx, &hypervisorv1.WatchVirtualMachinesRequest{}, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return s.Recv()
 }

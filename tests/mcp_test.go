@@ -266,7 +266,9 @@ func TestMCPEndToEnd(t *testing.T) {
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
-		if !strings.Contains(seen, "vm "+vm.ID+" is ") || !strings.Contains(seen, " is ready") {
+		// From the watch, every state of the create (the result alone
+		// would only say ready).
+		if !strings.HasPrefix(seen, "vm "+vm.ID+" is creating|") || !strings.Contains(seen, " is booting|") || !strings.Contains(seen, " is ready") {
 			t.Errorf("progress notifications: %q", seen)
 		}
 		if got := callTool(t, cs, "get_vm", map[string]any{"id": vm.ID}, false); !strings.Contains(got, `"state": "ready"`) {

@@ -46,10 +46,14 @@ const (
 	Unavailable     Code = "unavailable"
 	// ResourceExhausted is a per-host bound reached: nothing was created.
 	ResourceExhausted Code = "resource_exhausted"
+	// OutOfRange is a revision a watch no longer retains: list again, then
+	// watch from the list (HTTP 410 Gone, as Kubernetes answers a watch from
+	// a compacted resourceVersion).
+	OutOfRange Code = "out_of_range"
 )
 
 // Codes lists every code, for documentation and tests.
-var Codes = []Code{InvalidRequest, NotFound, Conflict, Unsupported, Timeout, VMFailed, Internal, Unauthenticated, Forbidden, Unavailable, ResourceExhausted}
+var Codes = []Code{InvalidRequest, NotFound, Conflict, Unsupported, Timeout, VMFailed, Internal, Unauthenticated, Forbidden, Unavailable, ResourceExhausted, OutOfRange}
 
 // Sentinels for errors.Is. Errors built with Errorf match the sentinel of their code.
 var (
@@ -64,6 +68,7 @@ var (
 	ErrForbidden       error = sentinel(Forbidden)
 	ErrUnavailable     error = sentinel(Unavailable)
 	ErrExhausted       error = sentinel(ResourceExhausted)
+	ErrOutOfRange      error = sentinel(OutOfRange)
 )
 
 type sentinel Code
@@ -225,6 +230,7 @@ var wires = map[Code]wire{
 	Unavailable:     {codes.Unavailable, http.StatusServiceUnavailable},
 	// 429, as Google's APIs answer RESOURCE_EXHAUSTED: a quota, not a fault.
 	ResourceExhausted: {codes.ResourceExhausted, http.StatusTooManyRequests},
+	OutOfRange:        {codes.OutOfRange, http.StatusGone},
 }
 
 var internalWire = wire{codes.Internal, http.StatusInternalServerError}
@@ -246,8 +252,10 @@ func codeFromGRPC(c codes.Code) Code {
 	switch c {
 	case codes.OK:
 		return ""
-	case codes.InvalidArgument, codes.OutOfRange:
+	case codes.InvalidArgument:
 		return InvalidRequest
+	case codes.OutOfRange:
+		return OutOfRange
 	case codes.NotFound:
 		return NotFound
 	case codes.AlreadyExists, codes.FailedPrecondition, codes.Aborted:

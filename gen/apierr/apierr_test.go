@@ -25,6 +25,7 @@ var sentinels = map[apierr.Code]error{
 	apierr.Forbidden:         apierr.ErrForbidden,
 	apierr.Unavailable:       apierr.ErrUnavailable,
 	apierr.ResourceExhausted: apierr.ErrExhausted,
+	apierr.OutOfRange:        apierr.ErrOutOfRange,
 }
 
 var wantGRPC = map[apierr.Code]codes.Code{
@@ -39,6 +40,7 @@ var wantGRPC = map[apierr.Code]codes.Code{
 	apierr.Forbidden:         codes.PermissionDenied,
 	apierr.Unavailable:       codes.Unavailable,
 	apierr.ResourceExhausted: codes.ResourceExhausted,
+	apierr.OutOfRange:        codes.OutOfRange,
 }
 
 func errorInfo(t *testing.T, st *status.Status) *errdetails.ErrorInfo {
@@ -56,8 +58,8 @@ func errorInfo(t *testing.T, st *status.Status) *errdetails.ErrorInfo {
 }
 
 func TestCodesListIsComplete(t *testing.T) {
-	if len(apierr.Codes) != 11 {
-		t.Fatalf("len(Codes) = %d, want 11", len(apierr.Codes))
+	if len(apierr.Codes) != 12 {
+		t.Fatalf("len(Codes) = %d, want 12", len(apierr.Codes))
 	}
 	seen := map[apierr.Code]bool{}
 	for _, c := range apierr.Codes {
@@ -311,6 +313,7 @@ func TestHTTPStatus(t *testing.T) {
 		apierr.Forbidden:         403,
 		apierr.Unavailable:       503,
 		apierr.ResourceExhausted: 429,
+		apierr.OutOfRange:        410,
 	}
 	for _, c := range apierr.Codes {
 		w, ok := want[c]

@@ -140,11 +140,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 		gopts = append(gopts, grpc.ChainUnaryInterceptor(met.UnaryServerInterceptor()), grpc.ChainStreamInterceptor(met.StreamServerInterceptor()))
 	}
+	// Watch streams never end by themselves: they end (unavailable, with
+	// the revision to resume from) when the drain starts.
+	streams, endStreams := context.WithCancel(context.Background())
+	defer endStreams()
 	gs := grpc.NewServer(append(gopts,
-		grpc.UnknownServiceHandler(proxy.Handler(proxy.Routes{
+		grpc.UnknownServiceHandler(proxy.DrainingHandler(proxy.Routes{
 			hypervisorv1.HypervisorService_ServiceDesc.ServiceName:   hconn,
 			attestationv1.AttestationService_ServiceDesc.ServiceName: aconn,
-		})),
+		}, streams, []string{hypervisorv1.HypervisorService_WatchVirtualMachines_FullMethodName})),
 		grpc.ForceServerCodec(proxy.Codec{}),
 	)...)
 	hs := health.NewServer()
@@ -173,6 +177,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		mux.Handle("GET /metrics", met.Handler())
 	}
 	mux.Handle("/api/v1/", api)
+	// The watch streams: its own handler, for SSE and a line per message.
+	var watch http.Handler = rest.Watch(hypervisorv1.NewHypervisorServiceClient(hconn), streams, log)
+	if met != nil {
+		watch = met.HTTP(metrics.SurfaceREST, watch)
+	}
+	mux.Handle("GET "+rest.WatchPath, watch)
 	// MCP (streamable HTTP); its tool calls reach the backends with the
 	// caller's token like REST's.
 	mcpHandler := newMCPDrain(mcp.New(hypervisorv1.NewHypervisorServiceClient(hconn), attestationv1.NewAttestationServiceClient(aconn), log, observe))
@@ -229,6 +239,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	srv.RegisterOnShutdown(mcpHandler.drain)
+	srv.RegisterOnShutdown(endStreams)
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	log.Info("gateway serving", "listen", ln.Addr().String(), "hypervisor", cfg.HypervisorSocket, "attestation", cfg.AttestationSocket, "oidc_issuer", verifier.Issuer(), "public_url", cfg.Resource.PublicURL)
 	if cfg.Ready != nil {

@@ -69,6 +69,8 @@ type Config struct {
 	// take the host's MemTotal and logical CPUs, the others' zero values
 	// their defaults.
 	Limits vm.Limits
+	// Watch bounds the watch streams.
+	Watch vm.WatchLimits
 	// IMDS are the IMDS's per-VM bounds (zero values: the defaults).
 	IMDS imds.Limits
 	// ConsoleLogMaxBytes bounds each VM's serial console files
@@ -233,11 +235,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		ConsoleLogMaxBytes: cfg.ConsoleLogMaxBytes,
 		Lifetimes:          cfg.Lifetimes,
 		Network:            networkLimits(cfg, log),
+		Watch:              cfg.Watch,
 	}, log, st, cat, attestationv1.NewVerifierServiceClient(aconn), router, drv)
 	if err != nil {
 		return err
 	}
 	defer vms.Close()
+	// Watch streams never end by themselves: end them when the drain starts.
+	stopWatches := context.AfterFunc(ctx, vms.EndWatches)
+	defer stopWatches()
 
 	// The internal TelemetryService is read-only and needs no token: the
 	// gateway's metrics scrape has no caller (see its proto).

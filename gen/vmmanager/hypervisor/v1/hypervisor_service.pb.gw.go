@@ -751,6 +751,34 @@ func local_request_HypervisorService_UpdateVirtualMachineLifetime_0(ctx context.
 	return msg, metadata, err
 }
 
+var filter_HypervisorService_WatchVirtualMachines_0 = &utilities.DoubleArray{Encoding: map[string]int{}, Base: []int(nil), Check: []int(nil)}
+
+func request_HypervisorService_WatchVirtualMachines_0(ctx context.Context, marshaler runtime.Marshaler, client HypervisorServiceClient, req *http.Request, pathParams map[string]string) (HypervisorService_WatchVirtualMachinesClient, runtime.ServerMetadata, error) {
+	var (
+		protoReq WatchVirtualMachinesRequest
+		metadata runtime.ServerMetadata
+	)
+	if err := req.ParseForm(); err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if err := runtime.PopulateQueryParameters(&protoReq, req.Form, filter_HypervisorService_WatchVirtualMachines_0); err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if req.Body != nil {
+		_, _ = io.Copy(io.Discard, req.Body)
+	}
+	stream, err := client.WatchVirtualMachines(ctx, &protoReq)
+	if err != nil {
+		return nil, metadata, err
+	}
+	header, err := stream.Header()
+	if err != nil {
+		return nil, metadata, err
+	}
+	metadata.HeaderMD = header
+	return stream, metadata, nil
+}
+
 // RegisterHypervisorServiceHandlerServer registers the http handlers for service HypervisorService to "mux".
 // UnaryRPC     :call HypervisorServiceServer directly.
 // StreamingRPC :currently unsupported pending https://github.com/grpc/grpc-go/issues/906.
@@ -1158,6 +1186,13 @@ func RegisterHypervisorServiceHandlerServer(ctx context.Context, mux *runtime.Se
 		forward_HypervisorService_UpdateVirtualMachineLifetime_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
 
+	mux.Handle(http.MethodGet, pattern_HypervisorService_WatchVirtualMachines_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		err := status.Error(codes.Unimplemented, "streaming calls are not yet supported in the in-process transport")
+		_, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+		return
+	})
+
 	return nil
 }
 
@@ -1537,6 +1572,23 @@ func RegisterHypervisorServiceHandlerClient(ctx context.Context, mux *runtime.Se
 		}
 		forward_HypervisorService_UpdateVirtualMachineLifetime_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
+	mux.Handle(http.MethodGet, pattern_HypervisorService_WatchVirtualMachines_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/vmmanager.hypervisor.v1.HypervisorService/WatchVirtualMachines", runtime.WithHTTPPathPattern("/api/v1/vms:watch"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := request_HypervisorService_WatchVirtualMachines_0(annotatedContext, inboundMarshaler, client, req, pathParams)
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_HypervisorService_WatchVirtualMachines_0(annotatedContext, mux, outboundMarshaler, w, req, func() (proto.Message, error) { return resp.Recv() }, mux.GetForwardResponseOptions()...)
+	})
 	return nil
 }
 
@@ -1597,6 +1649,7 @@ var (
 	pattern_HypervisorService_GetVirtualMachineMetrics_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3, 2, 4}, []string{"api", "v1", "vms", "id", "metrics"}, ""))
 	pattern_HypervisorService_GetVirtualMachineReport_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3, 2, 4}, []string{"api", "v1", "vms", "id", "report"}, ""))
 	pattern_HypervisorService_UpdateVirtualMachineLifetime_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3, 2, 4}, []string{"api", "v1", "vms", "id", "lifetime"}, ""))
+	pattern_HypervisorService_WatchVirtualMachines_0         = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"api", "v1", "vms"}, "watch"))
 )
 
 var (
@@ -1620,4 +1673,5 @@ var (
 	forward_HypervisorService_GetVirtualMachineMetrics_0     = runtime.ForwardResponseMessage
 	forward_HypervisorService_GetVirtualMachineReport_0      = runtime.ForwardResponseMessage
 	forward_HypervisorService_UpdateVirtualMachineLifetime_0 = runtime.ForwardResponseMessage
+	forward_HypervisorService_WatchVirtualMachines_0         = runtime.ForwardResponseStream
 )

@@ -39,6 +39,7 @@ const (
 	HypervisorService_GetVirtualMachineMetrics_FullMethodName     = "/vmmanager.hypervisor.v1.HypervisorService/GetVirtualMachineMetrics"
 	HypervisorService_GetVirtualMachineReport_FullMethodName      = "/vmmanager.hypervisor.v1.HypervisorService/GetVirtualMachineReport"
 	HypervisorService_UpdateVirtualMachineLifetime_FullMethodName = "/vmmanager.hypervisor.v1.HypervisorService/UpdateVirtualMachineLifetime"
+	HypervisorService_WatchVirtualMachines_FullMethodName         = "/vmmanager.hypervisor.v1.HypervisorService/WatchVirtualMachines"
 )
 
 // HypervisorServiceClient is the client API for HypervisorService service.
@@ -86,6 +87,11 @@ type HypervisorServiceClient interface {
 	// Extend, shorten or clear a VM's expiry, change what it does then, or
 	// its idle auto-stop (lifetimes).
 	UpdateVirtualMachineLifetime(ctx context.Context, in *UpdateVirtualMachineLifetimeRequest, opts ...grpc.CallOption) (*VirtualMachine, error)
+	// The VMs' changes as they happen: a snapshot of the current records, then
+	// every change with a revision; resumes after a revision it retains. REST:
+	// newline-delimited JSON, or Server-Sent Events with
+	// Accept: text/event-stream (docs/api.md).
+	WatchVirtualMachines(ctx context.Context, in *WatchVirtualMachinesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchVirtualMachinesResponse], error)
 }
 
 type hypervisorServiceClient struct {
@@ -296,6 +302,25 @@ func (c *hypervisorServiceClient) UpdateVirtualMachineLifetime(ctx context.Conte
 	return out, nil
 }
 
+func (c *hypervisorServiceClient) WatchVirtualMachines(ctx context.Context, in *WatchVirtualMachinesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchVirtualMachinesResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &HypervisorService_ServiceDesc.Streams[0], HypervisorService_WatchVirtualMachines_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchVirtualMachinesRequest, WatchVirtualMachinesResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type HypervisorService_WatchVirtualMachinesClient = grpc.ServerStreamingClient[WatchVirtualMachinesResponse]
+
 // HypervisorServiceServer is the server API for HypervisorService service.
 // All implementations must embed UnimplementedHypervisorServiceServer
 // for forward compatibility.
@@ -341,6 +366,11 @@ type HypervisorServiceServer interface {
 	// Extend, shorten or clear a VM's expiry, change what it does then, or
 	// its idle auto-stop (lifetimes).
 	UpdateVirtualMachineLifetime(context.Context, *UpdateVirtualMachineLifetimeRequest) (*VirtualMachine, error)
+	// The VMs' changes as they happen: a snapshot of the current records, then
+	// every change with a revision; resumes after a revision it retains. REST:
+	// newline-delimited JSON, or Server-Sent Events with
+	// Accept: text/event-stream (docs/api.md).
+	WatchVirtualMachines(*WatchVirtualMachinesRequest, grpc.ServerStreamingServer[WatchVirtualMachinesResponse]) error
 	mustEmbedUnimplementedHypervisorServiceServer()
 }
 
@@ -410,6 +440,9 @@ func (UnimplementedHypervisorServiceServer) GetVirtualMachineReport(context.Cont
 }
 func (UnimplementedHypervisorServiceServer) UpdateVirtualMachineLifetime(context.Context, *UpdateVirtualMachineLifetimeRequest) (*VirtualMachine, error) {
 	return nil, status.Error(codes.Unimplemented, "method UpdateVirtualMachineLifetime not implemented")
+}
+func (UnimplementedHypervisorServiceServer) WatchVirtualMachines(*WatchVirtualMachinesRequest, grpc.ServerStreamingServer[WatchVirtualMachinesResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchVirtualMachines not implemented")
 }
 func (UnimplementedHypervisorServiceServer) mustEmbedUnimplementedHypervisorServiceServer() {}
 func (UnimplementedHypervisorServiceServer) testEmbeddedByValue()                           {}
@@ -792,6 +825,17 @@ func _HypervisorService_UpdateVirtualMachineLifetime_Handler(srv interface{}, ct
 	return interceptor(ctx, in, info, handler)
 }
 
+func _HypervisorService_WatchVirtualMachines_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchVirtualMachinesRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(HypervisorServiceServer).WatchVirtualMachines(m, &grpc.GenericServerStream[WatchVirtualMachinesRequest, WatchVirtualMachinesResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type HypervisorService_WatchVirtualMachinesServer = grpc.ServerStreamingServer[WatchVirtualMachinesResponse]
+
 // HypervisorService_ServiceDesc is the grpc.ServiceDesc for HypervisorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -880,6 +924,12 @@ var HypervisorService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _HypervisorService_UpdateVirtualMachineLifetime_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "WatchVirtualMachines",
+			Handler:       _HypervisorService_WatchVirtualMachines_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "vmmanager/hypervisor/v1/hypervisor_service.proto",
 }

@@ -82,6 +82,7 @@ var errorCodes = map[protoreflect.Name][]apierr.Code{
 	"GetVirtualMachineReport":   {apierr.NotFound},
 	// Lifetimes.
 	"UpdateVirtualMachineLifetime": {apierr.InvalidRequest, apierr.NotFound, apierr.Conflict},
+	"WatchVirtualMachines":         {apierr.InvalidRequest, apierr.NotFound, apierr.OutOfRange, apierr.ResourceExhausted},
 	// AttestationService.
 	"GetVirtualMachineAttestation": {apierr.NotFound},
 	"ListImagePolicies":            nil,

@@ -35,6 +35,55 @@ type fakeHypervisor struct {
 	vm        *hypervisorv1.VirtualMachine
 	createReq *hypervisorv1.CreateVirtualMachineRequest
 	execReq   *hypervisorv1.ExecVirtualMachineRequest
+	revision  uint64
+	watchers  map[chan *hypervisorv1.WatchVirtualMachinesResponse]string // name filter
+}
+
+// publishLocked hands a change of f.vm to the watchers of its name.
+func (f *fakeHypervisor) publishLocked(prev hypervisorv1.State) {
+	f.revision++
+	for ch, name := range f.watchers {
+		if name == "" || name == f.vm.GetName() {
+			ch <- &hypervisorv1.WatchVirtualMachinesResponse{Type: hypervisorv1.WatchEventType_WATCH_EVENT_TYPE_CHANGED, Revision: f.revision, Vm: proto.CloneOf(f.vm), PreviousState: prev}
+		}
+	}
+}
+
+// WatchVirtualMachines: the VM if it has the name, SYNCED, then its changes.
+func (f *fakeHypervisor) WatchVirtualMachines(req *hypervisorv1.WatchVirtualMachinesRequest, stream hypervisorv1.HypervisorService_WatchVirtualMachinesServer) error {
+	f.record(stream.Context())
+	ch := make(chan *hypervisorv1.WatchVirtualMachinesResponse, 64)
+	f.mu.Lock()
+	var first []*hypervisorv1.WatchVirtualMachinesResponse
+	if f.vm != nil && (req.GetName() == "" || req.GetName() == f.vm.GetName()) {
+		first = append(first, &hypervisorv1.WatchVirtualMachinesResponse{Type: hypervisorv1.WatchEventType_WATCH_EVENT_TYPE_SNAPSHOT, Revision: f.revision, Vm: proto.CloneOf(f.vm)})
+	}
+	first = append(first, &hypervisorv1.WatchVirtualMachinesResponse{Type: hypervisorv1.WatchEventType_WATCH_EVENT_TYPE_SYNCED, Revision: f.revision})
+	if f.watchers == nil {
+		f.watchers = map[chan *hypervisorv1.WatchVirtualMachinesResponse]string{}
+	}
+	f.watchers[ch] = req.GetName()
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		delete(f.watchers, ch)
+		f.mu.Unlock()
+	}()
+	for _, m := range first {
+		if err := stream.Send(m); err != nil {
+			return err
+		}
+	}
+	for {
+		select {
+		case <-stream.Context().Done():
+			return stream.Context().Err()
+		case m := <-ch:
+			if err := stream.Send(m); err != nil {
+				return err
+			}
+		}
+	}
 }
 
 func (f *fakeHypervisor) record(ctx context.Context) {
@@ -100,7 +149,9 @@ func (f *fakeHypervisor) ListVirtualMachines(ctx context.Context, _ *hypervisorv
 func (f *fakeHypervisor) setState(s hypervisorv1.State) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	prev := f.vm.State
 	f.vm.State = s
+	f.publishLocked(prev)
 }
 
 // CreateVirtualMachine takes ~2.5 s: creating, then booting at 0.6 s, ready
@@ -110,6 +161,7 @@ func (f *fakeHypervisor) CreateVirtualMachine(ctx context.Context, req *hypervis
 	f.mu.Lock()
 	f.createReq = proto.CloneOf(req)
 	f.vm = &hypervisorv1.VirtualMachine{Id: "0a1b2c3d", Name: req.GetName(), State: hypervisorv1.State_STATE_CREATING, CreatedAt: timestamppb.Now()}
+	f.publishLocked(hypervisorv1.State_STATE_UNSPECIFIED)
 	f.mu.Unlock()
 	if req.GetName() == "quick" {
 		return f.GetVirtualMachine(ctx, &hypervisorv1.GetVirtualMachineRequest{Id: "0a1b2c3d"})

@@ -450,6 +450,14 @@ func TestCreateVMProgress(t *testing.T) {
 			t.Errorf("progress repeated %q", msgs[i])
 		}
 	}
+	// The watch drives the progress: nothing polls.
+	h.rpcs.mu.Lock()
+	defer h.rpcs.mu.Unlock()
+	for _, c := range h.rpcs.calls {
+		if c.method == "HypervisorService/ListVirtualMachines" || c.method == "HypervisorService/GetVirtualMachine" {
+			t.Errorf("create_vm's progress polled: %s", c.method)
+		}
+	}
 }
 
 func TestCreateVMWithoutProgressToken(t *testing.T) {

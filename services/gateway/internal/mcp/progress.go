@@ -4,20 +4,25 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
+	"github.com/giantswarm/vm-manager/gen/apierr"
 	"github.com/giantswarm/vm-manager/gen/enumname"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-// progressInterval is how often create_vm polls the VM it waits for.
-var progressInterval = time.Second
+// syncTimeout bounds how long create_vm waits for its watch to be in place
+// before it creates the VM anyway (progress then starts late, not wrong).
+var syncTimeout = 5 * time.Second
 
 // progress reports a VM's state changes as MCP progress notifications while
-// CreateVirtualMachine blocks. The VM id is unknown until the record exists,
-// so it first looks the VM up by name among the VMs created since the call
-// started, then follows it by id.
+// CreateVirtualMachine blocks, from a watch of the VMs of that name
+// (WatchVirtualMachines): the create starts once the watch is synced, so
+// the first VM of that name that the watch did not list in its snapshot is
+// the one this call creates (a VM of the name already there is someone
+// else's, and the create fails with a conflict).
 type progress struct {
 	hv      hypervisorv1.HypervisorServiceClient
 	session *mcp.ServerSession
@@ -25,37 +30,34 @@ type progress struct {
 	name    string
 	log     *slog.Logger
 
-	since time.Time
+	known map[string]bool // in the snapshot: not ours
 	id    string
 	state string
 	n     int
 }
 
 func newProgress(hv hypervisorv1.HypervisorServiceClient, ss *mcp.ServerSession, token any, name string, log *slog.Logger) *progress {
-	return &progress{hv: hv, session: ss, token: token, name: name, log: log, since: time.Now()}
+	return &progress{hv: hv, session: ss, token: token, name: name, log: log, known: map[string]bool{}}
 }
 
-// start polls until the returned stop is called; stop waits for the poller
-// to end, then reports the created VM's state if it is news, so no
-// notification follows the tool result.
+// start opens the watch and returns once it is synced; stop ends it, then
+// reports the created VM's state if it is news, so no notification follows
+// the tool result.
 func (p *progress) start(ctx context.Context) (stop func(*hypervisorv1.VirtualMachine)) {
-	pctx, cancel := context.WithCancel(ctx)
+	wctx, cancel := context.WithCancel(ctx)
+	synced := make(chan struct{})
+	var once sync.Once
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		tick := time.NewTicker(progressInterval)
-		defer tick.Stop()
-		for {
-			select {
-			case <-pctx.Done():
-				return
-			case <-tick.C:
-			}
-			if vm := p.poll(pctx); vm != nil {
-				p.report(ctx, vm)
-			}
-		}
+		defer once.Do(func() { close(synced) })
+		p.follow(wctx, ctx, func() { once.Do(func() { close(synced) }) })
 	}()
+	select {
+	case <-synced:
+	case <-time.After(syncTimeout):
+		p.log.Debug("create_vm progress: watch not synced in time", "name", p.name)
+	}
 	return func(vm *hypervisorv1.VirtualMachine) {
 		cancel()
 		<-done
@@ -65,43 +67,45 @@ func (p *progress) start(ctx context.Context) (stop func(*hypervisorv1.VirtualMa
 	}
 }
 
-// poll returns the VM's current record, or nil if it is not (yet) known.
-func (p *progress) poll(ctx context.Context) *hypervisorv1.VirtualMachine {
-	if p.id != "" {
-		vm, err := p.hv.GetVirtualMachine(ctx, &hypervisorv1.GetVirtualMachineRequest{Id: p.id})
-		if err != nil {
-			if ctx.Err() == nil {
-				p.log.Debug("create_vm progress: get vm", "id", p.id, "error", err)
+// follow reads the watch until wctx ends; a stream cut off (the watcher fell
+// behind, a backend restarted) resumes from its last revision, a few times.
+func (p *progress) follow(wctx, ctx context.Context, synced func()) {
+	var since uint64
+	for attempt := 0; attempt < 3; attempt++ {
+		stream, err := p.hv.WatchVirtualMachines(wctx, &hypervisorv1.WatchVirtualMachinesRequest{Name: p.name, SinceRevision: since})
+		for err == nil {
+			var msg *hypervisorv1.WatchVirtualMachinesResponse
+			if msg, err = stream.Recv(); err != nil {
+				break
 			}
-			return nil
+			switch msg.GetType() {
+			case hypervisorv1.WatchEventType_WATCH_EVENT_TYPE_SNAPSHOT:
+				p.known[msg.GetVm().GetId()] = true
+				continue
+			case hypervisorv1.WatchEventType_WATCH_EVENT_TYPE_SYNCED:
+				synced()
+			case hypervisorv1.WatchEventType_WATCH_EVENT_TYPE_CHANGED, hypervisorv1.WatchEventType_WATCH_EVENT_TYPE_DELETED:
+				vm := msg.GetVm()
+				if p.id == "" && !p.known[vm.GetId()] {
+					p.id = vm.GetId()
+				}
+				if vm.GetId() == p.id {
+					p.report(ctx, vm)
+				}
+			}
+			since = msg.GetRevision()
 		}
-		return vm
+		if wctx.Err() != nil {
+			return
+		}
+		p.log.Debug("create_vm progress: watch", "name", p.name, "since_revision", since, "error", err)
+		if c := apierr.CodeOf(err); since == 0 || (c != apierr.ResourceExhausted && c != apierr.Unavailable) {
+			return
+		}
 	}
-	resp, err := p.hv.ListVirtualMachines(ctx, &hypervisorv1.ListVirtualMachinesRequest{})
-	if err != nil {
-		if ctx.Err() == nil {
-			p.log.Debug("create_vm progress: list vms", "name", p.name, "error", err)
-		}
-		return nil
-	}
-	for _, vm := range resp.GetVms() {
-		if vm.GetName() != p.name {
-			continue
-		}
-		// A VM of that name created before this call is someone else's
-		// (the create will fail with a conflict).
-		if c := vm.GetCreatedAt(); c != nil && c.AsTime().Before(p.since.Add(-2*time.Second)) {
-			continue
-		}
-		return vm
-	}
-	return nil
 }
 
 func (p *progress) report(ctx context.Context, vm *hypervisorv1.VirtualMachine) {
-	if p.id == "" {
-		p.id = vm.GetId()
-	}
 	state := enumname.Of(vm.GetState())
 	if state == p.state {
 		return

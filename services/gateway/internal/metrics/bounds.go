@@ -17,12 +17,12 @@ var (
 	descConsoleRot    = desc("vm_manager_vm_console_rotations_total", "Rotations of the VM's serial console into console.log.1 (--console-log-max-bytes).", "vm")
 	descConsoleMoved  = desc("vm_manager_vm_console_rotated_bytes_total", "Bytes the rotations moved out of the VM's console.log.", "vm")
 	descConsoleDrop   = desc("vm_manager_vm_console_dropped_bytes_total", "Bytes of the VM's serial console no longer kept on disk.", "vm")
-	descLimitRefusals = desc("vm_manager_limit_refusals_total", "Creates refused at a per-host bound (resource_exhausted), by bound: vms, networks, forwards_per_vm.", "limit")
+	descLimitRefusals = desc("vm_manager_limit_refusals_total", "Creates refused at a per-host bound (resource_exhausted), by bound: vms, networks, forwards_per_vm; watch streams refused (watchers: --max-watchers) or cut off for falling behind (watch_buffer: --watch-buffer).", "limit")
 )
 
 // limitNames are vm_manager_limit_refusals_total's bounds, each exposed
 // from the start.
-var limitNames = []string{"vms", "networks", "forwards_per_vm"}
+var limitNames = []string{"vms", "networks", "forwards_per_vm", "watchers", "watch_buffer"}
 
 // boundsCollector exports what the hypervisor's per-VM and per-host bounds
 // refused or cut (TelemetryService.GetBoundCounters) at scrape time.

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"slices"
 	"strings"
 
 	"google.golang.org/grpc"
@@ -51,7 +52,13 @@ func (Codec) Name() string { return "proto" }
 type Routes map[string]grpc.ClientConnInterface
 
 // Handler is a grpc.UnknownServiceHandler that forwards to the routes.
-func Handler(routes Routes) grpc.StreamHandler {
+func Handler(routes Routes) grpc.StreamHandler { return DrainingHandler(routes, nil, nil) }
+
+// DrainingHandler is Handler that ends the calls of the longLived methods
+// (full names, "/pkg.Service/Method": streams that never end by themselves,
+// such as a watch) with unavailable when drain ends, so that a shutdown does
+// not wait for them; other calls finish as usual.
+func DrainingHandler(routes Routes, drain context.Context, longLived []string) grpc.StreamHandler {
 	return func(_ any, ss grpc.ServerStream) error {
 		method, ok := grpc.MethodFromServerStream(ss)
 		if !ok {
@@ -67,9 +74,27 @@ func Handler(routes Routes) grpc.StreamHandler {
 		}
 		// A backend that cannot be reached is named by the connection
 		// (mesh.DialBackend); what a backend said passes unchanged.
+		if drain != nil && slices.Contains(longLived, method) {
+			ctx, cancel := context.WithCancel(ss.Context())
+			defer cancel()
+			defer context.AfterFunc(drain, cancel)()
+			err := forward(&withContext{ss, ctx}, conn, method)
+			if err != nil && drain.Err() != nil && ss.Context().Err() == nil {
+				return status.Error(codes.Unavailable, "the gateway is shutting down; call again (a watch: with since_revision, the last revision received)")
+			}
+			return err
+		}
 		return forward(ss, conn, method)
 	}
 }
+
+// withContext is a server stream with another context.
+type withContext struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (w *withContext) Context() context.Context { return w.ctx }
 
 // hop-by-hop and transport metadata the client library sets by itself.
 func outgoing(ctx context.Context) context.Context {

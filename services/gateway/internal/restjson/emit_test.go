@@ -115,6 +115,9 @@ func TestRequiredOnlyWhereTheOriginalRequires(t *testing.T) {
 // our additions, always written.
 var ownRequired = map[protoreflect.FullName]bool{
 	"vmmanager.attestation.v1.ImagePolicy.document": true,
+	// A watch message always says what it is and at which revision.
+	"vmmanager.hypervisor.v1.WatchVirtualMachinesResponse.type":     true,
+	"vmmanager.hypervisor.v1.WatchVirtualMachinesResponse.revision": true,
 }
 
 // TestRequiredOutsideTheListIsRequests: the annotation outside the response

@@ -79,6 +79,9 @@ func serveCommand() cli.Command {
 			consoleMax := fs.Int("console-log-max-bytes", "VM_MANAGER_CONSOLE_LOG_MAX_BYTES", vm.DefaultConsoleLogMaxBytes, "serial console kept per VM, console.log and console.log.1 together (at least 64 KiB)")
 			defaultTTL := fs.Duration("default-vm-ttl", "VM_MANAGER_DEFAULT_VM_TTL", 0, "expiry of a VM created without ttl or expire_at (0: none, it lives until deleted)")
 			maxTTL := fs.Duration("max-vm-ttl", "VM_MANAGER_MAX_VM_TTL", vm.DefaultMaxTTL, "longest ttl, expire_at and idle_timeout a caller may set")
+			maxWatchers := fs.Int("max-watchers", "VM_MANAGER_MAX_WATCHERS", vm.DefaultMaxWatchers, "open WatchVirtualMachines streams; one more is refused (resource_exhausted) and counted")
+			watchBuffer := fs.Int("watch-buffer", "VM_MANAGER_WATCH_BUFFER", vm.DefaultWatchBuffer, "events one watch stream may fall behind before it is cut off (resource_exhausted, counted; the client resumes)")
+			watchRetain := fs.Int("watch-retain", "VM_MANAGER_WATCH_RETAIN", vm.DefaultWatchRetain, "events kept for watch resumes (since_revision); an older revision is refused with out_of_range")
 			oidc := identity.Flags(fs)
 			logger := logging.Flags(fs, "info", "hypervisor")
 			tracer := tracing.Flags(fs)
@@ -113,6 +116,7 @@ func serveCommand() cli.Command {
 					{"console-log-max-bytes", *consoleMax, vm.MinConsoleLogMaxBytes},
 					{"max-nat-flows-tcp", *natTCP, 1}, {"max-nat-flows-udp", *natUDP, 1}, {"max-nat-flows", *natAll, 1},
 					{"max-imds-connections", *imdsConns, 1},
+					{"max-watchers", *maxWatchers, 1}, {"watch-buffer", *watchBuffer, 1}, {"watch-retain", *watchRetain, 1},
 				} {
 					if f.v < f.min {
 						return fmt.Errorf("--%s=%d: want at least %d", f.name, f.v, f.min)
@@ -160,6 +164,7 @@ func serveCommand() cli.Command {
 					Host:               host.Config{QEMUBinary: *qemu, SwtpmBinary: *swtpm, OVMFCode: *ovmfCode, OVMFVars: *ovmfVars, ForceTCG: *accel == "tcg"},
 					Identity:           oidc(),
 					Lifetimes:          vm.Lifetimes{DefaultTTL: *defaultTTL, MaxTTL: *maxTTL},
+					Watch:              vm.WatchLimits{MaxWatchers: *maxWatchers, Buffer: *watchBuffer, Retain: *watchRetain},
 				}, log)
 			}
 		},

@@ -36,6 +36,8 @@ type VMs interface {
 	Forward(ctx context.Context, id string, port int32) (*hypervisorv1.ForwardVirtualMachinePortResponse, error)
 	UpdateLifetime(ctx context.Context, req *hypervisorv1.UpdateVirtualMachineLifetimeRequest) (*hypervisorv1.VirtualMachine, error)
 
+	Watch(ctx context.Context, req *hypervisorv1.WatchVirtualMachinesRequest, send func(*hypervisorv1.WatchVirtualMachinesResponse) error) error
+
 	CreateNetwork(ctx context.Context, req *hypervisorv1.CreateNetworkRequest, createdBy string) (*hypervisorv1.Network, error)
 	GetNetwork(name string) (*hypervisorv1.Network, error)
 	ListNetworks() []*hypervisorv1.Network
@@ -152,6 +154,11 @@ func (s *Server) UpdateVirtualMachineLifetime(ctx context.Context, req *hypervis
 
 func (s *Server) GetVirtualMachineReport(_ context.Context, req *hypervisorv1.GetVirtualMachineReportRequest) (*hypervisorv1.GetVirtualMachineReportResponse, error) {
 	return s.guests.Report(req.GetId())
+}
+
+// WatchVirtualMachines streams the VMs' changes (vm.Manager.Watch).
+func (s *Server) WatchVirtualMachines(req *hypervisorv1.WatchVirtualMachinesRequest, stream hypervisorv1.HypervisorService_WatchVirtualMachinesServer) error {
+	return s.vms.Watch(stream.Context(), req, stream.Send)
 }
 
 // Telemetry serves the internal TelemetryService (the gateway's metrics

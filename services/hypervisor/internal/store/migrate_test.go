@@ -68,7 +68,7 @@ func TestMigrationToStoredRecords(t *testing.T) {
 		t.Errorf("the derived PEM and hex forms are still stored: %q", u)
 	}
 	st.Close()
-	if _, v := version(t, path); v != 4 {
-		t.Errorf("version %d, want 4", v)
+	if _, v := version(t, path); v != store.Schema.Latest() {
+		t.Errorf("version %d, want %d", v, store.Schema.Latest())
 	}
 }

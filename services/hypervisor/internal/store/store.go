@@ -9,6 +9,8 @@
 //	policy-sync/<ref>    hex SHA-256 of the policy.json last handed to attestation
 //	attestation-forget/<id>
 //	                     a deleted VM attestation has not forgotten yet (empty value)
+//	watch/revision       the watch's revision ceiling, 8 bytes big-endian
+//	                     (lifecycle.Broker: none handed out above it)
 //
 // Version history:
 //
@@ -19,9 +21,11 @@
 //	4  vms/* are storepb.VirtualMachine, no longer the public
 //	   hypervisorv1.VirtualMachine (field numbers are shared, so the records are
 //	   decoded and written again as the new message)
+//	5  watch (before, revisions started at 1 with every hypervisor)
 package store
 
 import (
+	"encoding/binary"
 	"fmt"
 	"sort"
 	"time"
@@ -39,6 +43,8 @@ var (
 	bucketNetworks   = []byte("networks")
 	bucketPolicySync = []byte("policy-sync")
 	bucketForget     = []byte("attestation-forget")
+	bucketWatch      = []byte("watch")
+	keyRevision      = []byte("revision")
 )
 
 // Schema is the hypervisor database's layout and migrations.
@@ -49,6 +55,7 @@ var Schema = boltdb.Schema{
 		{Version: 2, Description: "policy-sync bucket", Apply: boltdb.CreateBuckets(bucketPolicySync)},
 		{Version: 3, Description: "attestation-forget bucket", Apply: boltdb.CreateBuckets(bucketForget)},
 		{Version: 4, Description: "vm records become storepb.VirtualMachine", Apply: recordsOfTheirOwn},
+		{Version: 5, Description: "watch bucket", Apply: boltdb.CreateBuckets(bucketWatch)},
 	},
 }
 
@@ -191,5 +198,29 @@ func (s *Store) PolicySynced(ref string) (string, error) {
 func (s *Store) SetPolicySynced(ref, digest string) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketPolicySync).Put([]byte(ref), []byte(digest))
+	})
+}
+
+// WatchRevision is the stored revision ceiling of the watch (0 when none).
+func (s *Store) WatchRevision() (uint64, error) {
+	var r uint64
+	err := s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketWatch).Get(keyRevision)
+		switch len(v) {
+		case 0:
+		case 8:
+			r = binary.BigEndian.Uint64(v)
+		default:
+			return fmt.Errorf("watch/revision is %d bytes, want 8", len(v))
+		}
+		return nil
+	})
+	return r, err
+}
+
+// SetWatchRevision stores the watch's revision ceiling.
+func (s *Store) SetWatchRevision(r uint64) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketWatch).Put(keyRevision, binary.BigEndian.AppendUint64(nil, r))
 	})
 }

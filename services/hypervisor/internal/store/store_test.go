@@ -45,7 +45,7 @@ func version(t *testing.T, path string) (string, int) {
 }
 
 func TestSchema(t *testing.T) {
-	if store.Schema.Name != "hypervisor" || store.Schema.Latest() != 4 || len(store.Schema.Migrations) != 4 {
+	if store.Schema.Name != "hypervisor" || store.Schema.Latest() != 5 || len(store.Schema.Migrations) != 5 {
 		t.Fatalf("schema = %s v%d (%d migrations)", store.Schema.Name, store.Schema.Latest(), len(store.Schema.Migrations))
 	}
 }
@@ -59,8 +59,8 @@ func TestFreshOpenIsLatest(t *testing.T) {
 	if err := st.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if name, v := version(t, path); name != "hypervisor" || v != 4 {
-		t.Errorf("Version = (%q, %d), want (hypervisor, 4)", name, v)
+	if name, v := version(t, path); name != "hypervisor" || v != 5 {
+		t.Errorf("Version = (%q, %d), want (hypervisor, 5)", name, v)
 	}
 	// Every bucket exists.
 	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: time.Second})
@@ -69,7 +69,7 @@ func TestFreshOpenIsLatest(t *testing.T) {
 	}
 	defer db.Close()
 	_ = db.View(func(tx *bolt.Tx) error {
-		for _, b := range []string{"meta", "vms", "networks", "policy-sync", "attestation-forget"} {
+		for _, b := range []string{"meta", "vms", "networks", "policy-sync", "attestation-forget", "watch"} {
 			if tx.Bucket([]byte(b)) == nil {
 				t.Errorf("bucket %s missing", b)
 			}
@@ -125,6 +125,9 @@ func TestMigrationFromVersion1(t *testing.T) {
 	if got.GetId() != want.GetId() || got.GetName() != want.GetName() || got.GetImage() != want.GetImage() || got.GetMemoryMib() != 2048 ||
 		got.GetState() != want.GetState() || got.GetMetadata()["role"] != "worker" || !got.GetCreatedAt().AsTime().Equal(created) {
 		t.Errorf("GetVM = %v\nwant %v", got, want)
+	}
+	if r, err := st.WatchRevision(); err != nil || r != 0 {
+		t.Errorf("WatchRevision after migration = %d %v", r, err)
 	}
 	if d, err := st.PolicySynced("flatcar_4230.2.0"); err != nil || d != "" {
 		t.Errorf("PolicySynced on a fresh bucket = %q %v", d, err)
@@ -352,5 +355,22 @@ func TestDeleteVMQueuesForget(t *testing.T) {
 	}
 	if _, err := st.GetVM("0a0b0c02"); apierr.CodeOf(err) != apierr.NotFound {
 		t.Errorf("GetVM of a deleted VM: %v", err)
+	}
+}
+
+// The watch's revision ceiling is 0 in a fresh database and survives a reopen.
+func TestWatchRevision(t *testing.T) {
+	path := tempDB(t)
+	st := open(t, path)
+	if r, err := st.WatchRevision(); r != 0 || err != nil {
+		t.Fatalf("fresh: %d %v", r, err)
+	}
+	if err := st.SetWatchRevision(1<<40 + 7); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	st = open(t, path)
+	if r, err := st.WatchRevision(); r != 1<<40+7 || err != nil {
+		t.Errorf("after reopen: %d %v", r, err)
 	}
 }

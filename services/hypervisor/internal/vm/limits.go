@@ -93,6 +93,7 @@ func (m *Manager) Refusals() map[string]uint64 {
 // rotations; per host, the creates refused.
 func (m *Manager) BoundCounters() *hypervisorv1.GetBoundCountersResponse {
 	out := &hypervisorv1.GetBoundCountersResponse{RefusedTotal: m.Refusals(), LifetimeActionsTotal: m.LifetimeActions()}
+	_, out.RefusedTotal[LimitWatchers], out.RefusedTotal[LimitWatchBuffer] = m.WatchCounters()
 	imdsByVM := map[string]imds.Counters{}
 	for _, c := range m.imds.Counters() {
 		imdsByVM[c.VMID] = c

@@ -83,6 +83,8 @@ type Config struct {
 	Network network.Limits
 	// Lifetimes bound expiries and idle timeouts (lifetime.go).
 	Lifetimes Lifetimes
+	// Watch bounds the watch streams (watch.go).
+	Watch WatchLimits
 }
 
 func (c *Config) defaults() {
@@ -100,6 +102,7 @@ func (c *Config) defaults() {
 	}
 	c.Limits.defaults()
 	c.Lifetimes.defaults()
+	c.Watch.defaults()
 	if c.ConsoleLogMaxBytes <= 0 {
 		c.ConsoleLogMaxBytes = DefaultConsoleLogMaxBytes
 	}
@@ -147,6 +150,8 @@ type Manager struct {
 	wg      sync.WaitGroup
 
 	refused refusals
+	// watchers are the watch streams (watch.go).
+	watchers watchers
 	// netCreate serialises network creates, so that two cannot both pass
 	// the MaxNetworks check.
 	netCreate sync.Mutex
@@ -197,8 +202,13 @@ func New(cfg Config, log *slog.Logger, st Store, images ImageResolver, verifier 
 	cfg.defaults()
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{cfg: cfg, log: log, store: st, images: images, verifier: verifier, router: router, driver: driver, ctx: ctx, cancel: cancel,
-		machines: map[string]*machine{}, leases: map[lease]*machine{}, newID: newID, events: lifecycle.NewBroker(0),
-		started: time.Now()}
+		machines: map[string]*machine{}, leases: map[lease]*machine{}, newID: newID, started: time.Now()}
+	m.watchers.ended = make(chan struct{})
+	var err error
+	if m.events, err = newEvents(st, cfg.Watch.Retain); err != nil {
+		cancel()
+		return nil, err
+	}
 	m.guest = guest.New(m, verifier, guest.Config{ImageDir: cfg.ImageDir, SeriesLimit: cfg.GuestSeriesLimit}, log)
 	m.imds = imds.NewGuard(cfg.IMDS)
 	m.nets = network.NewRegistry(ctx, st, func(name string) http.Handler {
@@ -216,6 +226,7 @@ func New(cfg Config, log *slog.Logger, st Store, images ImageResolver, verifier 
 	}
 	strays := m.driver.Strays()
 	for _, rec := range recs {
+		m.events.Seed(proto.Clone(rec).(*storepb.VirtualMachine)) // restore's changes are events after it
 		mc := &machine{id: rec.GetId(), rec: rec, changed: make(chan struct{})}
 		m.machines[mc.id] = mc
 		if l, ok := leaseOf(rec); ok {
@@ -421,6 +432,10 @@ func (m *Manager) Close() {
 		m.closeForwards(mc, true) // bound again by the next hypervisor
 	}
 	m.nets.Close()
+	m.EndWatches()
+	if err := m.events.Close(); err != nil {
+		m.log.Error("store the watch revision", "error", err)
+	}
 	for _, mc := range mcs {
 		mc.mu.Lock()
 		if mc.run != nil {

@@ -377,8 +377,12 @@ func TestGuestPowerOff(t *testing.T) {
 // a delete ends them. A change the lifecycle does not allow is refused.
 func TestEvents(t *testing.T) {
 	h := newHarness(t)
-	events, cancel, _ := h.m.Events().Subscribe(0, 64)
-	defer cancel()
+	sub, err := h.m.Events().Subscribe(0, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Cancel()
+	events := sub.C()
 	v := h.create("web")
 	if err := h.m.Delete(context.Background(), v.GetId()); err != nil {
 		t.Fatal(err)
