@@ -38,6 +38,7 @@ const (
 	HypervisorService_GetVirtualMachineConsole_FullMethodName  = "/vmmanager.hypervisor.v1.HypervisorService/GetVirtualMachineConsole"
 	HypervisorService_GetVirtualMachineMetrics_FullMethodName  = "/vmmanager.hypervisor.v1.HypervisorService/GetVirtualMachineMetrics"
 	HypervisorService_GetVirtualMachineReport_FullMethodName   = "/vmmanager.hypervisor.v1.HypervisorService/GetVirtualMachineReport"
+	HypervisorService_ExecVirtualMachineStream_FullMethodName  = "/vmmanager.hypervisor.v1.HypervisorService/ExecVirtualMachineStream"
 )
 
 // HypervisorServiceClient is the client API for HypervisorService service.
@@ -82,6 +83,11 @@ type HypervisorServiceClient interface {
 	GetVirtualMachineMetrics(ctx context.Context, in *GetVirtualMachineMetricsRequest, opts ...grpc.CallOption) (*VirtualMachineMetrics, error)
 	// The guest's last report upload, re-encoded as JSON.
 	GetVirtualMachineReport(ctx context.Context, in *GetVirtualMachineReportRequest, opts ...grpc.CallOption) (*GetVirtualMachineReportResponse, error)
+	// Run a command in the guest as root, streaming: stdin, stdout and stderr
+	// as they come, an optional pty with window changes, signals, and the exit
+	// code last. No REST mapping: the gateway serves it as a WebSocket at
+	// /api/v1/vms/{id}/exec/ws (subprotocol vmm.exec.v1, docs/api.md).
+	ExecVirtualMachineStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ExecVirtualMachineStreamRequest, ExecVirtualMachineStreamResponse], error)
 }
 
 type hypervisorServiceClient struct {
@@ -282,6 +288,19 @@ func (c *hypervisorServiceClient) GetVirtualMachineReport(ctx context.Context, i
 	return out, nil
 }
 
+func (c *hypervisorServiceClient) ExecVirtualMachineStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ExecVirtualMachineStreamRequest, ExecVirtualMachineStreamResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &HypervisorService_ServiceDesc.Streams[0], HypervisorService_ExecVirtualMachineStream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ExecVirtualMachineStreamRequest, ExecVirtualMachineStreamResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type HypervisorService_ExecVirtualMachineStreamClient = grpc.BidiStreamingClient[ExecVirtualMachineStreamRequest, ExecVirtualMachineStreamResponse]
+
 // HypervisorServiceServer is the server API for HypervisorService service.
 // All implementations must embed UnimplementedHypervisorServiceServer
 // for forward compatibility.
@@ -324,6 +343,11 @@ type HypervisorServiceServer interface {
 	GetVirtualMachineMetrics(context.Context, *GetVirtualMachineMetricsRequest) (*VirtualMachineMetrics, error)
 	// The guest's last report upload, re-encoded as JSON.
 	GetVirtualMachineReport(context.Context, *GetVirtualMachineReportRequest) (*GetVirtualMachineReportResponse, error)
+	// Run a command in the guest as root, streaming: stdin, stdout and stderr
+	// as they come, an optional pty with window changes, signals, and the exit
+	// code last. No REST mapping: the gateway serves it as a WebSocket at
+	// /api/v1/vms/{id}/exec/ws (subprotocol vmm.exec.v1, docs/api.md).
+	ExecVirtualMachineStream(grpc.BidiStreamingServer[ExecVirtualMachineStreamRequest, ExecVirtualMachineStreamResponse]) error
 	mustEmbedUnimplementedHypervisorServiceServer()
 }
 
@@ -390,6 +414,9 @@ func (UnimplementedHypervisorServiceServer) GetVirtualMachineMetrics(context.Con
 }
 func (UnimplementedHypervisorServiceServer) GetVirtualMachineReport(context.Context, *GetVirtualMachineReportRequest) (*GetVirtualMachineReportResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetVirtualMachineReport not implemented")
+}
+func (UnimplementedHypervisorServiceServer) ExecVirtualMachineStream(grpc.BidiStreamingServer[ExecVirtualMachineStreamRequest, ExecVirtualMachineStreamResponse]) error {
+	return status.Error(codes.Unimplemented, "method ExecVirtualMachineStream not implemented")
 }
 func (UnimplementedHypervisorServiceServer) mustEmbedUnimplementedHypervisorServiceServer() {}
 func (UnimplementedHypervisorServiceServer) testEmbeddedByValue()                           {}
@@ -754,6 +781,13 @@ func _HypervisorService_GetVirtualMachineReport_Handler(srv interface{}, ctx con
 	return interceptor(ctx, in, info, handler)
 }
 
+func _HypervisorService_ExecVirtualMachineStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(HypervisorServiceServer).ExecVirtualMachineStream(&grpc.GenericServerStream[ExecVirtualMachineStreamRequest, ExecVirtualMachineStreamResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type HypervisorService_ExecVirtualMachineStreamServer = grpc.BidiStreamingServer[ExecVirtualMachineStreamRequest, ExecVirtualMachineStreamResponse]
+
 // HypervisorService_ServiceDesc is the grpc.ServiceDesc for HypervisorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -838,6 +872,13 @@ var HypervisorService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _HypervisorService_GetVirtualMachineReport_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "ExecVirtualMachineStream",
+			Handler:       _HypervisorService_ExecVirtualMachineStream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "vmmanager/hypervisor/v1/hypervisor_service.proto",
 }

@@ -381,7 +381,9 @@ type GetBoundCountersResponse struct {
 	Vms []*VirtualMachineBoundCounters `protobuf:"bytes,1,rep,name=vms,proto3" json:"vms,omitempty"`
 	// Creates refused at a per-host bound, by bound: "vms" (--max-vms),
 	// "networks" (--max-networks), "forwards_per_vm" (--max-forwards-per-vm).
-	RefusedTotal  map[string]uint64 `protobuf:"bytes,2,rep,name=refused_total,json=refusedTotal,proto3" json:"refused_total,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	RefusedTotal map[string]uint64 `protobuf:"bytes,2,rep,name=refused_total,json=refusedTotal,proto3" json:"refused_total,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// The streaming exec sessions (ExecVirtualMachineStream).
+	ExecSessions  *ExecSessionCounters `protobuf:"bytes,3,opt,name=exec_sessions,json=execSessions,proto3" json:"exec_sessions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -426,6 +428,13 @@ func (x *GetBoundCountersResponse) GetVms() []*VirtualMachineBoundCounters {
 func (x *GetBoundCountersResponse) GetRefusedTotal() map[string]uint64 {
 	if x != nil {
 		return x.RefusedTotal
+	}
+	return nil
+}
+
+func (x *GetBoundCountersResponse) GetExecSessions() *ExecSessionCounters {
+	if x != nil {
+		return x.ExecSessions
 	}
 	return nil
 }
@@ -525,7 +534,7 @@ var File_vmmanager_hypervisor_v1_telemetry_service_proto protoreflect.FileDescri
 
 const file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDesc = "" +
 	"\n" +
-	"/vmmanager/hypervisor/v1/telemetry_service.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a0vmmanager/hypervisor/v1/hypervisor_service.proto\"\x18\n" +
+	"/vmmanager/hypervisor/v1/telemetry_service.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a)vmmanager/hypervisor/v1/exec_stream.proto\x1a0vmmanager/hypervisor/v1/hypervisor_service.proto\"\x18\n" +
 	"\x16ListGuestSeriesRequest\"_\n" +
 	"\x17ListGuestSeriesResponse\x12D\n" +
 	"\x03vms\x18\x01 \x03(\v22.vmmanager.hypervisor.v1.VirtualMachineGuestSeriesR\x03vms\"\xaf\x03\n" +
@@ -550,10 +559,11 @@ const file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDesc = "" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x19\n" +
-	"\x17GetBoundCountersRequest\"\x8d\x02\n" +
+	"\x17GetBoundCountersRequest\"\xe0\x02\n" +
 	"\x18GetBoundCountersResponse\x12F\n" +
 	"\x03vms\x18\x01 \x03(\v24.vmmanager.hypervisor.v1.VirtualMachineBoundCountersR\x03vms\x12h\n" +
-	"\rrefused_total\x18\x02 \x03(\v2C.vmmanager.hypervisor.v1.GetBoundCountersResponse.RefusedTotalEntryR\frefusedTotal\x1a?\n" +
+	"\rrefused_total\x18\x02 \x03(\v2C.vmmanager.hypervisor.v1.GetBoundCountersResponse.RefusedTotalEntryR\frefusedTotal\x12Q\n" +
+	"\rexec_sessions\x18\x03 \x01(\v2,.vmmanager.hypervisor.v1.ExecSessionCountersR\fexecSessions\x1a?\n" +
 	"\x11RefusedTotalEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xf5\x03\n" +
@@ -607,12 +617,13 @@ var file_vmmanager_hypervisor_v1_telemetry_service_proto_goTypes = []any{
 	nil,                                     // 10: vmmanager.hypervisor.v1.GetBoundCountersResponse.RefusedTotalEntry
 	nil,                                     // 11: vmmanager.hypervisor.v1.VirtualMachineBoundCounters.ImdsBodyTooLargeTotalEntry
 	(*timestamppb.Timestamp)(nil),           // 12: google.protobuf.Timestamp
-	(*ListVirtualMachinesRequest)(nil),      // 13: vmmanager.hypervisor.v1.ListVirtualMachinesRequest
-	(*GetVirtualMachineMetricsRequest)(nil), // 14: vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
-	(*ListNetworksRequest)(nil),             // 15: vmmanager.hypervisor.v1.ListNetworksRequest
-	(*ListVirtualMachinesResponse)(nil),     // 16: vmmanager.hypervisor.v1.ListVirtualMachinesResponse
-	(*VirtualMachineMetrics)(nil),           // 17: vmmanager.hypervisor.v1.VirtualMachineMetrics
-	(*ListNetworksResponse)(nil),            // 18: vmmanager.hypervisor.v1.ListNetworksResponse
+	(*ExecSessionCounters)(nil),             // 13: vmmanager.hypervisor.v1.ExecSessionCounters
+	(*ListVirtualMachinesRequest)(nil),      // 14: vmmanager.hypervisor.v1.ListVirtualMachinesRequest
+	(*GetVirtualMachineMetricsRequest)(nil), // 15: vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
+	(*ListNetworksRequest)(nil),             // 16: vmmanager.hypervisor.v1.ListNetworksRequest
+	(*ListVirtualMachinesResponse)(nil),     // 17: vmmanager.hypervisor.v1.ListVirtualMachinesResponse
+	(*VirtualMachineMetrics)(nil),           // 18: vmmanager.hypervisor.v1.VirtualMachineMetrics
+	(*ListNetworksResponse)(nil),            // 19: vmmanager.hypervisor.v1.ListNetworksResponse
 }
 var file_vmmanager_hypervisor_v1_telemetry_service_proto_depIdxs = []int32{
 	3,  // 0: vmmanager.hypervisor.v1.ListGuestSeriesResponse.vms:type_name -> vmmanager.hypervisor.v1.VirtualMachineGuestSeries
@@ -623,22 +634,23 @@ var file_vmmanager_hypervisor_v1_telemetry_service_proto_depIdxs = []int32{
 	9,  // 5: vmmanager.hypervisor.v1.GuestSeries.labels:type_name -> vmmanager.hypervisor.v1.GuestSeries.LabelsEntry
 	7,  // 6: vmmanager.hypervisor.v1.GetBoundCountersResponse.vms:type_name -> vmmanager.hypervisor.v1.VirtualMachineBoundCounters
 	10, // 7: vmmanager.hypervisor.v1.GetBoundCountersResponse.refused_total:type_name -> vmmanager.hypervisor.v1.GetBoundCountersResponse.RefusedTotalEntry
-	11, // 8: vmmanager.hypervisor.v1.VirtualMachineBoundCounters.imds_body_too_large_total:type_name -> vmmanager.hypervisor.v1.VirtualMachineBoundCounters.ImdsBodyTooLargeTotalEntry
-	13, // 9: vmmanager.hypervisor.v1.TelemetryService.ListVirtualMachines:input_type -> vmmanager.hypervisor.v1.ListVirtualMachinesRequest
-	14, // 10: vmmanager.hypervisor.v1.TelemetryService.GetVirtualMachineMetrics:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
-	15, // 11: vmmanager.hypervisor.v1.TelemetryService.ListNetworks:input_type -> vmmanager.hypervisor.v1.ListNetworksRequest
-	1,  // 12: vmmanager.hypervisor.v1.TelemetryService.ListGuestSeries:input_type -> vmmanager.hypervisor.v1.ListGuestSeriesRequest
-	5,  // 13: vmmanager.hypervisor.v1.TelemetryService.GetBoundCounters:input_type -> vmmanager.hypervisor.v1.GetBoundCountersRequest
-	16, // 14: vmmanager.hypervisor.v1.TelemetryService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
-	17, // 15: vmmanager.hypervisor.v1.TelemetryService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
-	18, // 16: vmmanager.hypervisor.v1.TelemetryService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
-	2,  // 17: vmmanager.hypervisor.v1.TelemetryService.ListGuestSeries:output_type -> vmmanager.hypervisor.v1.ListGuestSeriesResponse
-	6,  // 18: vmmanager.hypervisor.v1.TelemetryService.GetBoundCounters:output_type -> vmmanager.hypervisor.v1.GetBoundCountersResponse
-	14, // [14:19] is the sub-list for method output_type
-	9,  // [9:14] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	13, // 8: vmmanager.hypervisor.v1.GetBoundCountersResponse.exec_sessions:type_name -> vmmanager.hypervisor.v1.ExecSessionCounters
+	11, // 9: vmmanager.hypervisor.v1.VirtualMachineBoundCounters.imds_body_too_large_total:type_name -> vmmanager.hypervisor.v1.VirtualMachineBoundCounters.ImdsBodyTooLargeTotalEntry
+	14, // 10: vmmanager.hypervisor.v1.TelemetryService.ListVirtualMachines:input_type -> vmmanager.hypervisor.v1.ListVirtualMachinesRequest
+	15, // 11: vmmanager.hypervisor.v1.TelemetryService.GetVirtualMachineMetrics:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
+	16, // 12: vmmanager.hypervisor.v1.TelemetryService.ListNetworks:input_type -> vmmanager.hypervisor.v1.ListNetworksRequest
+	1,  // 13: vmmanager.hypervisor.v1.TelemetryService.ListGuestSeries:input_type -> vmmanager.hypervisor.v1.ListGuestSeriesRequest
+	5,  // 14: vmmanager.hypervisor.v1.TelemetryService.GetBoundCounters:input_type -> vmmanager.hypervisor.v1.GetBoundCountersRequest
+	17, // 15: vmmanager.hypervisor.v1.TelemetryService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
+	18, // 16: vmmanager.hypervisor.v1.TelemetryService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
+	19, // 17: vmmanager.hypervisor.v1.TelemetryService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
+	2,  // 18: vmmanager.hypervisor.v1.TelemetryService.ListGuestSeries:output_type -> vmmanager.hypervisor.v1.ListGuestSeriesResponse
+	6,  // 19: vmmanager.hypervisor.v1.TelemetryService.GetBoundCounters:output_type -> vmmanager.hypervisor.v1.GetBoundCountersResponse
+	15, // [15:20] is the sub-list for method output_type
+	10, // [10:15] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_vmmanager_hypervisor_v1_telemetry_service_proto_init() }
@@ -646,6 +658,7 @@ func file_vmmanager_hypervisor_v1_telemetry_service_proto_init() {
 	if File_vmmanager_hypervisor_v1_telemetry_service_proto != nil {
 		return
 	}
+	file_vmmanager_hypervisor_v1_exec_stream_proto_init()
 	file_vmmanager_hypervisor_v1_hypervisor_service_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
