@@ -18,6 +18,7 @@ import (
 	"github.com/giantswarm/vm-manager/pkg/mesh"
 	"github.com/giantswarm/vm-manager/pkg/statedir"
 	"github.com/giantswarm/vm-manager/pkg/tracing"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/execstream"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guest"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/host"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/imds"
@@ -77,6 +78,9 @@ func serveCommand() cli.Command {
 			maxQuote := fs.Int("imds-max-quote-bytes", "VM_MANAGER_IMDS_MAX_QUOTE_BYTES", imds.DefaultMaxQuoteBytes, "largest body of POST attest/quote; beyond, 413")
 			maxReport := fs.Int("imds-max-report-bytes", "VM_MANAGER_IMDS_MAX_REPORT_BYTES", imds.DefaultMaxReportBytes, "largest body of POST report; beyond, 413")
 			consoleMax := fs.Int("console-log-max-bytes", "VM_MANAGER_CONSOLE_LOG_MAX_BYTES", vm.DefaultConsoleLogMaxBytes, "serial console kept per VM, console.log and console.log.1 together (at least 64 KiB)")
+			maxExec := fs.Int("max-exec-sessions", "VM_MANAGER_MAX_EXEC_SESSIONS", execstream.DefaultMaxSessions, "streamed exec sessions open on this host at once; more are refused (resource_exhausted) and counted")
+			execIdle := fs.Duration("exec-idle-timeout", "VM_MANAGER_EXEC_IDLE_TIMEOUT", execstream.DefaultIdleTimeout, "a streamed exec session without input or output for this long is ended")
+			execMax := fs.Duration("exec-max-duration", "VM_MANAGER_EXEC_MAX_DURATION", execstream.DefaultMaxDuration, "the longest a streamed exec session may run")
 			oidc := identity.Flags(fs)
 			logger := logging.Flags(fs, "info", "hypervisor")
 			tracer := tracing.Flags(fs)
@@ -110,7 +114,7 @@ func serveCommand() cli.Command {
 					{"imds-max-quote-bytes", *maxQuote, 1}, {"imds-max-report-bytes", *maxReport, 1},
 					{"console-log-max-bytes", *consoleMax, vm.MinConsoleLogMaxBytes},
 					{"max-nat-flows-tcp", *natTCP, 1}, {"max-nat-flows-udp", *natUDP, 1}, {"max-nat-flows", *natAll, 1},
-					{"max-imds-connections", *imdsConns, 1},
+					{"max-imds-connections", *imdsConns, 1}, {"max-exec-sessions", *maxExec, 1},
 				} {
 					if f.v < f.min {
 						return fmt.Errorf("--%s=%d: want at least %d", f.name, f.v, f.min)
@@ -122,7 +126,8 @@ func serveCommand() cli.Command {
 				for _, f := range []struct {
 					name string
 					v    time.Duration
-				}{{"nat-udp-idle-timeout", *natUDPIdle}, {"imds-read-timeout", *imdsRead}, {"imds-idle-timeout", *imdsIdle}} {
+				}{{"nat-udp-idle-timeout", *natUDPIdle}, {"imds-read-timeout", *imdsRead}, {"imds-idle-timeout", *imdsIdle},
+					{"exec-idle-timeout", *execIdle}, {"exec-max-duration", *execMax}} {
 					if f.v < time.Second {
 						return fmt.Errorf("--%s=%s: want at least 1s", f.name, f.v)
 					}
@@ -154,6 +159,7 @@ func serveCommand() cli.Command {
 					IMDSIdleTimeout:    *imdsIdle,
 					Host:               host.Config{QEMUBinary: *qemu, SwtpmBinary: *swtpm, OVMFCode: *ovmfCode, OVMFVars: *ovmfVars, ForceTCG: *accel == "tcg"},
 					Identity:           oidc(),
+					Exec:               execstream.Config{MaxSessions: *maxExec, IdleTimeout: *execIdle, MaxDuration: *execMax},
 				}, log)
 			}
 		},
