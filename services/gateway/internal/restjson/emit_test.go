@@ -115,6 +115,12 @@ func TestRequiredOnlyWhereTheOriginalRequires(t *testing.T) {
 // our additions, always written.
 var ownRequired = map[protoreflect.FullName]bool{
 	"vmmanager.attestation.v1.ImagePolicy.document": true,
+	// ExecVirtualMachineStream's parts: a start's and a resize's fields
+	// are the caller's to give, an exit's code is always written.
+	"vmmanager.hypervisor.v1.ExecStart.id":        true,
+	"vmmanager.hypervisor.v1.ExecWindowSize.rows": true,
+	"vmmanager.hypervisor.v1.ExecWindowSize.cols": true,
+	"vmmanager.hypervisor.v1.ExecExit.exit_code":  true,
 }
 
 // TestRequiredOutsideTheListIsRequests: the annotation outside the response
