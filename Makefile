@@ -21,7 +21,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 GRPC_GATEWAY_VERSION       := v2.33.0
 GRPCURL_VERSION            := v1.9.4
 
-MODULES  := gen guest pkg services/hypervisor services/attestation services/gateway tests examples/sdk deploy/mkimage deploy/charttest
+MODULES  := gen guest pkg services/hypervisor services/attestation services/gateway tests examples/sdk examples/shell deploy/mkimage deploy/charttest
 SERVICES := hypervisor attestation gateway
 GO_PKGS   = $(shell go list -m -f '{{.Dir}}/...' | sed 's|$(CURDIR)/|./|')
 
