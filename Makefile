@@ -146,6 +146,7 @@ bench: build guest-image ## benchmarks; ratios are printed side by side
 	cd tests && VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -run '^$$' -bench CreateToReady -benchtime 5x .
 	cd tests && go test -run '^$$' -bench VerifyQuote -benchtime 200x .
 	cd tests && VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -run '^$$' -bench Surfaces -benchtime 1x .
+	cd tests && VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -run '^$$' -bench ExecStream -benchtime 3x .
 	cd services/attestation && go test -run '^$$' -bench . ./internal/verify/
 	cd services/attestation && go test -run '^$$' -bench . -benchtime 300x ./internal/nonce/
 

@@ -3,6 +3,7 @@ package tests
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"io"
@@ -99,8 +100,10 @@ func TestExecStream(t *testing.T) {
 		// some stderr alongside; the reader starts late.
 		const n = 400000
 		s := openExec(t, cl, &hypervisorv1.ExecStart{Id: vm.ID, Command: []string{"sh", "-c", "seq 1 " + strconv.Itoa(n) + "; seq 1 1000 >&2"}})
+		began := time.Now()
 		time.Sleep(2 * time.Second)
 		exit := s.wait()
+		t.Logf("streamed %d bytes in %s (the reader starting 2 s late)", len(s.out()), time.Since(began).Round(time.Millisecond))
 		var want bytes.Buffer
 		for i := 1; i <= n; i++ {
 			want.WriteString(strconv.Itoa(i) + "\n")
@@ -165,6 +168,25 @@ func TestExecStream(t *testing.T) {
 
 	t.Run("websocket", func(t *testing.T) {
 		execWebSocket(t, c.Addr, vm.ID)
+	})
+
+	// grpcurl through the gateway (reflection), as docs/api.md shows it:
+	// requests on stdin, its end is stdin's end; bytes are base64 in JSON.
+	t.Run("grpcurl", func(t *testing.T) {
+		grpcurl := requireGrpcurl(t)
+		cmd := exec.Command(grpcurl, "-plaintext", "-d", "@", c.Addr, "vmmanager.hypervisor.v1.HypervisorService/ExecVirtualMachineStream")
+		cmd.Stdin = strings.NewReader(`{"start":{"id":"` + vm.ID + `","command":["sh","-c","cat; exit 2"]}}
+{"stdin":"` + base64.StdEncoding.EncodeToString([]byte("via grpcurl\n")) + `"}
+`)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("grpcurl: %v\n%s", err, out)
+		}
+		for _, want := range []string{`"stdout": "` + base64.StdEncoding.EncodeToString([]byte("via grpcurl\n")) + `"`, `"exitCode": 2`} {
+			if !strings.Contains(string(out), want) {
+				t.Errorf("grpcurl output lacks %s:\n%s", want, out)
+			}
+		}
 	})
 
 	t.Run("example", func(t *testing.T) {
