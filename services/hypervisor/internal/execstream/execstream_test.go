@@ -56,14 +56,17 @@ func (o *opener) OpenExec(ctx context.Context, id string, _ sshexec.StreamOption
 }
 
 func TestRefusedAtBound(t *testing.T) {
-	o := &opener{opened: make(chan string, 2)}
+	o := &opener{opened: make(chan string, 3)}
 	s := New(Config{MaxSessions: 1}, o, slog.New(slog.DiscardHandler))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(newStream(ctx, start(&hypervisorv1.ExecStart{Id: "a"}))) }()
 	<-o.opened
 
-	err := s.Serve(newStream(context.Background(), start(&hypervisorv1.ExecStart{Id: "b"})))
+	// Bounded, so that a missing bound fails here instead of hanging.
+	bctx, bcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer bcancel()
+	err := s.Serve(newStream(bctx, start(&hypervisorv1.ExecStart{Id: "b"})))
 	if apierr.CodeOf(err) != apierr.ResourceExhausted {
 		t.Fatalf("second session: %v, want resource_exhausted", err)
 	}
