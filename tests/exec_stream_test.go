@@ -359,6 +359,9 @@ func execWebSocket(t *testing.T, addr, id string) {
 		t.Errorf("after the exit: %v, want a normal close", err)
 	}
 
+	// A pty over the WebSocket: resize and signal as JSON requests.
+	wsPty(t, ctx, url)
+
 	// An error comes as the REST envelope, then the close.
 	c2, _, err := websocket.Dial(ctx, "ws://"+addr+"/api/v1/vms/ffffffff/exec/ws", &websocket.DialOptions{Subprotocols: []string{"vmm.exec.v1"}})
 	if err != nil {
@@ -385,6 +388,60 @@ func execWebSocket(t *testing.T, addr, id string) {
 	})
 	if err == nil || resp == nil || resp.StatusCode != http.StatusForbidden {
 		t.Fatalf("cross-site Origin: %v %v, want 403", resp, err)
+	}
+}
+
+// wsPty runs sh on a pty over the WebSocket: its size, a resize, then KILL
+// for the shell's process group.
+func wsPty(t *testing.T, ctx context.Context, url string) {
+	c, _, err := websocket.Dial(ctx, url, &websocket.DialOptions{Subprotocols: []string{"vmm.exec.v1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseNow()
+	var out bytes.Buffer
+	var exitMsg []byte
+	// readUntil reads until the output has want, or with want "" until the
+	// text message that ends the session.
+	readUntil := func(want string) {
+		t.Helper()
+		for want == "" || !strings.Contains(out.String(), want) {
+			typ, data, err := c.Read(ctx)
+			if err != nil {
+				t.Fatalf("read: %v; output %q", err, out.String())
+			}
+			if typ == websocket.MessageText {
+				exitMsg = data
+				if want == "" {
+					return
+				}
+				t.Fatalf("text message %s before %q", data, want)
+			}
+			if data[0] != 1 {
+				t.Fatalf("stream %d under a pty", data[0])
+			}
+			out.Write(data[1:])
+		}
+	}
+	for _, m := range []struct {
+		typ websocket.MessageType
+		msg string
+	}{
+		{websocket.MessageText, `{"start":{"command":["sh"],"pty":{"term":"xterm","rows":24,"cols":80}}}`},
+		{websocket.MessageBinary, "stty size\n"},
+	} {
+		if err := c.Write(ctx, m.typ, []byte(m.msg)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	readUntil("24 80")
+	_ = c.Write(ctx, websocket.MessageText, []byte(`{"resize":{"rows":33,"cols":99}}`))
+	_ = c.Write(ctx, websocket.MessageBinary, []byte("stty size\n"))
+	readUntil("33 99")
+	_ = c.Write(ctx, websocket.MessageText, []byte(`{"signal":"KILL"}`))
+	readUntil("")
+	if !strings.Contains(string(exitMsg), `"exitCode":137`) || !strings.Contains(string(exitMsg), `"signal":"KILL"`) {
+		t.Fatalf("exit %s, want 137 and KILL", exitMsg)
 	}
 }
 
