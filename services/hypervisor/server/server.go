@@ -243,7 +243,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// gateway's metrics scrape has no caller (see its proto).
 	srv := mesh.NewServer(log, verifier.ServerOptions(hypervisorv1.TelemetryService_ServiceDesc.ServiceName)...)
 	api := apiserver.New(prober, cat, vms, vms.Guest(), vms).
-		WithExecStreams(execstream.New(cfg.Exec, vms, log.With("component", "exec")))
+		WithExecStreams(execstream.New(ctx, cfg.Exec, vms, log.With("component", "exec")))
 	hypervisorv1.RegisterHypervisorServiceServer(srv, api)
 	hypervisorv1.RegisterTelemetryServiceServer(srv, api.Telemetry())
 	ln, err := mesh.Listen(cfg.Socket)

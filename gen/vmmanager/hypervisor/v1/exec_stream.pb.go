@@ -558,8 +558,8 @@ type ExecSessionCounters struct {
 	RefusedTotal uint64 `protobuf:"varint,3,opt,name=refused_total,json=refusedTotal,proto3" json:"refused_total,omitempty"`
 	// Sessions ended, by reason: "exit" (the command ended), "client" (the
 	// caller went away or cancelled), "idle_timeout" (--exec-idle-timeout),
-	// "max_duration" (--exec-max-duration), "error" (the guest connection
-	// failed).
+	// "max_duration" (--exec-max-duration), "shutdown" (the hypervisor
+	// stopped), "error" (the guest connection failed, or a bad request).
 	EndedTotal    map[string]uint64 `protobuf:"bytes,4,rep,name=ended_total,json=endedTotal,proto3" json:"ended_total,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -11,12 +11,12 @@ var (
 	descExecOpen    = desc("vm_manager_exec_sessions", "Streamed exec sessions open now.")
 	descExecStarted = desc("vm_manager_exec_sessions_started_total", "Streamed exec sessions that started.")
 	descExecRefused = desc("vm_manager_exec_sessions_refused_total", "Streamed exec sessions refused at the host's bound (--max-exec-sessions).")
-	descExecEnded   = desc("vm_manager_exec_sessions_ended_total", "Streamed exec sessions ended, by reason: exit, client, idle_timeout (--exec-idle-timeout), max_duration (--exec-max-duration), error.", "reason")
+	descExecEnded   = desc("vm_manager_exec_sessions_ended_total", "Streamed exec sessions ended, by reason: exit, client, idle_timeout (--exec-idle-timeout), max_duration (--exec-max-duration), shutdown, error.", "reason")
 )
 
 // execReasons are vm_manager_exec_sessions_ended_total's reasons, each
 // exposed from the start.
-var execReasons = []string{"exit", "client", "idle_timeout", "max_duration", "error"}
+var execReasons = []string{"exit", "client", "idle_timeout", "max_duration", "shutdown", "error"}
 
 var execDescs = []*prometheus.Desc{descExecOpen, descExecStarted, descExecRefused, descExecEnded}
 

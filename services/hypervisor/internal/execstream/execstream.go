@@ -36,6 +36,7 @@ const (
 	EndClient      = "client"
 	EndIdle        = "idle_timeout"
 	EndMaxDuration = "max_duration"
+	EndShutdown    = "shutdown"
 	EndError       = "error"
 )
 
@@ -53,6 +54,7 @@ type Opener interface {
 
 // Service serves the streams of one host.
 type Service struct {
+	ctx  context.Context // ends every session: the hypervisor stops
 	cfg  Config
 	open Opener
 	log  *slog.Logger
@@ -64,8 +66,9 @@ type Service struct {
 	ended   map[string]uint64
 }
 
-// New returns a Service over open.
-func New(cfg Config, open Opener, log *slog.Logger) *Service {
+// New returns a Service over open. Its sessions end when ctx does, so that
+// an open terminal does not hold the hypervisor's drain for its whole timeout.
+func New(ctx context.Context, cfg Config, open Opener, log *slog.Logger) *Service {
 	if cfg.MaxSessions <= 0 {
 		cfg.MaxSessions = DefaultMaxSessions
 	}
@@ -75,8 +78,8 @@ func New(cfg Config, open Opener, log *slog.Logger) *Service {
 	if cfg.MaxDuration <= 0 {
 		cfg.MaxDuration = DefaultMaxDuration
 	}
-	return &Service{cfg: cfg, open: open, log: log, slots: make(chan struct{}, cfg.MaxSessions),
-		ended: map[string]uint64{EndExit: 0, EndClient: 0, EndIdle: 0, EndMaxDuration: 0, EndError: 0}}
+	return &Service{ctx: ctx, cfg: cfg, open: open, log: log, slots: make(chan struct{}, cfg.MaxSessions),
+		ended: map[string]uint64{EndExit: 0, EndClient: 0, EndIdle: 0, EndMaxDuration: 0, EndShutdown: 0, EndError: 0}}
 }
 
 // Counters are the sessions since the hypervisor started.
@@ -112,6 +115,7 @@ type Stream interface {
 var (
 	errIdle        = errors.New("idle")
 	errMaxDuration = errors.New("max duration")
+	errShutdown    = errors.New("shutdown")
 	errClient      = errors.New("client gone")
 )
 
@@ -142,11 +146,18 @@ func (s *Service) Serve(stream Stream) error {
 	defer cancel(nil)
 	maxTimer := time.AfterFunc(s.cfg.MaxDuration, func() { cancel(errMaxDuration) })
 	defer maxTimer.Stop()
+	defer context.AfterFunc(s.ctx, func() { cancel(errShutdown) })()
 	idle := newIdle(s.cfg.IdleTimeout, func() { cancel(errIdle) })
 	defer idle.stop()
 
 	sess, err := s.open.OpenExec(ctx, st.GetId(), opts)
+	if errors.Is(context.Cause(ctx), errShutdown) {
+		err = apierr.Errorf(apierr.Unavailable, "exec session ended: the hypervisor is shutting down")
+	}
 	if err != nil {
+		if sess != nil {
+			sess.Close()
+		}
 		return err
 	}
 	defer sess.Close()
@@ -205,6 +216,9 @@ func (s *Service) Serve(stream Stream) error {
 	case errors.Is(cause, errMaxDuration):
 		s.end(EndMaxDuration)
 		return apierr.Errorf(apierr.Timeout, "exec session ended: it ran for %s (--exec-max-duration)", s.cfg.MaxDuration)
+	case errors.Is(cause, errShutdown):
+		s.end(EndShutdown)
+		return apierr.Errorf(apierr.Unavailable, "exec session ended: the hypervisor is shutting down")
 	case errors.Is(cause, errClient) || stream.Context().Err() != nil:
 		s.end(EndClient)
 		return context.Cause(stream.Context())

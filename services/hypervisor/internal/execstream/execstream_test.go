@@ -57,7 +57,7 @@ func (o *opener) OpenExec(ctx context.Context, id string, _ sshexec.StreamOption
 
 func TestRefusedAtBound(t *testing.T) {
 	o := &opener{opened: make(chan string, 3)}
-	s := New(Config{MaxSessions: 1}, o, slog.New(slog.DiscardHandler))
+	s := New(context.Background(), Config{MaxSessions: 1}, o, slog.New(slog.DiscardHandler))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(newStream(ctx, start(&hypervisorv1.ExecStart{Id: "a"}))) }()
@@ -99,7 +99,7 @@ func TestRefusedAtBound(t *testing.T) {
 // Bad starts are refused before anything is opened.
 func TestBadStart(t *testing.T) {
 	o := &opener{opened: make(chan string, 10)}
-	s := New(Config{}, o, slog.New(slog.DiscardHandler))
+	s := New(context.Background(), Config{}, o, slog.New(slog.DiscardHandler))
 	stdin := &hypervisorv1.ExecVirtualMachineStreamRequest{Kind: &hypervisorv1.ExecVirtualMachineStreamRequest_Stdin{Stdin: []byte("x")}}
 	for name, first := range map[string]*hypervisorv1.ExecVirtualMachineStreamRequest{
 		"not start": stdin,
@@ -123,6 +123,25 @@ func TestBadStart(t *testing.T) {
 	}
 	if err := checkResize(&hypervisorv1.ExecWindowSize{Rows: 10, Cols: 10}, false); err == nil {
 		t.Error("resize without a pty accepted")
+	}
+}
+
+// The hypervisor stopping ends open sessions at once, with unavailable.
+func TestShutdownEndsSessions(t *testing.T) {
+	o := &opener{opened: make(chan string, 1)}
+	ctx, stop := context.WithCancel(context.Background())
+	s := New(ctx, Config{}, o, slog.New(slog.DiscardHandler))
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(newStream(context.Background(), start(&hypervisorv1.ExecStart{Id: "a"}))) }()
+	<-o.opened
+	stop()
+	select {
+	case err := <-done:
+		if apierr.CodeOf(err) != apierr.Unavailable {
+			t.Fatalf("session: %v, want unavailable", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the session outlived the hypervisor")
 	}
 }
 
