@@ -383,7 +383,8 @@ type GetBoundCountersResponse struct {
 	// "networks" (--max-networks), "forwards_per_vm" (--max-forwards-per-vm).
 	RefusedTotal map[string]uint64 `protobuf:"bytes,2,rep,name=refused_total,json=refusedTotal,proto3" json:"refused_total,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// The streaming exec sessions (ExecVirtualMachineStream).
-	ExecSessions  *ExecSessionCounters `protobuf:"bytes,3,opt,name=exec_sessions,json=execSessions,proto3" json:"exec_sessions,omitempty"`
+	// (3 is lifetime_actions_total, on the lifetimes branch.)
+	ExecSessions  *ExecSessionCounters `protobuf:"bytes,4,opt,name=exec_sessions,json=execSessions,proto3" json:"exec_sessions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -563,7 +564,7 @@ const file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDesc = "" +
 	"\x18GetBoundCountersResponse\x12F\n" +
 	"\x03vms\x18\x01 \x03(\v24.vmmanager.hypervisor.v1.VirtualMachineBoundCountersR\x03vms\x12h\n" +
 	"\rrefused_total\x18\x02 \x03(\v2C.vmmanager.hypervisor.v1.GetBoundCountersResponse.RefusedTotalEntryR\frefusedTotal\x12Q\n" +
-	"\rexec_sessions\x18\x03 \x01(\v2,.vmmanager.hypervisor.v1.ExecSessionCountersR\fexecSessions\x1a?\n" +
+	"\rexec_sessions\x18\x04 \x01(\v2,.vmmanager.hypervisor.v1.ExecSessionCountersR\fexecSessions\x1a?\n" +
 	"\x11RefusedTotalEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xf5\x03\n" +
