@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"time"
 
 	"golang.org/x/crypto/ssh"
@@ -39,7 +40,14 @@ type Session struct {
 	client *ssh.Client
 	sess   *ssh.Session
 	stop   func() bool
+
+	closeOnce sync.Once
+	onClose   []func()
 }
+
+// OnClose runs f once the session is closed (e.g. to release a hold on the
+// VM's idleness for as long as a session is open).
+func (s *Session) OnClose(f func()) { s.onClose = append(s.onClose, f) }
 
 // Exit is how a streamed command ended.
 type Exit struct {
@@ -166,11 +174,17 @@ func (s *Session) Wait() (Exit, error) {
 
 // Close ends the session and the connection; the guest kills the command.
 func (s *Session) Close() error {
-	s.stop()
-	if s.sess != nil {
-		_ = s.sess.Close()
-	}
-	err := s.client.Close()
-	_ = s.conn.Close()
+	var err error
+	s.closeOnce.Do(func() {
+		s.stop()
+		if s.sess != nil {
+			_ = s.sess.Close()
+		}
+		err = s.client.Close()
+		_ = s.conn.Close()
+		for _, f := range s.onClose {
+			f()
+		}
+	})
 	return err
 }

@@ -25,7 +25,15 @@ func TestOpenStreamsEverything(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	closed := 0
+	s.OnClose(func() { closed++ })
+	defer func() {
+		s.Close()
+		s.Close()
+		if closed != 1 {
+			t.Errorf("OnClose ran %d times", closed)
+		}
+	}()
 	errc := make(chan []byte, 1)
 	go func() {
 		b, _ := io.ReadAll(s.Stderr)
