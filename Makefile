@@ -21,7 +21,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 GRPC_GATEWAY_VERSION       := v2.33.0
 GRPCURL_VERSION            := v1.9.4
 
-MODULES  := gen guest pkg services/hypervisor services/attestation services/gateway tests examples/sdk deploy/mkimage deploy/charttest
+MODULES  := gen guest pkg services/hypervisor services/attestation services/gateway tests examples/sdk examples/shell deploy/mkimage deploy/charttest
 SERVICES := hypervisor attestation gateway
 GO_PKGS   = $(shell go list -m -f '{{.Dir}}/...' | sed 's|$(CURDIR)/|./|')
 
@@ -146,6 +146,7 @@ bench: build guest-image ## benchmarks; ratios are printed side by side
 	cd tests && VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -run '^$$' -bench CreateToReady -benchtime 5x .
 	cd tests && go test -run '^$$' -bench VerifyQuote -benchtime 200x .
 	cd tests && VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -run '^$$' -bench Surfaces -benchtime 1x .
+	cd tests && VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -run '^$$' -bench ExecStream -benchtime 3x .
 	cd services/attestation && go test -run '^$$' -bench . ./internal/verify/
 	cd services/attestation && go test -run '^$$' -bench . -benchtime 300x ./internal/nonce/
 

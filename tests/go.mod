@@ -13,6 +13,8 @@ replace (
 )
 
 require (
+	github.com/coder/websocket v1.8.15
+	github.com/creack/pty v1.1.24
 	github.com/giantswarm/vm-manager/services/attestation v0.0.0
 	github.com/giantswarm/vm-manager/services/gateway v0.0.0
 	github.com/giantswarm/vm-manager/services/hypervisor v0.0.0

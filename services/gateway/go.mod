@@ -13,6 +13,7 @@ replace (
 )
 
 require (
+	github.com/coder/websocket v1.8.15
 	github.com/google/jsonschema-go v0.4.3
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.33.0
 	github.com/modelcontextprotocol/go-sdk v1.8.0

@@ -1,6 +1,7 @@
 // Package sshd is the guest's minimal SSH server: the hypervisor runs commands in
 // the guest as root with its per-VM key. Public-key auth for root only, "session"
-// channels only, no pty, no forwarding.
+// channels only (exec or shell, optionally on a pty, with window changes and
+// signals), no forwarding.
 package sshd
 
 import (
@@ -115,14 +116,14 @@ func authorized(path string, key ssh.PublicKey) (bool, error) {
 }
 
 // restricted is a key whose options would limit it in ways this server does not
-// implement (a forced command, a source address, a CA key): refusing it is safer
-// than granting it more than its owner meant. Options about pty or forwarding
-// are moot, neither is offered.
+// implement (a forced command, a source address, a CA key, no pty): refusing it
+// is safer than granting it more than its owner meant. Options about
+// forwarding are moot, none is offered.
 func restricted(opts []string) bool {
 	for _, o := range opts {
 		name, _, _ := strings.Cut(strings.ToLower(o), "=")
 		switch name {
-		case "cert-authority", "command", "from", "expiry-time", "principals", "restrict":
+		case "cert-authority", "command", "from", "expiry-time", "principals", "restrict", "no-pty":
 			return true
 		}
 	}
@@ -241,68 +242,102 @@ func (s *Server) serveConn(c net.Conn) {
 	wg.Wait()
 }
 
-// session serves one session channel: env requests, then one exec or shell.
+// session serves one session channel: env and pty-req requests, then one
+// exec or shell; while that runs, window-change and signal requests.
 func (s *Server) session(ch ssh.Channel, reqs <-chan *ssh.Request) {
 	// reqs closes when the client closes the channel or disconnects: the
 	// command is killed then.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	defer ch.Close()
-	var env []string
-	started := false
+	var (
+		env []string
+		pty *ptyReq
+		p   *proc // the command, once started
+	)
 	for req := range reqs {
 		ok := false
 		switch req.Type {
 		case "env":
 			var kv struct{ Name, Value string }
-			if !started && ssh.Unmarshal(req.Payload, &kv) == nil && validEnvName(kv.Name) {
+			if p == nil && ssh.Unmarshal(req.Payload, &kv) == nil && validEnvName(kv.Name) {
 				env = append(env, kv.Name+"="+kv.Value)
 				ok = true
 			}
+		case "pty-req":
+			if p == nil && pty == nil {
+				pty, ok = parsePtyReq(req.Payload)
+			}
+		case "window-change":
+			var wc winChange
+			if p != nil && p.master != nil && ssh.Unmarshal(req.Payload, &wc) == nil {
+				ok = setSize(p.master, wc.Rows, wc.Cols) == nil
+			}
+		case "signal":
+			var sp struct{ Signal string }
+			if p != nil && ssh.Unmarshal(req.Payload, &sp) == nil {
+				if sig, valid := signalNum(sp.Signal); valid {
+					ok = p.signal(sig)
+				}
+			}
 		case "exec", "shell":
-			if started {
+			if p != nil {
 				break
 			}
 			var args []string
 			if req.Type == "exec" {
-				var p struct{ Command string }
-				if ssh.Unmarshal(req.Payload, &p) != nil {
+				var c struct{ Command string }
+				if ssh.Unmarshal(req.Payload, &c) != nil {
 					break
 				}
-				args = []string{"-c", p.Command}
+				args = []string{"-c", c.Command}
 			}
-			cmd, stdin, done, err := s.start(ctx, ch, args, env)
-			if err != nil {
+			var err error
+			if p, err = s.start(ctx, ch, args, env, pty); err != nil {
 				s.log("%s: %v", req.Type, err)
 				break
 			}
-			ok, started = true, true
+			ok = true
 			// Output may overtake this reply, as with OpenSSH's sshd: clients
 			// keep the two apart.
 			if req.WantReply {
 				_ = req.Reply(true, nil)
 			}
-			go func() {
-				_, _ = io.Copy(stdin, ch)
-				stdin.Close() // EOF from the client
-			}()
-			go s.wait(cmd, done, ch)
 			continue
 		}
-		// "pty-req" and anything else: refused.
+		// Anything else (x11-req, agent forwarding, subsystems): refused.
 		if req.WantReply {
 			_ = req.Reply(ok, nil)
 		}
 	}
 }
 
+// proc is a session's running command.
+type proc struct {
+	cmd    *exec.Cmd
+	master *os.File      // the pty's master side, nil without a pty
+	exited chan struct{} // closed once the command was reaped
+}
+
+// signal sends sig to the command's process group (what it started too), not
+// after it was reaped: its pid may be someone else's by then.
+func (p *proc) signal(sig unix.Signal) bool {
+	select {
+	case <-p.exited:
+		return false
+	default:
+	}
+	return unix.Kill(-p.cmd.Process.Pid, sig) == nil
+}
+
 func validEnvName(n string) bool {
 	return n != "" && !strings.ContainsAny(n, "=\x00")
 }
 
-// start runs the shell with args in its own process group, so that a kill ends
-// everything it started.
-func (s *Server) start(ctx context.Context, ch ssh.Channel, args, env []string) (*exec.Cmd, io.WriteCloser, func(), error) {
+// start runs the shell with args in its own process group (its own session
+// with the pty as controlling terminal, when asked for one), so that a kill
+// ends everything it started.
+func (s *Server) start(ctx context.Context, ch ssh.Channel, args, env []string, pty *ptyReq) (*proc, error) {
 	shell := s.Shell
 	if shell == "" {
 		shell = DefaultShell
@@ -313,32 +348,93 @@ func (s *Server) start(ctx context.Context, ch ssh.Channel, args, env []string) 
 	if fi, err := os.Stat(s.Dir); err == nil && fi.IsDir() {
 		cmd.Dir = s.Dir
 	}
-	cmd.Stdout = ch
-	cmd.Stderr = ch.Stderr()
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return unix.Kill(-cmd.Process.Pid, unix.SIGKILL) }
-	cmd.WaitDelay = waitDelay
-	// Not cmd.Stdin = ch: Wait would then also wait for the client's EOF.
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, nil, nil, err
-	}
 	startCmd := s.StartCmd
 	if startCmd == nil {
 		startCmd = func(cmd *exec.Cmd) (func(), error) { return func() {}, cmd.Start() }
 	}
+	p := &proc{cmd: cmd, exited: make(chan struct{})}
+	if pty != nil {
+		return p, s.startPTY(p, ch, pty, startCmd)
+	}
+	cmd.Stdout = ch
+	cmd.Stderr = ch.Stderr()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.WaitDelay = waitDelay
+	// Not cmd.Stdin = ch: Wait would then also wait for the client's EOF.
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
 	done, err := startCmd(cmd)
 	if err != nil {
 		stdin.Close()
-		return nil, nil, nil, err
+		return nil, err
 	}
-	return cmd, stdin, done, nil
+	go func() {
+		_, _ = io.Copy(stdin, ch)
+		stdin.Close() // EOF from the client
+	}()
+	go func() {
+		err := cmd.Wait()
+		done()
+		close(p.exited)
+		s.exit(cmd, err, ch)
+	}()
+	return p, nil
 }
 
-// wait sends the command's exit-status (or exit-signal), then closes the channel.
-func (s *Server) wait(cmd *exec.Cmd, done func(), ch ssh.Channel) {
-	err := cmd.Wait()
-	done()
+// startPTY runs the command on a new pty. Its output (stdout and stderr
+// alike, as with any terminal) is copied until the pty has no other holder;
+// the client's EOF means nothing to a terminal (it sends ^D instead).
+func (s *Server) startPTY(p *proc, ch ssh.Channel, req *ptyReq, startCmd func(*exec.Cmd) (func(), error)) error {
+	master, peer, err := openPTY()
+	if err != nil {
+		return err
+	}
+	defer peer.Close() // the child has its own copies
+	if err := setSize(master, req.Rows, req.Cols); err != nil {
+		master.Close()
+		return err
+	}
+	cmd := p.cmd
+	if req.Term != "" {
+		cmd.Env = append(cmd.Env, "TERM="+req.Term)
+	}
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = peer, peer, peer
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	done, err := startCmd(cmd)
+	if err != nil {
+		master.Close()
+		return err
+	}
+	p.master = master
+	go func() { _, _ = io.Copy(master, ch) }()
+	outDone := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(ch, master) // ends with EIO once no process holds the pty
+		close(outDone)
+	}()
+	go func() {
+		err := cmd.Wait()
+		done()
+		close(p.exited)
+		// A background process that keeps the pty open must not hold the
+		// exit status back for ever.
+		select {
+		case <-outDone:
+		case <-time.After(waitDelay):
+		}
+		master.Close()
+		<-outDone
+		s.exit(cmd, err, ch)
+	}()
+	return nil
+}
+
+// exit sends the reaped command's exit-status (or exit-signal), then closes
+// the channel.
+func (s *Server) exit(cmd *exec.Cmd, err error, ch ssh.Channel) {
 	var ee *exec.ExitError
 	if err != nil && !errors.As(err, &ee) && !errors.Is(err, exec.ErrWaitDelay) {
 		s.log("command: %v", err)

@@ -201,7 +201,12 @@ func TestEnvAndSignal(t *testing.T) {
 	}
 }
 
-func TestPtyRefused(t *testing.T) {
+// A shell on a pty: the size is the pty-req's, then each window-change's;
+// stderr arrives on the terminal; ^C reaches the foreground job; exit ends it.
+func TestPty(t *testing.T) {
+	if _, err := os.Stat("/dev/ptmx"); err != nil {
+		t.Skip("no /dev/ptmx")
+	}
 	key := newSigner(t)
 	fx := start(t, key.PublicKey())
 	c := fx.mustDial(t, key)
@@ -210,8 +215,92 @@ func TestPtyRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sess.Close()
-	if err := sess.RequestPty("xterm", 24, 80, nil); err == nil {
-		t.Error("pty-req accepted")
+	if err := sess.RequestPty("xterm", 24, 80, nil); err != nil {
+		t.Fatal(err)
+	}
+	stdin, _ := sess.StdinPipe()
+	out := &syncBuf{}
+	sess.Stdout = out
+	if err := sess.Shell(); err != nil {
+		t.Fatal(err)
+	}
+	expect := func(cmd, want string) {
+		t.Helper()
+		if _, err := stdin.Write([]byte(cmd + "\n")); err != nil {
+			t.Fatal(err)
+		}
+		out.wait(t, want)
+	}
+	expect("stty size; echo $TERM", "24 80\r\nxterm")
+	if err := sess.WindowChange(40, 100); err != nil {
+		t.Fatal(err)
+	}
+	expect("stty size", "40 100")
+	expect("echo to-stderr >&2", "to-stderr")
+	// ^C flushes the terminal's queues: send it once sleep runs.
+	expect("echo sleeping; sleep 100", "sleeping\r\n")
+	time.Sleep(200 * time.Millisecond)
+	if _, err := stdin.Write([]byte{3}); err != nil { // ^C
+		t.Fatal(err)
+	}
+	out.wait(t, "^C")
+	expect("echo status-$?", "status-130")
+	expect("exit 7", "")
+	var ee *ssh.ExitError
+	if err := sess.Wait(); !errors.As(err, &ee) || ee.ExitStatus() != 7 {
+		t.Fatalf("wait: %v, want exit status 7", err)
+	}
+}
+
+// A signal request reaches the command's process group.
+func TestSignalRequest(t *testing.T) {
+	key := newSigner(t)
+	fx := start(t, key.PublicKey())
+	c := fx.mustDial(t, key)
+	sess, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	out := &syncBuf{}
+	sess.Stdout = out
+	if err := sess.Start("echo started; exec sleep 100"); err != nil {
+		t.Fatal(err)
+	}
+	out.wait(t, "started")
+	if err := sess.Signal(ssh.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	var ee *ssh.ExitError
+	if err := sess.Wait(); !errors.As(err, &ee) || ee.Signal() != "TERM" {
+		t.Fatalf("wait: %v, want exit-signal TERM", err)
+	}
+}
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// wait waits until the output so far contains want.
+func (s *syncBuf) wait(t *testing.T, want string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		s.mu.Lock()
+		got := s.b.String()
+		s.mu.Unlock()
+		if strings.Contains(got, want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("output lacks %q:\n%q", want, got)
+		}
 	}
 }
 

@@ -23,6 +23,7 @@ import (
 	"github.com/giantswarm/vm-manager/pkg/identity"
 	"github.com/giantswarm/vm-manager/pkg/mesh"
 	"github.com/giantswarm/vm-manager/pkg/tracing"
+	"github.com/giantswarm/vm-manager/services/gateway/internal/execws"
 	"github.com/giantswarm/vm-manager/services/gateway/internal/mcp"
 	"github.com/giantswarm/vm-manager/services/gateway/internal/metrics"
 	"github.com/giantswarm/vm-manager/services/gateway/internal/proxy"
@@ -183,6 +184,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		watch = met.HTTP(metrics.SurfaceREST, watch)
 	}
 	mux.Handle("GET "+rest.WatchPath, watch)
+	// Streamed exec as a WebSocket next to REST (subprotocol vmm.exec.v1).
+	mux.Handle(execws.Path, execws.Handler(hypervisorv1.NewHypervisorServiceClient(hconn), log))
 	// MCP (streamable HTTP); its tool calls reach the backends with the
 	// caller's token like REST's.
 	mcpHandler := newMCPDrain(mcp.New(hypervisorv1.NewHypervisorServiceClient(hconn), attestationv1.NewAttestationServiceClient(aconn), log, observe))
@@ -217,7 +220,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	guarded := guard.Handler(resource.HTTP(rest.RefuseUncleanPaths(mux), open))
+	// A browser's WebSocket carries its token as a subprotocol (execws).
+	guarded := guard.Handler(execws.LiftToken(resource.HTTP(rest.RefuseUncleanPaths(mux), open)))
 	// A span per request, refused ones included; the probes and the
 	// metrics scrape get none.
 	guarded = tracing.HTTP(guarded, untraced, func(r *http.Request) string { return metrics.NormalizePath(r.URL.EscapedPath()) })

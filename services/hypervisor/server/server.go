@@ -22,6 +22,7 @@ import (
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/apiserver"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/catalog"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/driver"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/execstream"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guest"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/host"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/imds"
@@ -93,6 +94,9 @@ type Config struct {
 	// a valid token (the gateway forwards the caller's) and records the caller
 	// on the VMs and networks it creates. Health and reflection stay open.
 	Identity identity.Config
+	// Exec bounds the streamed exec sessions (--max-exec-sessions,
+	// --exec-idle-timeout, --exec-max-duration; zero values: the defaults).
+	Exec execstream.Config
 }
 
 // networkLimits turns the configuration into the networks' limits, keeping
@@ -248,7 +252,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// The internal TelemetryService is read-only and needs no token: the
 	// gateway's metrics scrape has no caller (see its proto).
 	srv := mesh.NewServer(log, verifier.ServerOptions(hypervisorv1.TelemetryService_ServiceDesc.ServiceName)...)
-	api := apiserver.New(prober, cat, vms, vms.Guest(), vms)
+	api := apiserver.New(prober, cat, vms, vms.Guest(), vms).
+		WithExecStreams(execstream.New(ctx, cfg.Exec, vms, log.With("component", "exec")))
 	hypervisorv1.RegisterHypervisorServiceServer(srv, api)
 	hypervisorv1.RegisterTelemetryServiceServer(srv, api.Telemetry())
 	ln, err := mesh.Listen(cfg.Socket)

@@ -2188,7 +2188,7 @@ var File_vmmanager_hypervisor_v1_hypervisor_service_proto protoreflect.FileDescr
 
 const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\n" +
-	"0vmmanager/hypervisor/v1/hypervisor_service.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a#vmmanager/hypervisor/v1/image.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\x1a%vmmanager/hypervisor/v1/network.proto\x1a-vmmanager/hypervisor/v1/virtual_machine.proto\x1a#vmmanager/hypervisor/v1/watch.proto\"\x10\n" +
+	"0vmmanager/hypervisor/v1/hypervisor_service.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a)vmmanager/hypervisor/v1/exec_stream.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a#vmmanager/hypervisor/v1/image.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\x1a%vmmanager/hypervisor/v1/network.proto\x1a-vmmanager/hypervisor/v1/virtual_machine.proto\x1a#vmmanager/hypervisor/v1/watch.proto\"\x10\n" +
 	"\x0eGetHostRequest\"\x13\n" +
 	"\x11ListImagesRequest\"L\n" +
 	"\x12ListImagesResponse\x126\n" +
@@ -2367,7 +2367,7 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\x1aATTESTATION_STATE_DISABLED\x10\x01\x12\x1d\n" +
 	"\x19ATTESTATION_STATE_PENDING\x10\x02\x12\x1e\n" +
 	"\x1aATTESTATION_STATE_RELEASED\x10\x03\x12\x1c\n" +
-	"\x18ATTESTATION_STATE_FAILED\x10\x042\xf5\x18\n" +
+	"\x18ATTESTATION_STATE_FAILED\x10\x042\x8b\x1a\n" +
 	"\x11HypervisorService\x12g\n" +
 	"\aGetHost\x12'.vmmanager.hypervisor.v1.GetHostRequest\x1a\x1d.vmmanager.hypervisor.v1.Host\"\x14\x82\xd3\xe4\x93\x02\x0e\x12\f/api/v1/host\x12\x85\x01\n" +
 	"\n" +
@@ -2391,7 +2391,8 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\x18GetVirtualMachineMetrics\x128.vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest\x1a..vmmanager.hypervisor.v1.VirtualMachineMetrics\" \x82\xd3\xe4\x93\x02\x1a\x12\x18/api/v1/vms/{id}/metrics\x12\xb5\x01\n" +
 	"\x17GetVirtualMachineReport\x127.vmmanager.hypervisor.v1.GetVirtualMachineReportRequest\x1a8.vmmanager.hypervisor.v1.GetVirtualMachineReportResponse\"'\x82\xd3\xe4\x93\x02!b\x06report\x12\x17/api/v1/vms/{id}/report\x12\xab\x01\n" +
 	"\x1cUpdateVirtualMachineLifetime\x12<.vmmanager.hypervisor.v1.UpdateVirtualMachineLifetimeRequest\x1a'.vmmanager.hypervisor.v1.VirtualMachine\"$\x82\xd3\xe4\x93\x02\x1e:\x01*\"\x19/api/v1/vms/{id}/lifetime\x12\xa0\x01\n" +
-	"\x14WatchVirtualMachines\x124.vmmanager.hypervisor.v1.WatchVirtualMachinesRequest\x1a5.vmmanager.hypervisor.v1.WatchVirtualMachinesResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/api/v1/vms:watch0\x01BKZIgithub.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1;hypervisorv1b\x06proto3"
+	"\x14WatchVirtualMachines\x124.vmmanager.hypervisor.v1.WatchVirtualMachinesRequest\x1a5.vmmanager.hypervisor.v1.WatchVirtualMachinesResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/api/v1/vms:watch0\x01\x12\x93\x01\n" +
+	"\x18ExecVirtualMachineStream\x128.vmmanager.hypervisor.v1.ExecVirtualMachineStreamRequest\x1a9.vmmanager.hypervisor.v1.ExecVirtualMachineStreamResponse(\x010\x01BKZIgithub.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1;hypervisorv1b\x06proto3"
 
 var (
 	file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescOnce sync.Once
@@ -2461,8 +2462,10 @@ var file_vmmanager_hypervisor_v1_hypervisor_service_proto_goTypes = []any{
 	(State)(0),                                  // 50: vmmanager.hypervisor.v1.State
 	(*UpdateVirtualMachineLifetimeRequest)(nil), // 51: vmmanager.hypervisor.v1.UpdateVirtualMachineLifetimeRequest
 	(*WatchVirtualMachinesRequest)(nil),         // 52: vmmanager.hypervisor.v1.WatchVirtualMachinesRequest
-	(*Host)(nil),                                // 53: vmmanager.hypervisor.v1.Host
-	(*WatchVirtualMachinesResponse)(nil),        // 54: vmmanager.hypervisor.v1.WatchVirtualMachinesResponse
+	(*ExecVirtualMachineStreamRequest)(nil),     // 53: vmmanager.hypervisor.v1.ExecVirtualMachineStreamRequest
+	(*Host)(nil),                                // 54: vmmanager.hypervisor.v1.Host
+	(*WatchVirtualMachinesResponse)(nil),        // 55: vmmanager.hypervisor.v1.WatchVirtualMachinesResponse
+	(*ExecVirtualMachineStreamResponse)(nil),    // 56: vmmanager.hypervisor.v1.ExecVirtualMachineStreamResponse
 }
 var file_vmmanager_hypervisor_v1_hypervisor_service_proto_depIdxs = []int32{
 	40, // 0: vmmanager.hypervisor.v1.ListImagesResponse.images:type_name -> vmmanager.hypervisor.v1.Image
@@ -2512,29 +2515,31 @@ var file_vmmanager_hypervisor_v1_hypervisor_service_proto_depIdxs = []int32{
 	28, // 44: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineReport:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineReportRequest
 	51, // 45: vmmanager.hypervisor.v1.HypervisorService.UpdateVirtualMachineLifetime:input_type -> vmmanager.hypervisor.v1.UpdateVirtualMachineLifetimeRequest
 	52, // 46: vmmanager.hypervisor.v1.HypervisorService.WatchVirtualMachines:input_type -> vmmanager.hypervisor.v1.WatchVirtualMachinesRequest
-	53, // 47: vmmanager.hypervisor.v1.HypervisorService.GetHost:output_type -> vmmanager.hypervisor.v1.Host
-	4,  // 48: vmmanager.hypervisor.v1.HypervisorService.ListImages:output_type -> vmmanager.hypervisor.v1.ListImagesResponse
-	40, // 49: vmmanager.hypervisor.v1.HypervisorService.GetImage:output_type -> vmmanager.hypervisor.v1.Image
-	7,  // 50: vmmanager.hypervisor.v1.HypervisorService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
-	41, // 51: vmmanager.hypervisor.v1.HypervisorService.GetNetwork:output_type -> vmmanager.hypervisor.v1.Network
-	41, // 52: vmmanager.hypervisor.v1.HypervisorService.CreateNetwork:output_type -> vmmanager.hypervisor.v1.Network
-	11, // 53: vmmanager.hypervisor.v1.HypervisorService.DeleteNetwork:output_type -> vmmanager.hypervisor.v1.DeleteNetworkResponse
-	13, // 54: vmmanager.hypervisor.v1.HypervisorService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
-	45, // 55: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	45, // 56: vmmanager.hypervisor.v1.HypervisorService.CreateVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	17, // 57: vmmanager.hypervisor.v1.HypervisorService.DeleteVirtualMachine:output_type -> vmmanager.hypervisor.v1.DeleteVirtualMachineResponse
-	45, // 58: vmmanager.hypervisor.v1.HypervisorService.StartVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	45, // 59: vmmanager.hypervisor.v1.HypervisorService.StopVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	45, // 60: vmmanager.hypervisor.v1.HypervisorService.RebootVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	22, // 61: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachine:output_type -> vmmanager.hypervisor.v1.ExecVirtualMachineResponse
-	24, // 62: vmmanager.hypervisor.v1.HypervisorService.ForwardVirtualMachinePort:output_type -> vmmanager.hypervisor.v1.ForwardVirtualMachinePortResponse
-	26, // 63: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineConsole:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineConsoleResponse
-	30, // 64: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
-	29, // 65: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineReport:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineReportResponse
-	45, // 66: vmmanager.hypervisor.v1.HypervisorService.UpdateVirtualMachineLifetime:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	54, // 67: vmmanager.hypervisor.v1.HypervisorService.WatchVirtualMachines:output_type -> vmmanager.hypervisor.v1.WatchVirtualMachinesResponse
-	47, // [47:68] is the sub-list for method output_type
-	26, // [26:47] is the sub-list for method input_type
+	53, // 47: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachineStream:input_type -> vmmanager.hypervisor.v1.ExecVirtualMachineStreamRequest
+	54, // 48: vmmanager.hypervisor.v1.HypervisorService.GetHost:output_type -> vmmanager.hypervisor.v1.Host
+	4,  // 49: vmmanager.hypervisor.v1.HypervisorService.ListImages:output_type -> vmmanager.hypervisor.v1.ListImagesResponse
+	40, // 50: vmmanager.hypervisor.v1.HypervisorService.GetImage:output_type -> vmmanager.hypervisor.v1.Image
+	7,  // 51: vmmanager.hypervisor.v1.HypervisorService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
+	41, // 52: vmmanager.hypervisor.v1.HypervisorService.GetNetwork:output_type -> vmmanager.hypervisor.v1.Network
+	41, // 53: vmmanager.hypervisor.v1.HypervisorService.CreateNetwork:output_type -> vmmanager.hypervisor.v1.Network
+	11, // 54: vmmanager.hypervisor.v1.HypervisorService.DeleteNetwork:output_type -> vmmanager.hypervisor.v1.DeleteNetworkResponse
+	13, // 55: vmmanager.hypervisor.v1.HypervisorService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
+	45, // 56: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	45, // 57: vmmanager.hypervisor.v1.HypervisorService.CreateVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	17, // 58: vmmanager.hypervisor.v1.HypervisorService.DeleteVirtualMachine:output_type -> vmmanager.hypervisor.v1.DeleteVirtualMachineResponse
+	45, // 59: vmmanager.hypervisor.v1.HypervisorService.StartVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	45, // 60: vmmanager.hypervisor.v1.HypervisorService.StopVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	45, // 61: vmmanager.hypervisor.v1.HypervisorService.RebootVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	22, // 62: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachine:output_type -> vmmanager.hypervisor.v1.ExecVirtualMachineResponse
+	24, // 63: vmmanager.hypervisor.v1.HypervisorService.ForwardVirtualMachinePort:output_type -> vmmanager.hypervisor.v1.ForwardVirtualMachinePortResponse
+	26, // 64: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineConsole:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineConsoleResponse
+	30, // 65: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
+	29, // 66: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineReport:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineReportResponse
+	45, // 67: vmmanager.hypervisor.v1.HypervisorService.UpdateVirtualMachineLifetime:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	55, // 68: vmmanager.hypervisor.v1.HypervisorService.WatchVirtualMachines:output_type -> vmmanager.hypervisor.v1.WatchVirtualMachinesResponse
+	56, // 69: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachineStream:output_type -> vmmanager.hypervisor.v1.ExecVirtualMachineStreamResponse
+	48, // [48:70] is the sub-list for method output_type
+	26, // [26:48] is the sub-list for method input_type
 	26, // [26:26] is the sub-list for extension type_name
 	26, // [26:26] is the sub-list for extension extendee
 	0,  // [0:26] is the sub-list for field type_name
@@ -2545,6 +2550,7 @@ func file_vmmanager_hypervisor_v1_hypervisor_service_proto_init() {
 	if File_vmmanager_hypervisor_v1_hypervisor_service_proto != nil {
 		return
 	}
+	file_vmmanager_hypervisor_v1_exec_stream_proto_init()
 	file_vmmanager_hypervisor_v1_host_proto_init()
 	file_vmmanager_hypervisor_v1_image_proto_init()
 	file_vmmanager_hypervisor_v1_lifetime_proto_init()

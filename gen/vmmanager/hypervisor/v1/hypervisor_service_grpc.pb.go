@@ -40,6 +40,7 @@ const (
 	HypervisorService_GetVirtualMachineReport_FullMethodName      = "/vmmanager.hypervisor.v1.HypervisorService/GetVirtualMachineReport"
 	HypervisorService_UpdateVirtualMachineLifetime_FullMethodName = "/vmmanager.hypervisor.v1.HypervisorService/UpdateVirtualMachineLifetime"
 	HypervisorService_WatchVirtualMachines_FullMethodName         = "/vmmanager.hypervisor.v1.HypervisorService/WatchVirtualMachines"
+	HypervisorService_ExecVirtualMachineStream_FullMethodName     = "/vmmanager.hypervisor.v1.HypervisorService/ExecVirtualMachineStream"
 )
 
 // HypervisorServiceClient is the client API for HypervisorService service.
@@ -92,6 +93,11 @@ type HypervisorServiceClient interface {
 	// newline-delimited JSON, or Server-Sent Events with
 	// Accept: text/event-stream (docs/api.md).
 	WatchVirtualMachines(ctx context.Context, in *WatchVirtualMachinesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchVirtualMachinesResponse], error)
+	// Run a command in the guest as root, streaming: stdin, stdout and stderr
+	// as they come, an optional pty with window changes, signals, and the exit
+	// code last. No REST mapping: the gateway serves it as a WebSocket at
+	// /api/v1/vms/{id}/exec/ws (subprotocol vmm.exec.v1, docs/api.md).
+	ExecVirtualMachineStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ExecVirtualMachineStreamRequest, ExecVirtualMachineStreamResponse], error)
 }
 
 type hypervisorServiceClient struct {
@@ -321,6 +327,19 @@ func (c *hypervisorServiceClient) WatchVirtualMachines(ctx context.Context, in *
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type HypervisorService_WatchVirtualMachinesClient = grpc.ServerStreamingClient[WatchVirtualMachinesResponse]
 
+func (c *hypervisorServiceClient) ExecVirtualMachineStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ExecVirtualMachineStreamRequest, ExecVirtualMachineStreamResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &HypervisorService_ServiceDesc.Streams[1], HypervisorService_ExecVirtualMachineStream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ExecVirtualMachineStreamRequest, ExecVirtualMachineStreamResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type HypervisorService_ExecVirtualMachineStreamClient = grpc.BidiStreamingClient[ExecVirtualMachineStreamRequest, ExecVirtualMachineStreamResponse]
+
 // HypervisorServiceServer is the server API for HypervisorService service.
 // All implementations must embed UnimplementedHypervisorServiceServer
 // for forward compatibility.
@@ -371,6 +390,11 @@ type HypervisorServiceServer interface {
 	// newline-delimited JSON, or Server-Sent Events with
 	// Accept: text/event-stream (docs/api.md).
 	WatchVirtualMachines(*WatchVirtualMachinesRequest, grpc.ServerStreamingServer[WatchVirtualMachinesResponse]) error
+	// Run a command in the guest as root, streaming: stdin, stdout and stderr
+	// as they come, an optional pty with window changes, signals, and the exit
+	// code last. No REST mapping: the gateway serves it as a WebSocket at
+	// /api/v1/vms/{id}/exec/ws (subprotocol vmm.exec.v1, docs/api.md).
+	ExecVirtualMachineStream(grpc.BidiStreamingServer[ExecVirtualMachineStreamRequest, ExecVirtualMachineStreamResponse]) error
 	mustEmbedUnimplementedHypervisorServiceServer()
 }
 
@@ -443,6 +467,9 @@ func (UnimplementedHypervisorServiceServer) UpdateVirtualMachineLifetime(context
 }
 func (UnimplementedHypervisorServiceServer) WatchVirtualMachines(*WatchVirtualMachinesRequest, grpc.ServerStreamingServer[WatchVirtualMachinesResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchVirtualMachines not implemented")
+}
+func (UnimplementedHypervisorServiceServer) ExecVirtualMachineStream(grpc.BidiStreamingServer[ExecVirtualMachineStreamRequest, ExecVirtualMachineStreamResponse]) error {
+	return status.Error(codes.Unimplemented, "method ExecVirtualMachineStream not implemented")
 }
 func (UnimplementedHypervisorServiceServer) mustEmbedUnimplementedHypervisorServiceServer() {}
 func (UnimplementedHypervisorServiceServer) testEmbeddedByValue()                           {}
@@ -836,6 +863,13 @@ func _HypervisorService_WatchVirtualMachines_Handler(srv interface{}, stream grp
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type HypervisorService_WatchVirtualMachinesServer = grpc.ServerStreamingServer[WatchVirtualMachinesResponse]
 
+func _HypervisorService_ExecVirtualMachineStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(HypervisorServiceServer).ExecVirtualMachineStream(&grpc.GenericServerStream[ExecVirtualMachineStreamRequest, ExecVirtualMachineStreamResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type HypervisorService_ExecVirtualMachineStreamServer = grpc.BidiStreamingServer[ExecVirtualMachineStreamRequest, ExecVirtualMachineStreamResponse]
+
 // HypervisorService_ServiceDesc is the grpc.ServiceDesc for HypervisorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -929,6 +963,12 @@ var HypervisorService_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "WatchVirtualMachines",
 			Handler:       _HypervisorService_WatchVirtualMachines_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "ExecVirtualMachineStream",
+			Handler:       _HypervisorService_ExecVirtualMachineStream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "vmmanager/hypervisor/v1/hypervisor_service.proto",

@@ -385,8 +385,10 @@ type GetBoundCountersResponse struct {
 	// What lifetimes did to VMs, by "<reason>_<action>": "expired_stop",
 	// "expired_delete", "idle_stop".
 	LifetimeActionsTotal map[string]uint64 `protobuf:"bytes,3,rep,name=lifetime_actions_total,json=lifetimeActionsTotal,proto3" json:"lifetime_actions_total,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// The streaming exec sessions (ExecVirtualMachineStream).
+	ExecSessions  *ExecSessionCounters `protobuf:"bytes,4,opt,name=exec_sessions,json=execSessions,proto3" json:"exec_sessions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetBoundCountersResponse) Reset() {
@@ -436,6 +438,13 @@ func (x *GetBoundCountersResponse) GetRefusedTotal() map[string]uint64 {
 func (x *GetBoundCountersResponse) GetLifetimeActionsTotal() map[string]uint64 {
 	if x != nil {
 		return x.LifetimeActionsTotal
+	}
+	return nil
+}
+
+func (x *GetBoundCountersResponse) GetExecSessions() *ExecSessionCounters {
+	if x != nil {
+		return x.ExecSessions
 	}
 	return nil
 }
@@ -535,7 +544,7 @@ var File_vmmanager_hypervisor_v1_telemetry_service_proto protoreflect.FileDescri
 
 const file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDesc = "" +
 	"\n" +
-	"/vmmanager/hypervisor/v1/telemetry_service.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a0vmmanager/hypervisor/v1/hypervisor_service.proto\"\x18\n" +
+	"/vmmanager/hypervisor/v1/telemetry_service.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a)vmmanager/hypervisor/v1/exec_stream.proto\x1a0vmmanager/hypervisor/v1/hypervisor_service.proto\"\x18\n" +
 	"\x16ListGuestSeriesRequest\"_\n" +
 	"\x17ListGuestSeriesResponse\x12D\n" +
 	"\x03vms\x18\x01 \x03(\v22.vmmanager.hypervisor.v1.VirtualMachineGuestSeriesR\x03vms\"\xaf\x03\n" +
@@ -560,11 +569,12 @@ const file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDesc = "" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x19\n" +
-	"\x17GetBoundCountersRequest\"\xda\x03\n" +
+	"\x17GetBoundCountersRequest\"\xad\x04\n" +
 	"\x18GetBoundCountersResponse\x12F\n" +
 	"\x03vms\x18\x01 \x03(\v24.vmmanager.hypervisor.v1.VirtualMachineBoundCountersR\x03vms\x12h\n" +
 	"\rrefused_total\x18\x02 \x03(\v2C.vmmanager.hypervisor.v1.GetBoundCountersResponse.RefusedTotalEntryR\frefusedTotal\x12\x81\x01\n" +
-	"\x16lifetime_actions_total\x18\x03 \x03(\v2K.vmmanager.hypervisor.v1.GetBoundCountersResponse.LifetimeActionsTotalEntryR\x14lifetimeActionsTotal\x1a?\n" +
+	"\x16lifetime_actions_total\x18\x03 \x03(\v2K.vmmanager.hypervisor.v1.GetBoundCountersResponse.LifetimeActionsTotalEntryR\x14lifetimeActionsTotal\x12Q\n" +
+	"\rexec_sessions\x18\x04 \x01(\v2,.vmmanager.hypervisor.v1.ExecSessionCountersR\fexecSessions\x1a?\n" +
 	"\x11RefusedTotalEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\x1aG\n" +
@@ -622,12 +632,13 @@ var file_vmmanager_hypervisor_v1_telemetry_service_proto_goTypes = []any{
 	nil,                                     // 11: vmmanager.hypervisor.v1.GetBoundCountersResponse.LifetimeActionsTotalEntry
 	nil,                                     // 12: vmmanager.hypervisor.v1.VirtualMachineBoundCounters.ImdsBodyTooLargeTotalEntry
 	(*timestamppb.Timestamp)(nil),           // 13: google.protobuf.Timestamp
-	(*ListVirtualMachinesRequest)(nil),      // 14: vmmanager.hypervisor.v1.ListVirtualMachinesRequest
-	(*GetVirtualMachineMetricsRequest)(nil), // 15: vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
-	(*ListNetworksRequest)(nil),             // 16: vmmanager.hypervisor.v1.ListNetworksRequest
-	(*ListVirtualMachinesResponse)(nil),     // 17: vmmanager.hypervisor.v1.ListVirtualMachinesResponse
-	(*VirtualMachineMetrics)(nil),           // 18: vmmanager.hypervisor.v1.VirtualMachineMetrics
-	(*ListNetworksResponse)(nil),            // 19: vmmanager.hypervisor.v1.ListNetworksResponse
+	(*ExecSessionCounters)(nil),             // 14: vmmanager.hypervisor.v1.ExecSessionCounters
+	(*ListVirtualMachinesRequest)(nil),      // 15: vmmanager.hypervisor.v1.ListVirtualMachinesRequest
+	(*GetVirtualMachineMetricsRequest)(nil), // 16: vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
+	(*ListNetworksRequest)(nil),             // 17: vmmanager.hypervisor.v1.ListNetworksRequest
+	(*ListVirtualMachinesResponse)(nil),     // 18: vmmanager.hypervisor.v1.ListVirtualMachinesResponse
+	(*VirtualMachineMetrics)(nil),           // 19: vmmanager.hypervisor.v1.VirtualMachineMetrics
+	(*ListNetworksResponse)(nil),            // 20: vmmanager.hypervisor.v1.ListNetworksResponse
 }
 var file_vmmanager_hypervisor_v1_telemetry_service_proto_depIdxs = []int32{
 	3,  // 0: vmmanager.hypervisor.v1.ListGuestSeriesResponse.vms:type_name -> vmmanager.hypervisor.v1.VirtualMachineGuestSeries
@@ -639,22 +650,23 @@ var file_vmmanager_hypervisor_v1_telemetry_service_proto_depIdxs = []int32{
 	7,  // 6: vmmanager.hypervisor.v1.GetBoundCountersResponse.vms:type_name -> vmmanager.hypervisor.v1.VirtualMachineBoundCounters
 	10, // 7: vmmanager.hypervisor.v1.GetBoundCountersResponse.refused_total:type_name -> vmmanager.hypervisor.v1.GetBoundCountersResponse.RefusedTotalEntry
 	11, // 8: vmmanager.hypervisor.v1.GetBoundCountersResponse.lifetime_actions_total:type_name -> vmmanager.hypervisor.v1.GetBoundCountersResponse.LifetimeActionsTotalEntry
-	12, // 9: vmmanager.hypervisor.v1.VirtualMachineBoundCounters.imds_body_too_large_total:type_name -> vmmanager.hypervisor.v1.VirtualMachineBoundCounters.ImdsBodyTooLargeTotalEntry
-	14, // 10: vmmanager.hypervisor.v1.TelemetryService.ListVirtualMachines:input_type -> vmmanager.hypervisor.v1.ListVirtualMachinesRequest
-	15, // 11: vmmanager.hypervisor.v1.TelemetryService.GetVirtualMachineMetrics:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
-	16, // 12: vmmanager.hypervisor.v1.TelemetryService.ListNetworks:input_type -> vmmanager.hypervisor.v1.ListNetworksRequest
-	1,  // 13: vmmanager.hypervisor.v1.TelemetryService.ListGuestSeries:input_type -> vmmanager.hypervisor.v1.ListGuestSeriesRequest
-	5,  // 14: vmmanager.hypervisor.v1.TelemetryService.GetBoundCounters:input_type -> vmmanager.hypervisor.v1.GetBoundCountersRequest
-	17, // 15: vmmanager.hypervisor.v1.TelemetryService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
-	18, // 16: vmmanager.hypervisor.v1.TelemetryService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
-	19, // 17: vmmanager.hypervisor.v1.TelemetryService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
-	2,  // 18: vmmanager.hypervisor.v1.TelemetryService.ListGuestSeries:output_type -> vmmanager.hypervisor.v1.ListGuestSeriesResponse
-	6,  // 19: vmmanager.hypervisor.v1.TelemetryService.GetBoundCounters:output_type -> vmmanager.hypervisor.v1.GetBoundCountersResponse
-	15, // [15:20] is the sub-list for method output_type
-	10, // [10:15] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	14, // 9: vmmanager.hypervisor.v1.GetBoundCountersResponse.exec_sessions:type_name -> vmmanager.hypervisor.v1.ExecSessionCounters
+	12, // 10: vmmanager.hypervisor.v1.VirtualMachineBoundCounters.imds_body_too_large_total:type_name -> vmmanager.hypervisor.v1.VirtualMachineBoundCounters.ImdsBodyTooLargeTotalEntry
+	15, // 11: vmmanager.hypervisor.v1.TelemetryService.ListVirtualMachines:input_type -> vmmanager.hypervisor.v1.ListVirtualMachinesRequest
+	16, // 12: vmmanager.hypervisor.v1.TelemetryService.GetVirtualMachineMetrics:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
+	17, // 13: vmmanager.hypervisor.v1.TelemetryService.ListNetworks:input_type -> vmmanager.hypervisor.v1.ListNetworksRequest
+	1,  // 14: vmmanager.hypervisor.v1.TelemetryService.ListGuestSeries:input_type -> vmmanager.hypervisor.v1.ListGuestSeriesRequest
+	5,  // 15: vmmanager.hypervisor.v1.TelemetryService.GetBoundCounters:input_type -> vmmanager.hypervisor.v1.GetBoundCountersRequest
+	18, // 16: vmmanager.hypervisor.v1.TelemetryService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
+	19, // 17: vmmanager.hypervisor.v1.TelemetryService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
+	20, // 18: vmmanager.hypervisor.v1.TelemetryService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
+	2,  // 19: vmmanager.hypervisor.v1.TelemetryService.ListGuestSeries:output_type -> vmmanager.hypervisor.v1.ListGuestSeriesResponse
+	6,  // 20: vmmanager.hypervisor.v1.TelemetryService.GetBoundCounters:output_type -> vmmanager.hypervisor.v1.GetBoundCountersResponse
+	16, // [16:21] is the sub-list for method output_type
+	11, // [11:16] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_vmmanager_hypervisor_v1_telemetry_service_proto_init() }
@@ -662,6 +674,7 @@ func file_vmmanager_hypervisor_v1_telemetry_service_proto_init() {
 	if File_vmmanager_hypervisor_v1_telemetry_service_proto != nil {
 		return
 	}
+	file_vmmanager_hypervisor_v1_exec_stream_proto_init()
 	file_vmmanager_hypervisor_v1_hypervisor_service_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{

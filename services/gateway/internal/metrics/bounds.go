@@ -34,7 +34,7 @@ type boundsCollector struct {
 }
 
 func (c *boundsCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descIMDSLimited, descIMDSTooLarge, descConsoleRot, descConsoleMoved, descConsoleDrop, descLimitRefusals, descLifetimeActs} {
+	for _, d := range append([]*prometheus.Desc{descIMDSLimited, descIMDSTooLarge, descConsoleRot, descConsoleMoved, descConsoleDrop, descLimitRefusals, descLifetimeActs}, execDescs...) {
 		ch <- d
 	}
 }
@@ -79,4 +79,5 @@ func (c *boundsCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, name := range names {
 		ch <- counter(descLimitRefusals, float64(refused[name]), name)
 	}
+	collectExec(ch, r.GetExecSessions())
 }

@@ -39,3 +39,20 @@ func TestBoundCounters(t *testing.T) {
 	f.want(t, 0, "vm_manager_limit_refusals_total", "limit", "networks")
 	f.want(t, 0, "vm_manager_limit_refusals_total", "limit", "forwards_per_vm")
 }
+
+func TestExecSessionCounters(t *testing.T) {
+	m, fake, _ := newHost(t)
+	fake.mu.Lock()
+	fake.bounds = &hypervisorv1.GetBoundCountersResponse{ExecSessions: &hypervisorv1.ExecSessionCounters{
+		Open: 2, StartedTotal: 9, RefusedTotal: 1, EndedTotal: map[string]uint64{"exit": 5, "idle_timeout": 2},
+	}}
+	fake.mu.Unlock()
+	f := scrape(t, m)
+	f.wantType(t, "vm_manager_exec_sessions", dto.MetricType_GAUGE)
+	f.want(t, 2, "vm_manager_exec_sessions")
+	f.want(t, 9, "vm_manager_exec_sessions_started_total")
+	f.want(t, 1, "vm_manager_exec_sessions_refused_total")
+	f.want(t, 5, "vm_manager_exec_sessions_ended_total", "reason", "exit")
+	f.want(t, 2, "vm_manager_exec_sessions_ended_total", "reason", "idle_timeout")
+	f.want(t, 0, "vm_manager_exec_sessions_ended_total", "reason", "max_duration")
+}

@@ -118,6 +118,12 @@ var ownRequired = map[protoreflect.FullName]bool{
 	// A watch message always says what it is and at which revision.
 	"vmmanager.hypervisor.v1.WatchVirtualMachinesResponse.type":     true,
 	"vmmanager.hypervisor.v1.WatchVirtualMachinesResponse.revision": true,
+	// ExecVirtualMachineStream's parts: a start's and a resize's fields
+	// are the caller's to give, an exit's code is always written.
+	"vmmanager.hypervisor.v1.ExecStart.id":        true,
+	"vmmanager.hypervisor.v1.ExecWindowSize.rows": true,
+	"vmmanager.hypervisor.v1.ExecWindowSize.cols": true,
+	"vmmanager.hypervisor.v1.ExecExit.exit_code":  true,
 }
 
 // TestRequiredOutsideTheListIsRequests: the annotation outside the response

@@ -18,6 +18,7 @@ import (
 	"github.com/giantswarm/vm-manager/pkg/mesh"
 	"github.com/giantswarm/vm-manager/pkg/statedir"
 	"github.com/giantswarm/vm-manager/pkg/tracing"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/execstream"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guest"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/host"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/imds"
@@ -82,6 +83,9 @@ func serveCommand() cli.Command {
 			maxWatchers := fs.Int("max-watchers", "VM_MANAGER_MAX_WATCHERS", vm.DefaultMaxWatchers, "open WatchVirtualMachines streams; one more is refused (resource_exhausted) and counted")
 			watchBuffer := fs.Int("watch-buffer", "VM_MANAGER_WATCH_BUFFER", vm.DefaultWatchBuffer, "events one watch stream may fall behind before it is cut off (resource_exhausted, counted; the client resumes)")
 			watchRetain := fs.Int("watch-retain", "VM_MANAGER_WATCH_RETAIN", vm.DefaultWatchRetain, "events kept for watch resumes (since_revision); an older revision is refused with out_of_range")
+			maxExec := fs.Int("max-exec-sessions", "VM_MANAGER_MAX_EXEC_SESSIONS", execstream.DefaultMaxSessions, "streamed exec sessions open on this host at once; more are refused (resource_exhausted) and counted")
+			execIdle := fs.Duration("exec-idle-timeout", "VM_MANAGER_EXEC_IDLE_TIMEOUT", execstream.DefaultIdleTimeout, "a streamed exec session without input or output for this long is ended")
+			execMax := fs.Duration("exec-max-duration", "VM_MANAGER_EXEC_MAX_DURATION", execstream.DefaultMaxDuration, "the longest a streamed exec session may run")
 			oidc := identity.Flags(fs)
 			logger := logging.Flags(fs, "info", "hypervisor")
 			tracer := tracing.Flags(fs)
@@ -115,7 +119,7 @@ func serveCommand() cli.Command {
 					{"imds-max-quote-bytes", *maxQuote, 1}, {"imds-max-report-bytes", *maxReport, 1},
 					{"console-log-max-bytes", *consoleMax, vm.MinConsoleLogMaxBytes},
 					{"max-nat-flows-tcp", *natTCP, 1}, {"max-nat-flows-udp", *natUDP, 1}, {"max-nat-flows", *natAll, 1},
-					{"max-imds-connections", *imdsConns, 1},
+					{"max-imds-connections", *imdsConns, 1}, {"max-exec-sessions", *maxExec, 1},
 					{"max-watchers", *maxWatchers, 1}, {"watch-buffer", *watchBuffer, 1}, {"watch-retain", *watchRetain, 1},
 				} {
 					if f.v < f.min {
@@ -128,7 +132,8 @@ func serveCommand() cli.Command {
 				for _, f := range []struct {
 					name string
 					v    time.Duration
-				}{{"nat-udp-idle-timeout", *natUDPIdle}, {"imds-read-timeout", *imdsRead}, {"imds-idle-timeout", *imdsIdle}} {
+				}{{"nat-udp-idle-timeout", *natUDPIdle}, {"imds-read-timeout", *imdsRead}, {"imds-idle-timeout", *imdsIdle},
+					{"exec-idle-timeout", *execIdle}, {"exec-max-duration", *execMax}} {
 					if f.v < time.Second {
 						return fmt.Errorf("--%s=%s: want at least 1s", f.name, f.v)
 					}
@@ -165,6 +170,7 @@ func serveCommand() cli.Command {
 					Identity:           oidc(),
 					Lifetimes:          vm.Lifetimes{DefaultTTL: *defaultTTL, MaxTTL: *maxTTL},
 					Watch:              vm.WatchLimits{MaxWatchers: *maxWatchers, Buffer: *watchBuffer, Retain: *watchRetain},
+					Exec:               execstream.Config{MaxSessions: *maxExec, IdleTimeout: *execIdle, MaxDuration: *execMax},
 				}, log)
 			}
 		},

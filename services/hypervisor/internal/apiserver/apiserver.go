@@ -63,6 +63,7 @@ type Server struct {
 	vms     VMs
 	guests  Guests
 	bounds  Bounds
+	exec    ExecStreams // nil: ExecVirtualMachineStream is unsupported
 }
 
 // New returns a HypervisorService over its dependencies.
@@ -188,5 +189,5 @@ func (t *Telemetry) ListGuestSeries(context.Context, *hypervisorv1.ListGuestSeri
 }
 
 func (t *Telemetry) GetBoundCounters(context.Context, *hypervisorv1.GetBoundCountersRequest) (*hypervisorv1.GetBoundCountersResponse, error) {
-	return t.s.bounds.BoundCounters(), nil
+	return t.s.boundCounters(), nil
 }

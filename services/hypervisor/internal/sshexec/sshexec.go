@@ -107,28 +107,12 @@ func Run(ctx context.Context, conn net.Conn, keyPEM []byte, pin PinFile, argv []
 	if len(argv) == 0 {
 		return nil, errors.New("empty command")
 	}
-	signer, err := ssh.ParsePrivateKey(keyPEM)
-	if err != nil {
-		return nil, fmt.Errorf("per-VM key: %w", err)
-	}
 	// Closing conn is how a cancelled context ends a stuck handshake or command.
-	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
-	defer stop()
-	_ = conn.SetDeadline(time.Now().Add(HandshakeTimeout))
-	cc, chans, reqs, err := ssh.NewClientConn(conn, conn.RemoteAddr().String(), &ssh.ClientConfig{
-		User:            "root",
-		Auth:            []ssh.AuthMethod{ssh.PublicKeys(signer)},
-		HostKeyCallback: pin.callback(),
-		Timeout:         HandshakeTimeout,
-	})
+	client, stop, err := handshake(ctx, conn, keyPEM, pin)
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		return nil, fmt.Errorf("ssh handshake: %w", err)
+		return nil, err
 	}
-	_ = conn.SetDeadline(time.Time{})
-	client := ssh.NewClient(cc, chans, reqs)
+	defer stop()
 	defer client.Close()
 	sess, err := client.NewSession()
 	if err != nil {

@@ -1,0 +1,35 @@
+package apiserver
+
+import (
+	"github.com/giantswarm/vm-manager/gen/apierr"
+	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/execstream"
+)
+
+// ExecStreams serves the streamed exec sessions (execstream.Service).
+type ExecStreams interface {
+	Serve(execstream.Stream) error
+	Counters() *hypervisorv1.ExecSessionCounters
+}
+
+// WithExecStreams serves ExecVirtualMachineStream with e.
+func (s *Server) WithExecStreams(e ExecStreams) *Server {
+	s.exec = e
+	return s
+}
+
+func (s *Server) ExecVirtualMachineStream(stream hypervisorv1.HypervisorService_ExecVirtualMachineStreamServer) error {
+	if s.exec == nil {
+		return apierr.Errorf(apierr.Unsupported, "streamed exec is not served by this hypervisor")
+	}
+	return s.exec.Serve(stream)
+}
+
+// boundCounters adds the exec sessions to the bounds' counters.
+func (s *Server) boundCounters() *hypervisorv1.GetBoundCountersResponse {
+	out := s.bounds.BoundCounters()
+	if s.exec != nil {
+		out.ExecSessions = s.exec.Counters()
+	}
+	return out
+}
