@@ -2141,7 +2141,7 @@ var File_vmmanager_hypervisor_v1_hypervisor_service_proto protoreflect.FileDescr
 
 const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\n" +
-	"0vmmanager/hypervisor/v1/hypervisor_service.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a#vmmanager/hypervisor/v1/image.proto\x1a%vmmanager/hypervisor/v1/network.proto\x1a-vmmanager/hypervisor/v1/virtual_machine.proto\"\x10\n" +
+	"0vmmanager/hypervisor/v1/hypervisor_service.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a#vmmanager/hypervisor/v1/image.proto\x1a%vmmanager/hypervisor/v1/network.proto\x1a%vmmanager/hypervisor/v1/suspend.proto\x1a-vmmanager/hypervisor/v1/virtual_machine.proto\"\x10\n" +
 	"\x0eGetHostRequest\"\x13\n" +
 	"\x11ListImagesRequest\"L\n" +
 	"\x12ListImagesResponse\x126\n" +
@@ -2315,7 +2315,7 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\x1aATTESTATION_STATE_DISABLED\x10\x01\x12\x1d\n" +
 	"\x19ATTESTATION_STATE_PENDING\x10\x02\x12\x1e\n" +
 	"\x1aATTESTATION_STATE_RELEASED\x10\x03\x12\x1c\n" +
-	"\x18ATTESTATION_STATE_FAILED\x10\x042\xa4\x16\n" +
+	"\x18ATTESTATION_STATE_FAILED\x10\x042\xd9\x18\n" +
 	"\x11HypervisorService\x12g\n" +
 	"\aGetHost\x12'.vmmanager.hypervisor.v1.GetHostRequest\x1a\x1d.vmmanager.hypervisor.v1.Host\"\x14\x82\xd3\xe4\x93\x02\x0e\x12\f/api/v1/host\x12\x85\x01\n" +
 	"\n" +
@@ -2337,7 +2337,9 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\x19ForwardVirtualMachinePort\x129.vmmanager.hypervisor.v1.ForwardVirtualMachinePortRequest\x1a:.vmmanager.hypervisor.v1.ForwardVirtualMachinePortResponse\"#\x82\xd3\xe4\x93\x02\x1d:\x01*\"\x18/api/v1/vms/{id}/forward\x12\xb1\x01\n" +
 	"\x18GetVirtualMachineConsole\x128.vmmanager.hypervisor.v1.GetVirtualMachineConsoleRequest\x1a9.vmmanager.hypervisor.v1.GetVirtualMachineConsoleResponse\" \x82\xd3\xe4\x93\x02\x1a\x12\x18/api/v1/vms/{id}/console\x12\xa6\x01\n" +
 	"\x18GetVirtualMachineMetrics\x128.vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest\x1a..vmmanager.hypervisor.v1.VirtualMachineMetrics\" \x82\xd3\xe4\x93\x02\x1a\x12\x18/api/v1/vms/{id}/metrics\x12\xb5\x01\n" +
-	"\x17GetVirtualMachineReport\x127.vmmanager.hypervisor.v1.GetVirtualMachineReportRequest\x1a8.vmmanager.hypervisor.v1.GetVirtualMachineReportResponse\"'\x82\xd3\xe4\x93\x02!b\x06report\x12\x17/api/v1/vms/{id}/reportBKZIgithub.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1;hypervisorv1b\x06proto3"
+	"\x17GetVirtualMachineReport\x127.vmmanager.hypervisor.v1.GetVirtualMachineReportRequest\x1a8.vmmanager.hypervisor.v1.GetVirtualMachineReportResponse\"'\x82\xd3\xe4\x93\x02!b\x06report\x12\x17/api/v1/vms/{id}/report\x12\x99\x01\n" +
+	"\x15SuspendVirtualMachine\x125.vmmanager.hypervisor.v1.SuspendVirtualMachineRequest\x1a'.vmmanager.hypervisor.v1.VirtualMachine\" \x82\xd3\xe4\x93\x02\x1a\"\x18/api/v1/vms/{id}/suspend\x12\x96\x01\n" +
+	"\x14ResumeVirtualMachine\x124.vmmanager.hypervisor.v1.ResumeVirtualMachineRequest\x1a'.vmmanager.hypervisor.v1.VirtualMachine\"\x1f\x82\xd3\xe4\x93\x02\x19\"\x17/api/v1/vms/{id}/resumeBKZIgithub.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1;hypervisorv1b\x06proto3"
 
 var (
 	file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescOnce sync.Once
@@ -2403,7 +2405,9 @@ var file_vmmanager_hypervisor_v1_hypervisor_service_proto_goTypes = []any{
 	(*structpb.Value)(nil),                    // 46: google.protobuf.Value
 	(*timestamppb.Timestamp)(nil),             // 47: google.protobuf.Timestamp
 	(State)(0),                                // 48: vmmanager.hypervisor.v1.State
-	(*Host)(nil),                              // 49: vmmanager.hypervisor.v1.Host
+	(*SuspendVirtualMachineRequest)(nil),      // 49: vmmanager.hypervisor.v1.SuspendVirtualMachineRequest
+	(*ResumeVirtualMachineRequest)(nil),       // 50: vmmanager.hypervisor.v1.ResumeVirtualMachineRequest
+	(*Host)(nil),                              // 51: vmmanager.hypervisor.v1.Host
 }
 var file_vmmanager_hypervisor_v1_hypervisor_service_proto_depIdxs = []int32{
 	40, // 0: vmmanager.hypervisor.v1.ListImagesResponse.images:type_name -> vmmanager.hypervisor.v1.Image
@@ -2448,27 +2452,31 @@ var file_vmmanager_hypervisor_v1_hypervisor_service_proto_depIdxs = []int32{
 	25, // 39: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineConsole:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineConsoleRequest
 	27, // 40: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineMetrics:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
 	28, // 41: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineReport:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineReportRequest
-	49, // 42: vmmanager.hypervisor.v1.HypervisorService.GetHost:output_type -> vmmanager.hypervisor.v1.Host
-	4,  // 43: vmmanager.hypervisor.v1.HypervisorService.ListImages:output_type -> vmmanager.hypervisor.v1.ListImagesResponse
-	40, // 44: vmmanager.hypervisor.v1.HypervisorService.GetImage:output_type -> vmmanager.hypervisor.v1.Image
-	7,  // 45: vmmanager.hypervisor.v1.HypervisorService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
-	41, // 46: vmmanager.hypervisor.v1.HypervisorService.GetNetwork:output_type -> vmmanager.hypervisor.v1.Network
-	41, // 47: vmmanager.hypervisor.v1.HypervisorService.CreateNetwork:output_type -> vmmanager.hypervisor.v1.Network
-	11, // 48: vmmanager.hypervisor.v1.HypervisorService.DeleteNetwork:output_type -> vmmanager.hypervisor.v1.DeleteNetworkResponse
-	13, // 49: vmmanager.hypervisor.v1.HypervisorService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
-	45, // 50: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	45, // 51: vmmanager.hypervisor.v1.HypervisorService.CreateVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	17, // 52: vmmanager.hypervisor.v1.HypervisorService.DeleteVirtualMachine:output_type -> vmmanager.hypervisor.v1.DeleteVirtualMachineResponse
-	45, // 53: vmmanager.hypervisor.v1.HypervisorService.StartVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	45, // 54: vmmanager.hypervisor.v1.HypervisorService.StopVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	45, // 55: vmmanager.hypervisor.v1.HypervisorService.RebootVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	22, // 56: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachine:output_type -> vmmanager.hypervisor.v1.ExecVirtualMachineResponse
-	24, // 57: vmmanager.hypervisor.v1.HypervisorService.ForwardVirtualMachinePort:output_type -> vmmanager.hypervisor.v1.ForwardVirtualMachinePortResponse
-	26, // 58: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineConsole:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineConsoleResponse
-	30, // 59: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
-	29, // 60: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineReport:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineReportResponse
-	42, // [42:61] is the sub-list for method output_type
-	23, // [23:42] is the sub-list for method input_type
+	49, // 42: vmmanager.hypervisor.v1.HypervisorService.SuspendVirtualMachine:input_type -> vmmanager.hypervisor.v1.SuspendVirtualMachineRequest
+	50, // 43: vmmanager.hypervisor.v1.HypervisorService.ResumeVirtualMachine:input_type -> vmmanager.hypervisor.v1.ResumeVirtualMachineRequest
+	51, // 44: vmmanager.hypervisor.v1.HypervisorService.GetHost:output_type -> vmmanager.hypervisor.v1.Host
+	4,  // 45: vmmanager.hypervisor.v1.HypervisorService.ListImages:output_type -> vmmanager.hypervisor.v1.ListImagesResponse
+	40, // 46: vmmanager.hypervisor.v1.HypervisorService.GetImage:output_type -> vmmanager.hypervisor.v1.Image
+	7,  // 47: vmmanager.hypervisor.v1.HypervisorService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
+	41, // 48: vmmanager.hypervisor.v1.HypervisorService.GetNetwork:output_type -> vmmanager.hypervisor.v1.Network
+	41, // 49: vmmanager.hypervisor.v1.HypervisorService.CreateNetwork:output_type -> vmmanager.hypervisor.v1.Network
+	11, // 50: vmmanager.hypervisor.v1.HypervisorService.DeleteNetwork:output_type -> vmmanager.hypervisor.v1.DeleteNetworkResponse
+	13, // 51: vmmanager.hypervisor.v1.HypervisorService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
+	45, // 52: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	45, // 53: vmmanager.hypervisor.v1.HypervisorService.CreateVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	17, // 54: vmmanager.hypervisor.v1.HypervisorService.DeleteVirtualMachine:output_type -> vmmanager.hypervisor.v1.DeleteVirtualMachineResponse
+	45, // 55: vmmanager.hypervisor.v1.HypervisorService.StartVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	45, // 56: vmmanager.hypervisor.v1.HypervisorService.StopVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	45, // 57: vmmanager.hypervisor.v1.HypervisorService.RebootVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	22, // 58: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachine:output_type -> vmmanager.hypervisor.v1.ExecVirtualMachineResponse
+	24, // 59: vmmanager.hypervisor.v1.HypervisorService.ForwardVirtualMachinePort:output_type -> vmmanager.hypervisor.v1.ForwardVirtualMachinePortResponse
+	26, // 60: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineConsole:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineConsoleResponse
+	30, // 61: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
+	29, // 62: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineReport:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineReportResponse
+	45, // 63: vmmanager.hypervisor.v1.HypervisorService.SuspendVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	45, // 64: vmmanager.hypervisor.v1.HypervisorService.ResumeVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	44, // [44:65] is the sub-list for method output_type
+	23, // [23:44] is the sub-list for method input_type
 	23, // [23:23] is the sub-list for extension type_name
 	23, // [23:23] is the sub-list for extension extendee
 	0,  // [0:23] is the sub-list for field type_name
@@ -2482,6 +2490,7 @@ func file_vmmanager_hypervisor_v1_hypervisor_service_proto_init() {
 	file_vmmanager_hypervisor_v1_host_proto_init()
 	file_vmmanager_hypervisor_v1_image_proto_init()
 	file_vmmanager_hypervisor_v1_network_proto_init()
+	file_vmmanager_hypervisor_v1_suspend_proto_init()
 	file_vmmanager_hypervisor_v1_virtual_machine_proto_init()
 	file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[13].OneofWrappers = []any{}
 	file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[28].OneofWrappers = []any{}

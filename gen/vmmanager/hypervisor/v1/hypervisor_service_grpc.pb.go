@@ -38,6 +38,8 @@ const (
 	HypervisorService_GetVirtualMachineConsole_FullMethodName  = "/vmmanager.hypervisor.v1.HypervisorService/GetVirtualMachineConsole"
 	HypervisorService_GetVirtualMachineMetrics_FullMethodName  = "/vmmanager.hypervisor.v1.HypervisorService/GetVirtualMachineMetrics"
 	HypervisorService_GetVirtualMachineReport_FullMethodName   = "/vmmanager.hypervisor.v1.HypervisorService/GetVirtualMachineReport"
+	HypervisorService_SuspendVirtualMachine_FullMethodName     = "/vmmanager.hypervisor.v1.HypervisorService/SuspendVirtualMachine"
+	HypervisorService_ResumeVirtualMachine_FullMethodName      = "/vmmanager.hypervisor.v1.HypervisorService/ResumeVirtualMachine"
 )
 
 // HypervisorServiceClient is the client API for HypervisorService service.
@@ -82,6 +84,14 @@ type HypervisorServiceClient interface {
 	GetVirtualMachineMetrics(ctx context.Context, in *GetVirtualMachineMetricsRequest, opts ...grpc.CallOption) (*VirtualMachineMetrics, error)
 	// The guest's last report upload, re-encoded as JSON.
 	GetVirtualMachineReport(ctx context.Context, in *GetVirtualMachineReportRequest, opts ...grpc.CallOption) (*GetVirtualMachineReportResponse, error)
+	// Save a running VM's RAM, device and vTPM state into its directory, then
+	// end its processes (state suspended). A suspend that fails leaves the VM
+	// running as it was.
+	SuspendVirtualMachine(ctx context.Context, in *SuspendVirtualMachineRequest, opts ...grpc.CallOption) (*VirtualMachine, error)
+	// Start a suspended VM from its saved state: the same boot carries on. A
+	// resume that fails keeps the state, and the VM stays suspended with
+	// last_error.
+	ResumeVirtualMachine(ctx context.Context, in *ResumeVirtualMachineRequest, opts ...grpc.CallOption) (*VirtualMachine, error)
 }
 
 type hypervisorServiceClient struct {
@@ -282,6 +292,26 @@ func (c *hypervisorServiceClient) GetVirtualMachineReport(ctx context.Context, i
 	return out, nil
 }
 
+func (c *hypervisorServiceClient) SuspendVirtualMachine(ctx context.Context, in *SuspendVirtualMachineRequest, opts ...grpc.CallOption) (*VirtualMachine, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(VirtualMachine)
+	err := c.cc.Invoke(ctx, HypervisorService_SuspendVirtualMachine_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *hypervisorServiceClient) ResumeVirtualMachine(ctx context.Context, in *ResumeVirtualMachineRequest, opts ...grpc.CallOption) (*VirtualMachine, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(VirtualMachine)
+	err := c.cc.Invoke(ctx, HypervisorService_ResumeVirtualMachine_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // HypervisorServiceServer is the server API for HypervisorService service.
 // All implementations must embed UnimplementedHypervisorServiceServer
 // for forward compatibility.
@@ -324,6 +354,14 @@ type HypervisorServiceServer interface {
 	GetVirtualMachineMetrics(context.Context, *GetVirtualMachineMetricsRequest) (*VirtualMachineMetrics, error)
 	// The guest's last report upload, re-encoded as JSON.
 	GetVirtualMachineReport(context.Context, *GetVirtualMachineReportRequest) (*GetVirtualMachineReportResponse, error)
+	// Save a running VM's RAM, device and vTPM state into its directory, then
+	// end its processes (state suspended). A suspend that fails leaves the VM
+	// running as it was.
+	SuspendVirtualMachine(context.Context, *SuspendVirtualMachineRequest) (*VirtualMachine, error)
+	// Start a suspended VM from its saved state: the same boot carries on. A
+	// resume that fails keeps the state, and the VM stays suspended with
+	// last_error.
+	ResumeVirtualMachine(context.Context, *ResumeVirtualMachineRequest) (*VirtualMachine, error)
 	mustEmbedUnimplementedHypervisorServiceServer()
 }
 
@@ -390,6 +428,12 @@ func (UnimplementedHypervisorServiceServer) GetVirtualMachineMetrics(context.Con
 }
 func (UnimplementedHypervisorServiceServer) GetVirtualMachineReport(context.Context, *GetVirtualMachineReportRequest) (*GetVirtualMachineReportResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetVirtualMachineReport not implemented")
+}
+func (UnimplementedHypervisorServiceServer) SuspendVirtualMachine(context.Context, *SuspendVirtualMachineRequest) (*VirtualMachine, error) {
+	return nil, status.Error(codes.Unimplemented, "method SuspendVirtualMachine not implemented")
+}
+func (UnimplementedHypervisorServiceServer) ResumeVirtualMachine(context.Context, *ResumeVirtualMachineRequest) (*VirtualMachine, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResumeVirtualMachine not implemented")
 }
 func (UnimplementedHypervisorServiceServer) mustEmbedUnimplementedHypervisorServiceServer() {}
 func (UnimplementedHypervisorServiceServer) testEmbeddedByValue()                           {}
@@ -754,6 +798,42 @@ func _HypervisorService_GetVirtualMachineReport_Handler(srv interface{}, ctx con
 	return interceptor(ctx, in, info, handler)
 }
 
+func _HypervisorService_SuspendVirtualMachine_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SuspendVirtualMachineRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HypervisorServiceServer).SuspendVirtualMachine(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: HypervisorService_SuspendVirtualMachine_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HypervisorServiceServer).SuspendVirtualMachine(ctx, req.(*SuspendVirtualMachineRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _HypervisorService_ResumeVirtualMachine_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResumeVirtualMachineRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HypervisorServiceServer).ResumeVirtualMachine(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: HypervisorService_ResumeVirtualMachine_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HypervisorServiceServer).ResumeVirtualMachine(ctx, req.(*ResumeVirtualMachineRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // HypervisorService_ServiceDesc is the grpc.ServiceDesc for HypervisorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -836,6 +916,14 @@ var HypervisorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetVirtualMachineReport",
 			Handler:    _HypervisorService_GetVirtualMachineReport_Handler,
+		},
+		{
+			MethodName: "SuspendVirtualMachine",
+			Handler:    _HypervisorService_SuspendVirtualMachine_Handler,
+		},
+		{
+			MethodName: "ResumeVirtualMachine",
+			Handler:    _HypervisorService_ResumeVirtualMachine_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -80,6 +80,8 @@ var errorCodes = map[protoreflect.Name][]apierr.Code{
 	"GetVirtualMachineConsole":  {apierr.InvalidRequest, apierr.NotFound},
 	"GetVirtualMachineMetrics":  {apierr.NotFound},
 	"GetVirtualMachineReport":   {apierr.NotFound},
+	"SuspendVirtualMachine":     {apierr.NotFound, apierr.Conflict, apierr.VMFailed},
+	"ResumeVirtualMachine":      {apierr.NotFound, apierr.Conflict, apierr.VMFailed},
 	// AttestationService.
 	"GetVirtualMachineAttestation": {apierr.NotFound},
 	"ListImagePolicies":            nil,

@@ -71,8 +71,13 @@ type VirtualMachine struct {
 	CreatedBy string            `protobuf:"bytes,33,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
 	Forwards  []*v1.PortForward `protobuf:"bytes,34,rep,name=forwards,proto3" json:"forwards,omitempty"`
 	// The vTPM's keys, read from it before the last boot.
-	Tpm           *TpmKeys `protobuf:"bytes,35,opt,name=tpm,proto3" json:"tpm,omitempty"`
-	BootCount     uint32   `protobuf:"varint,36,opt,name=boot_count,json=bootCount,proto3" json:"boot_count,omitempty"`
+	Tpm       *TpmKeys `protobuf:"bytes,35,opt,name=tpm,proto3" json:"tpm,omitempty"`
+	BootCount uint32   `protobuf:"varint,36,opt,name=boot_count,json=bootCount,proto3" json:"boot_count,omitempty"`
+	// Suspend (issue 19): the state a suspend started from, which a resume
+	// returns to; when the state was saved. Unset on records of older
+	// versions, which never suspended.
+	SuspendedFrom v1.State               `protobuf:"varint,60,opt,name=suspended_from,json=suspendedFrom,proto3,enum=vmmanager.hypervisor.v1.State" json:"suspended_from,omitempty"`
+	SuspendedAt   *timestamppb.Timestamp `protobuf:"bytes,61,opt,name=suspended_at,json=suspendedAt,proto3" json:"suspended_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -359,6 +364,20 @@ func (x *VirtualMachine) GetBootCount() uint32 {
 	return 0
 }
 
+func (x *VirtualMachine) GetSuspendedFrom() v1.State {
+	if x != nil {
+		return x.SuspendedFrom
+	}
+	return v1.State(0)
+}
+
+func (x *VirtualMachine) GetSuspendedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SuspendedAt
+	}
+	return nil
+}
+
 // Processes are what a restarted hypervisor re-adopts.
 type Processes struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -569,7 +588,7 @@ var File_vmmanager_hypervisor_store_v1_record_proto protoreflect.FileDescriptor
 
 const file_vmmanager_hypervisor_store_v1_record_proto_rawDesc = "" +
 	"\n" +
-	"*vmmanager/hypervisor/store/v1/record.proto\x12\x1dvmmanager.hypervisor.store.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a-vmmanager/hypervisor/v1/virtual_machine.proto\"\x87\f\n" +
+	"*vmmanager/hypervisor/store/v1/record.proto\x12\x1dvmmanager.hypervisor.store.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a-vmmanager/hypervisor/v1/virtual_machine.proto\"\x8d\r\n" +
 	"\x0eVirtualMachine\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
@@ -613,7 +632,9 @@ const file_vmmanager_hypervisor_store_v1_record_proto_rawDesc = "" +
 	"\bforwards\x18\" \x03(\v2$.vmmanager.hypervisor.v1.PortForwardR\bforwards\x128\n" +
 	"\x03tpm\x18# \x01(\v2&.vmmanager.hypervisor.store.v1.TpmKeysR\x03tpm\x12\x1d\n" +
 	"\n" +
-	"boot_count\x18$ \x01(\rR\tbootCount\x1a;\n" +
+	"boot_count\x18$ \x01(\rR\tbootCount\x12E\n" +
+	"\x0esuspended_from\x18< \x01(\x0e2\x1e.vmmanager.hypervisor.v1.StateR\rsuspendedFrom\x12=\n" +
+	"\fsuspended_at\x18= \x01(\v2\x1a.google.protobuf.TimestampR\vsuspendedAt\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x81\x01\n" +
@@ -676,15 +697,17 @@ var file_vmmanager_hypervisor_store_v1_record_proto_depIdxs = []int32{
 	1,  // 10: vmmanager.hypervisor.store.v1.VirtualMachine.processes:type_name -> vmmanager.hypervisor.store.v1.Processes
 	11, // 11: vmmanager.hypervisor.store.v1.VirtualMachine.forwards:type_name -> vmmanager.hypervisor.v1.PortForward
 	3,  // 12: vmmanager.hypervisor.store.v1.VirtualMachine.tpm:type_name -> vmmanager.hypervisor.store.v1.TpmKeys
-	2,  // 13: vmmanager.hypervisor.store.v1.Processes.qemu:type_name -> vmmanager.hypervisor.store.v1.Process
-	2,  // 14: vmmanager.hypervisor.store.v1.Processes.tpm:type_name -> vmmanager.hypervisor.store.v1.Process
-	9,  // 15: vmmanager.hypervisor.store.v1.TpmKeys.provision_time:type_name -> google.protobuf.Timestamp
-	9,  // 16: vmmanager.hypervisor.store.v1.TpmKeys.update_time:type_name -> google.protobuf.Timestamp
-	17, // [17:17] is the sub-list for method output_type
-	17, // [17:17] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	5,  // 13: vmmanager.hypervisor.store.v1.VirtualMachine.suspended_from:type_name -> vmmanager.hypervisor.v1.State
+	9,  // 14: vmmanager.hypervisor.store.v1.VirtualMachine.suspended_at:type_name -> google.protobuf.Timestamp
+	2,  // 15: vmmanager.hypervisor.store.v1.Processes.qemu:type_name -> vmmanager.hypervisor.store.v1.Process
+	2,  // 16: vmmanager.hypervisor.store.v1.Processes.tpm:type_name -> vmmanager.hypervisor.store.v1.Process
+	9,  // 17: vmmanager.hypervisor.store.v1.TpmKeys.provision_time:type_name -> google.protobuf.Timestamp
+	9,  // 18: vmmanager.hypervisor.store.v1.TpmKeys.update_time:type_name -> google.protobuf.Timestamp
+	19, // [19:19] is the sub-list for method output_type
+	19, // [19:19] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_vmmanager_hypervisor_store_v1_record_proto_init() }
