@@ -188,6 +188,8 @@ var validArgs = map[string]map[string]any{
 	"delete_vm":          {"id": "0a1b2c3d"},
 	"exec_vm":            {"id": "0a1b2c3d", "command": []string{"true"}},
 	"forward_port":       {"id": "0a1b2c3d", "port": 22},
+	"suspend_vm":         {"id": "0a1b2c3d"},
+	"resume_vm":          {"id": "0a1b2c3d"},
 }
 
 // connect is an MCP SDK client session with h.

@@ -29,6 +29,8 @@ type VMs interface {
 	Start(ctx context.Context, id string) (*hypervisorv1.VirtualMachine, error)
 	Stop(ctx context.Context, id string) (*hypervisorv1.VirtualMachine, error)
 	Reboot(ctx context.Context, id string) (*hypervisorv1.VirtualMachine, error)
+	Suspend(ctx context.Context, id string) (*hypervisorv1.VirtualMachine, error)
+	Resume(ctx context.Context, id string) (*hypervisorv1.VirtualMachine, error)
 	Delete(ctx context.Context, id string) error
 	Console(id string, lines int32) (*hypervisorv1.GetVirtualMachineConsoleResponse, error)
 	Metrics(id string) (*hypervisorv1.VirtualMachineMetrics, error)
@@ -127,6 +129,14 @@ func (s *Server) StopVirtualMachine(ctx context.Context, req *hypervisorv1.StopV
 
 func (s *Server) RebootVirtualMachine(ctx context.Context, req *hypervisorv1.RebootVirtualMachineRequest) (*hypervisorv1.VirtualMachine, error) {
 	return s.vms.Reboot(ctx, req.GetId())
+}
+
+func (s *Server) SuspendVirtualMachine(ctx context.Context, req *hypervisorv1.SuspendVirtualMachineRequest) (*hypervisorv1.VirtualMachine, error) {
+	return s.vms.Suspend(ctx, req.GetId())
+}
+
+func (s *Server) ResumeVirtualMachine(ctx context.Context, req *hypervisorv1.ResumeVirtualMachineRequest) (*hypervisorv1.VirtualMachine, error) {
+	return s.vms.Resume(ctx, req.GetId())
 }
 
 func (s *Server) GetVirtualMachineConsole(_ context.Context, req *hypervisorv1.GetVirtualMachineConsoleRequest) (*hypervisorv1.GetVirtualMachineConsoleResponse, error) {

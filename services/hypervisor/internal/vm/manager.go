@@ -144,6 +144,8 @@ type Manager struct {
 	wg      sync.WaitGroup
 
 	refused refusals
+	// suspends counts suspends and resumes (suspend.go).
+	suspends suspendStats
 	// netCreate serialises network creates, so that two cannot both pass
 	// the MaxNetworks check.
 	netCreate sync.Mutex

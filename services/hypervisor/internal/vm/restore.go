@@ -43,6 +43,8 @@ func (m *Manager) restoreRecord(mc *machine) {
 			r.Processes = nil
 			r.LastError = fmt.Sprintf("vm-manager restarted while the VM was %s; delete it", lifecycle.Name(state))
 		})
+	case state == hypervisorv1.State_STATE_SUSPENDING:
+		m.restoreSuspending(mc)
 	case isLive(state):
 		run, err := m.driver.Adopt(m.ctx, rec)
 		if err != nil {
