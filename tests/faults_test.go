@@ -316,7 +316,7 @@ func (f *faultRun) lifecycle(op string, e *vmEntry) {
 	switch op {
 	case "stop", "reboot":
 		e.stopAsked = true
-	case "start":
+	case "start", "resume":
 		e.stopAsked = false
 	case "delete":
 		e.deleted = "maybe"
@@ -422,7 +422,7 @@ func (f *faultRun) pickOp(victim string) func() {
 		}
 		cs = append(cs, choice{w, f.create})
 	}
-	if all := byState("creating", "booting", "attesting", "ready", "running", "stopping", "stopped", "failed"); len(all) > 0 {
+	if all := byState("creating", "booting", "attesting", "ready", "running", "stopping", "stopped", "failed", "suspended"); len(all) > 0 {
 		w := 1
 		if len(vms) >= 3 {
 			w = 3
@@ -440,6 +440,16 @@ func (f *faultRun) pickOp(victim string) func() {
 	}
 	if down := byState("stopped", "failed"); len(down) > 0 {
 		cs = append(cs, choice{2 * launch, func() { f.lifecycle("start", pick(down)) }})
+	}
+	// Suspend and resume (issue 19), also as operations a kill is fired into.
+	if up := byState("ready", "running"); len(up) > 0 {
+		cs = append(cs, choice{launch, func() { f.lifecycle("suspend", pick(up)) }})
+	}
+	if saved := byState("suspended"); len(saved) > 0 {
+		cs = append(cs, choice{2 * launch, func() { f.lifecycle("resume", pick(saved)) }})
+		if !mutating {
+			cs = append(cs, choice{1, func() { f.lifecycle("stop", pick(saved)) }}) // discards the state
+		}
 	}
 	if any := byState("booting", "attesting", "ready", "running", "stopped", "failed"); len(any) > 0 && !mutating {
 		cs = append(cs, choice{1, func() { f.forward(pick(any)) }})
@@ -583,7 +593,7 @@ func TestFaults(t *testing.T) {
 
 	// Settle: everything up, every VM in a stable state.
 	c.WaitReady(60 * time.Second)
-	stable := []string{"ready", "running", "stopped", "failed"}
+	stable := []string{"ready", "running", "stopped", "failed", "suspended"}
 	var final []vmJSONF
 	settleStart := time.Now()
 	for {
@@ -706,6 +716,9 @@ var invariantOrder = []string{
 	"vm directories without a record",
 	"ready/running VMs that do not answer exec",
 	"VMs stuck in a transition",
+	"suspended VMs without their saved state",
+	"suspended VMs that do not resume",
+	"saved states of VMs not suspended",
 	"stopped/failed VMs without a reason",
 	"wrong exec answers during the run",
 	"leases without a VM",
@@ -842,8 +855,19 @@ func (f *faultRun) check(final []vmJSONF) *invariants {
 			if v.LastError == "" {
 				inv.fail("stopped/failed VMs without a reason", "%s (%s) failed without lastError", v.ID, v.Name)
 			}
+		case "suspended":
+			f.checkSuspended(inv, v)
 		default:
 			inv.fail("VMs stuck in a transition", "%s (%s) is %s after the settle (lastError %q)", v.ID, v.Name, v.State, v.LastError)
+		}
+	}
+
+	for _, v := range final {
+		if v.State == "suspended" {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(v.Paths.Dir, "suspend")); err == nil {
+			inv.fail("saved states of VMs not suspended", "%s (%s, %s) keeps %s", v.ID, v.Name, v.State, filepath.Join(v.Paths.Dir, "suspend"))
 		}
 	}
 
@@ -970,6 +994,26 @@ func (f *faultRun) check(final []vmJSONF) *invariants {
 	}
 	f.mu.Unlock()
 	return inv
+}
+
+// checkSuspended: a suspended VM has its whole saved state, and resumes to
+// a guest that answers exec (the processes are checked with the others:
+// a suspended record lists none, so any QEMU of its directory is a stray).
+func (f *faultRun) checkSuspended(inv *invariants, v vmJSONF) {
+	for _, name := range []string{"state.bin", "manifest.json"} {
+		if _, err := os.Stat(filepath.Join(v.Paths.Dir, "suspend", name)); err != nil {
+			inv.fail("suspended VMs without their saved state", "%s (%s): %v", v.ID, v.Name, err)
+			return
+		}
+	}
+	r := f.call("POST", "/vms/"+v.ID+"/resume", "", 90*time.Second)
+	if r.err != nil || r.code != 200 {
+		inv.fail("suspended VMs that do not resume", "%s (%s): %d %v %s", v.ID, v.Name, r.code, r.err, firstLineOf(string(bytes.TrimSpace(r.body))))
+		return
+	}
+	if !f.execWorks(v) {
+		inv.fail("suspended VMs that do not resume", "%s (%s) resumed but does not answer exec", v.ID, v.Name)
+	}
 }
 
 func firstLineOf(s string) string {

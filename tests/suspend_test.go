@@ -141,6 +141,16 @@ func TestSuspendResume(t *testing.T) {
 		if v.State != "suspended" || v.Processes != nil || !strings.Contains(v.LastError, "corrupt") {
 			t.Errorf("after a failed resume (%s): %+v", b, v)
 		}
+		// Counted: the failed resume, and the suspended VM by state.
+		if v := metricValue(t, c.Addr, "vm_manager_resumes_total", `{result="failed"}`); v != 1 {
+			t.Errorf("vm_manager_resumes_total{result=failed} = %v", v)
+		}
+		if v := metricValue(t, c.Addr, "vm_manager_suspends_total", `{result="ok"}`); v != 2 {
+			t.Errorf("vm_manager_suspends_total{result=ok} = %v", v)
+		}
+		if v := metricValue(t, c.Addr, "vm_manager_vms", `{state="suspended"}`); v != 1 {
+			t.Errorf("vm_manager_vms{state=suspended} = %v", v)
+		}
 		flip() // whole again
 		if v := a.vm("POST", "/vms/"+s1.ID+"/resume", "", 200); v.State != "ready" {
 			t.Fatalf("resume of the repaired state: %+v", v)

@@ -110,6 +110,129 @@ func (x *ResumeVirtualMachineRequest) GetId() string {
 	return ""
 }
 
+type GetSuspendCountersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSuspendCountersRequest) Reset() {
+	*x = GetSuspendCountersRequest{}
+	mi := &file_vmmanager_hypervisor_v1_suspend_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSuspendCountersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSuspendCountersRequest) ProtoMessage() {}
+
+func (x *GetSuspendCountersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_vmmanager_hypervisor_v1_suspend_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSuspendCountersRequest.ProtoReflect.Descriptor instead.
+func (*GetSuspendCountersRequest) Descriptor() ([]byte, []int) {
+	return file_vmmanager_hypervisor_v1_suspend_proto_rawDescGZIP(), []int{2}
+}
+
+// SuspendCounters are the suspends and resumes since the hypervisor started
+// (the gateway exports them as vm_manager_suspends_total and friends).
+type SuspendCounters struct {
+	state                protoimpl.MessageState `protogen:"open.v1"`
+	SuspendsTotal        uint64                 `protobuf:"varint,1,opt,name=suspends_total,json=suspendsTotal,proto3" json:"suspends_total,omitempty"`
+	SuspendFailuresTotal uint64                 `protobuf:"varint,2,opt,name=suspend_failures_total,json=suspendFailuresTotal,proto3" json:"suspend_failures_total,omitempty"`
+	ResumesTotal         uint64                 `protobuf:"varint,3,opt,name=resumes_total,json=resumesTotal,proto3" json:"resumes_total,omitempty"`
+	ResumeFailuresTotal  uint64                 `protobuf:"varint,4,opt,name=resume_failures_total,json=resumeFailuresTotal,proto3" json:"resume_failures_total,omitempty"`
+	// The successful ones' durations, summed.
+	SuspendSecondsTotal float64 `protobuf:"fixed64,5,opt,name=suspend_seconds_total,json=suspendSecondsTotal,proto3" json:"suspend_seconds_total,omitempty"`
+	ResumeSecondsTotal  float64 `protobuf:"fixed64,6,opt,name=resume_seconds_total,json=resumeSecondsTotal,proto3" json:"resume_seconds_total,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *SuspendCounters) Reset() {
+	*x = SuspendCounters{}
+	mi := &file_vmmanager_hypervisor_v1_suspend_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SuspendCounters) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SuspendCounters) ProtoMessage() {}
+
+func (x *SuspendCounters) ProtoReflect() protoreflect.Message {
+	mi := &file_vmmanager_hypervisor_v1_suspend_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SuspendCounters.ProtoReflect.Descriptor instead.
+func (*SuspendCounters) Descriptor() ([]byte, []int) {
+	return file_vmmanager_hypervisor_v1_suspend_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *SuspendCounters) GetSuspendsTotal() uint64 {
+	if x != nil {
+		return x.SuspendsTotal
+	}
+	return 0
+}
+
+func (x *SuspendCounters) GetSuspendFailuresTotal() uint64 {
+	if x != nil {
+		return x.SuspendFailuresTotal
+	}
+	return 0
+}
+
+func (x *SuspendCounters) GetResumesTotal() uint64 {
+	if x != nil {
+		return x.ResumesTotal
+	}
+	return 0
+}
+
+func (x *SuspendCounters) GetResumeFailuresTotal() uint64 {
+	if x != nil {
+		return x.ResumeFailuresTotal
+	}
+	return 0
+}
+
+func (x *SuspendCounters) GetSuspendSecondsTotal() float64 {
+	if x != nil {
+		return x.SuspendSecondsTotal
+	}
+	return 0
+}
+
+func (x *SuspendCounters) GetResumeSecondsTotal() float64 {
+	if x != nil {
+		return x.ResumeSecondsTotal
+	}
+	return 0
+}
+
 var File_vmmanager_hypervisor_v1_suspend_proto protoreflect.FileDescriptor
 
 const file_vmmanager_hypervisor_v1_suspend_proto_rawDesc = "" +
@@ -118,7 +241,15 @@ const file_vmmanager_hypervisor_v1_suspend_proto_rawDesc = "" +
 	"\x1cSuspendVirtualMachineRequest\x12\x13\n" +
 	"\x02id\x18\x01 \x01(\tB\x03\xe0A\x02R\x02id\"2\n" +
 	"\x1bResumeVirtualMachineRequest\x12\x13\n" +
-	"\x02id\x18\x01 \x01(\tB\x03\xe0A\x02R\x02idBKZIgithub.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1;hypervisorv1b\x06proto3"
+	"\x02id\x18\x01 \x01(\tB\x03\xe0A\x02R\x02id\"\x1b\n" +
+	"\x19GetSuspendCountersRequest\"\xad\x02\n" +
+	"\x0fSuspendCounters\x12%\n" +
+	"\x0esuspends_total\x18\x01 \x01(\x04R\rsuspendsTotal\x124\n" +
+	"\x16suspend_failures_total\x18\x02 \x01(\x04R\x14suspendFailuresTotal\x12#\n" +
+	"\rresumes_total\x18\x03 \x01(\x04R\fresumesTotal\x122\n" +
+	"\x15resume_failures_total\x18\x04 \x01(\x04R\x13resumeFailuresTotal\x122\n" +
+	"\x15suspend_seconds_total\x18\x05 \x01(\x01R\x13suspendSecondsTotal\x120\n" +
+	"\x14resume_seconds_total\x18\x06 \x01(\x01R\x12resumeSecondsTotalBKZIgithub.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1;hypervisorv1b\x06proto3"
 
 var (
 	file_vmmanager_hypervisor_v1_suspend_proto_rawDescOnce sync.Once
@@ -132,10 +263,12 @@ func file_vmmanager_hypervisor_v1_suspend_proto_rawDescGZIP() []byte {
 	return file_vmmanager_hypervisor_v1_suspend_proto_rawDescData
 }
 
-var file_vmmanager_hypervisor_v1_suspend_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_vmmanager_hypervisor_v1_suspend_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_vmmanager_hypervisor_v1_suspend_proto_goTypes = []any{
 	(*SuspendVirtualMachineRequest)(nil), // 0: vmmanager.hypervisor.v1.SuspendVirtualMachineRequest
 	(*ResumeVirtualMachineRequest)(nil),  // 1: vmmanager.hypervisor.v1.ResumeVirtualMachineRequest
+	(*GetSuspendCountersRequest)(nil),    // 2: vmmanager.hypervisor.v1.GetSuspendCountersRequest
+	(*SuspendCounters)(nil),              // 3: vmmanager.hypervisor.v1.SuspendCounters
 }
 var file_vmmanager_hypervisor_v1_suspend_proto_depIdxs = []int32{
 	0, // [0:0] is the sub-list for method output_type
@@ -156,7 +289,7 @@ func file_vmmanager_hypervisor_v1_suspend_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vmmanager_hypervisor_v1_suspend_proto_rawDesc), len(file_vmmanager_hypervisor_v1_suspend_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

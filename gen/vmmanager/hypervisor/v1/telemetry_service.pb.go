@@ -525,7 +525,7 @@ var File_vmmanager_hypervisor_v1_telemetry_service_proto protoreflect.FileDescri
 
 const file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDesc = "" +
 	"\n" +
-	"/vmmanager/hypervisor/v1/telemetry_service.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a0vmmanager/hypervisor/v1/hypervisor_service.proto\"\x18\n" +
+	"/vmmanager/hypervisor/v1/telemetry_service.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a0vmmanager/hypervisor/v1/hypervisor_service.proto\x1a%vmmanager/hypervisor/v1/suspend.proto\"\x18\n" +
 	"\x16ListGuestSeriesRequest\"_\n" +
 	"\x17ListGuestSeriesResponse\x12D\n" +
 	"\x03vms\x18\x01 \x03(\v22.vmmanager.hypervisor.v1.VirtualMachineGuestSeriesR\x03vms\"\xaf\x03\n" +
@@ -571,13 +571,14 @@ const file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDesc = "" +
 	"\x1dGUEST_SERIES_TYPE_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17GUEST_SERIES_TYPE_GAUGE\x10\x01\x12\x1d\n" +
 	"\x19GUEST_SERIES_TYPE_COUNTER\x10\x02\x12\x1a\n" +
-	"\x16GUEST_SERIES_TYPE_INFO\x10\x032\xf8\x04\n" +
+	"\x16GUEST_SERIES_TYPE_INFO\x10\x032\xec\x05\n" +
 	"\x10TelemetryService\x12\x80\x01\n" +
 	"\x13ListVirtualMachines\x123.vmmanager.hypervisor.v1.ListVirtualMachinesRequest\x1a4.vmmanager.hypervisor.v1.ListVirtualMachinesResponse\x12\x84\x01\n" +
 	"\x18GetVirtualMachineMetrics\x128.vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest\x1a..vmmanager.hypervisor.v1.VirtualMachineMetrics\x12k\n" +
 	"\fListNetworks\x12,.vmmanager.hypervisor.v1.ListNetworksRequest\x1a-.vmmanager.hypervisor.v1.ListNetworksResponse\x12t\n" +
 	"\x0fListGuestSeries\x12/.vmmanager.hypervisor.v1.ListGuestSeriesRequest\x1a0.vmmanager.hypervisor.v1.ListGuestSeriesResponse\x12w\n" +
-	"\x10GetBoundCounters\x120.vmmanager.hypervisor.v1.GetBoundCountersRequest\x1a1.vmmanager.hypervisor.v1.GetBoundCountersResponseBKZIgithub.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1;hypervisorv1b\x06proto3"
+	"\x10GetBoundCounters\x120.vmmanager.hypervisor.v1.GetBoundCountersRequest\x1a1.vmmanager.hypervisor.v1.GetBoundCountersResponse\x12r\n" +
+	"\x12GetSuspendCounters\x122.vmmanager.hypervisor.v1.GetSuspendCountersRequest\x1a(.vmmanager.hypervisor.v1.SuspendCountersBKZIgithub.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1;hypervisorv1b\x06proto3"
 
 var (
 	file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDescOnce sync.Once
@@ -610,9 +611,11 @@ var file_vmmanager_hypervisor_v1_telemetry_service_proto_goTypes = []any{
 	(*ListVirtualMachinesRequest)(nil),      // 13: vmmanager.hypervisor.v1.ListVirtualMachinesRequest
 	(*GetVirtualMachineMetricsRequest)(nil), // 14: vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
 	(*ListNetworksRequest)(nil),             // 15: vmmanager.hypervisor.v1.ListNetworksRequest
-	(*ListVirtualMachinesResponse)(nil),     // 16: vmmanager.hypervisor.v1.ListVirtualMachinesResponse
-	(*VirtualMachineMetrics)(nil),           // 17: vmmanager.hypervisor.v1.VirtualMachineMetrics
-	(*ListNetworksResponse)(nil),            // 18: vmmanager.hypervisor.v1.ListNetworksResponse
+	(*GetSuspendCountersRequest)(nil),       // 16: vmmanager.hypervisor.v1.GetSuspendCountersRequest
+	(*ListVirtualMachinesResponse)(nil),     // 17: vmmanager.hypervisor.v1.ListVirtualMachinesResponse
+	(*VirtualMachineMetrics)(nil),           // 18: vmmanager.hypervisor.v1.VirtualMachineMetrics
+	(*ListNetworksResponse)(nil),            // 19: vmmanager.hypervisor.v1.ListNetworksResponse
+	(*SuspendCounters)(nil),                 // 20: vmmanager.hypervisor.v1.SuspendCounters
 }
 var file_vmmanager_hypervisor_v1_telemetry_service_proto_depIdxs = []int32{
 	3,  // 0: vmmanager.hypervisor.v1.ListGuestSeriesResponse.vms:type_name -> vmmanager.hypervisor.v1.VirtualMachineGuestSeries
@@ -629,13 +632,15 @@ var file_vmmanager_hypervisor_v1_telemetry_service_proto_depIdxs = []int32{
 	15, // 11: vmmanager.hypervisor.v1.TelemetryService.ListNetworks:input_type -> vmmanager.hypervisor.v1.ListNetworksRequest
 	1,  // 12: vmmanager.hypervisor.v1.TelemetryService.ListGuestSeries:input_type -> vmmanager.hypervisor.v1.ListGuestSeriesRequest
 	5,  // 13: vmmanager.hypervisor.v1.TelemetryService.GetBoundCounters:input_type -> vmmanager.hypervisor.v1.GetBoundCountersRequest
-	16, // 14: vmmanager.hypervisor.v1.TelemetryService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
-	17, // 15: vmmanager.hypervisor.v1.TelemetryService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
-	18, // 16: vmmanager.hypervisor.v1.TelemetryService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
-	2,  // 17: vmmanager.hypervisor.v1.TelemetryService.ListGuestSeries:output_type -> vmmanager.hypervisor.v1.ListGuestSeriesResponse
-	6,  // 18: vmmanager.hypervisor.v1.TelemetryService.GetBoundCounters:output_type -> vmmanager.hypervisor.v1.GetBoundCountersResponse
-	14, // [14:19] is the sub-list for method output_type
-	9,  // [9:14] is the sub-list for method input_type
+	16, // 14: vmmanager.hypervisor.v1.TelemetryService.GetSuspendCounters:input_type -> vmmanager.hypervisor.v1.GetSuspendCountersRequest
+	17, // 15: vmmanager.hypervisor.v1.TelemetryService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
+	18, // 16: vmmanager.hypervisor.v1.TelemetryService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
+	19, // 17: vmmanager.hypervisor.v1.TelemetryService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
+	2,  // 18: vmmanager.hypervisor.v1.TelemetryService.ListGuestSeries:output_type -> vmmanager.hypervisor.v1.ListGuestSeriesResponse
+	6,  // 19: vmmanager.hypervisor.v1.TelemetryService.GetBoundCounters:output_type -> vmmanager.hypervisor.v1.GetBoundCountersResponse
+	20, // 20: vmmanager.hypervisor.v1.TelemetryService.GetSuspendCounters:output_type -> vmmanager.hypervisor.v1.SuspendCounters
+	15, // [15:21] is the sub-list for method output_type
+	9,  // [9:15] is the sub-list for method input_type
 	9,  // [9:9] is the sub-list for extension type_name
 	9,  // [9:9] is the sub-list for extension extendee
 	0,  // [0:9] is the sub-list for field type_name
@@ -647,6 +652,7 @@ func file_vmmanager_hypervisor_v1_telemetry_service_proto_init() {
 		return
 	}
 	file_vmmanager_hypervisor_v1_hypervisor_service_proto_init()
+	file_vmmanager_hypervisor_v1_suspend_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

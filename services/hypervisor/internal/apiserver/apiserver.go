@@ -188,3 +188,15 @@ func (t *Telemetry) ListGuestSeries(context.Context, *hypervisorv1.ListGuestSeri
 func (t *Telemetry) GetBoundCounters(context.Context, *hypervisorv1.GetBoundCountersRequest) (*hypervisorv1.GetBoundCountersResponse, error) {
 	return t.s.bounds.BoundCounters(), nil
 }
+
+// suspendCounters is the VM manager's suspend telemetry (vm/suspend.go).
+type suspendCounters interface {
+	SuspendCounters() *hypervisorv1.SuspendCounters
+}
+
+func (t *Telemetry) GetSuspendCounters(context.Context, *hypervisorv1.GetSuspendCountersRequest) (*hypervisorv1.SuspendCounters, error) {
+	if sc, ok := t.s.vms.(suspendCounters); ok {
+		return sc.SuspendCounters(), nil
+	}
+	return &hypervisorv1.SuspendCounters{}, nil
+}

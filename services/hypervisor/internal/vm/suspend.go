@@ -35,25 +35,21 @@ type Suspender interface {
 // SuspendTimeout bounds a suspend's save and a resume's load.
 const SuspendTimeout = 2 * time.Minute
 
-// suspendStats are the suspend and resume counters and last durations.
+// suspendStats are the suspend and resume counters.
 type suspendStats struct {
 	suspends, suspendFailures, resumes, resumeFailures atomic.Uint64
-	lastSuspendNanos, lastResumeNanos                  atomic.Int64
+	suspendNanos, resumeNanos                          atomic.Int64 // the successful ones', summed
 }
 
-// SuspendStats is what the metrics export: counts and the last durations.
-type SuspendStats struct {
-	Suspends, SuspendFailures, Resumes, ResumeFailures uint64
-	LastSuspend, LastResume                            time.Duration
-}
-
-// SuspendStats returns the suspend and resume counters.
-func (m *Manager) SuspendStats() SuspendStats {
+// SuspendCounters are the suspends and resumes since the hypervisor started
+// (TelemetryService).
+func (m *Manager) SuspendCounters() *hypervisorv1.SuspendCounters {
 	c := &m.suspends
-	return SuspendStats{
-		Suspends: c.suspends.Load(), SuspendFailures: c.suspendFailures.Load(),
-		Resumes: c.resumes.Load(), ResumeFailures: c.resumeFailures.Load(),
-		LastSuspend: time.Duration(c.lastSuspendNanos.Load()), LastResume: time.Duration(c.lastResumeNanos.Load()),
+	return &hypervisorv1.SuspendCounters{
+		SuspendsTotal: c.suspends.Load(), SuspendFailuresTotal: c.suspendFailures.Load(),
+		ResumesTotal: c.resumes.Load(), ResumeFailuresTotal: c.resumeFailures.Load(),
+		SuspendSecondsTotal: time.Duration(c.suspendNanos.Load()).Seconds(),
+		ResumeSecondsTotal:  time.Duration(c.resumeNanos.Load()).Seconds(),
 	}
 }
 
@@ -125,7 +121,7 @@ func (m *Manager) suspendLocked(_ context.Context, mc *machine) error {
 	}
 	<-rt.settled // the supervisor saw QEMU end and recorded suspended
 	m.suspends.suspends.Add(1)
-	m.suspends.lastSuspendNanos.Store(int64(time.Since(start)))
+	m.suspends.suspendNanos.Add(int64(time.Since(start)))
 	m.log.Info("vm suspended", "vm", mc.id, "seconds", time.Since(start).Seconds())
 	return nil
 }
@@ -199,7 +195,7 @@ func (m *Manager) resumeCounted(ok bool, took time.Duration) {
 		return
 	}
 	m.suspends.resumes.Add(1)
-	m.suspends.lastResumeNanos.Store(int64(took))
+	m.suspends.resumeNanos.Add(int64(took))
 }
 
 // stepGuestClock sets the guest's wall clock to the host's after a resume:
