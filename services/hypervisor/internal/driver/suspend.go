@@ -56,9 +56,17 @@ type Manifest struct {
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
+// savedDir is <vm>/suspend; "" for a record without a directory (never
+// a path relative to the working directory).
 func savedDir(rec *storepb.VirtualMachine) string {
-	return filepath.Join(filepath.Dir(rec.GetPaths().GetQmpSocket()), suspendDir)
+	dir := rec.GetPaths().GetDir()
+	if dir == "" || !filepath.IsAbs(dir) && filepath.Clean(dir) == "." {
+		return ""
+	}
+	return filepath.Join(dir, suspendDir)
 }
+
+var errNoDir = errors.New("the vm record names no directory")
 
 // SavedDir is where a VM's saved state lives (tests and the fault suite look).
 func SavedDir(vmDir string) string { return filepath.Join(vmDir, suspendDir) }
@@ -95,6 +103,9 @@ func (d *Driver) Suspend(ctx context.Context, rec *storepb.VirtualMachine, vr vm
 		return err
 	}
 	dir := savedDir(rec)
+	if dir == "" {
+		return errNoDir
+	}
 	if err := os.RemoveAll(dir); err != nil {
 		return err
 	}
@@ -168,7 +179,7 @@ func (d *Driver) AbortSuspend(ctx context.Context, rec *storepb.VirtualMachine, 
 	if err := r.mon.Cont(ctx); err != nil {
 		return err
 	}
-	return os.RemoveAll(savedDir(rec))
+	return d.DiscardSaved(rec)
 }
 
 // Saved checks that rec has a whole saved state bound to it (manifest and
@@ -179,10 +190,19 @@ func (d *Driver) Saved(rec *storepb.VirtualMachine) error {
 }
 
 // DiscardSaved removes rec's saved state.
-func (d *Driver) DiscardSaved(rec *storepb.VirtualMachine) error { return os.RemoveAll(savedDir(rec)) }
+func (d *Driver) DiscardSaved(rec *storepb.VirtualMachine) error {
+	dir := savedDir(rec)
+	if dir == "" {
+		return nil
+	}
+	return os.RemoveAll(dir)
+}
 
 func (d *Driver) checkSaved(rec *storepb.VirtualMachine) (*Manifest, error) {
 	dir := savedDir(rec)
+	if dir == "" {
+		return nil, errNoDir
+	}
 	raw, err := os.ReadFile(filepath.Join(dir, manifestFile))
 	if err != nil {
 		return nil, fmt.Errorf("no saved state: %w", err)

@@ -17,6 +17,7 @@ import (
 func (m *Manager) restore(mc *machine, strays []Stray) {
 	before := mc.rec.GetState()
 	m.restoreRecord(mc)
+	m.discardStaleSaved(mc)
 	mc.mu.Lock()
 	var keep []int
 	if rt := mc.run; rt != nil {

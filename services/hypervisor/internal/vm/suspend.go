@@ -297,3 +297,23 @@ func (m *Manager) restoreSuspending(mc *machine) {
 		r.LastError = fmt.Sprintf("vm-manager restarted during a suspend and the VM's processes were gone (%v); start the VM again", err)
 	})
 }
+
+// discardStaleSaved removes the saved state of a VM a restart found neither
+// suspended nor suspending: a resume that the previous hypervisor recorded
+// but did not get to clean up after.
+func (m *Manager) discardStaleSaved(mc *machine) {
+	s, err := m.suspender()
+	if err != nil {
+		return
+	}
+	rec, _ := mc.snapshot()
+	if st := rec.GetState(); st == hypervisorv1.State_STATE_SUSPENDED || st == hypervisorv1.State_STATE_SUSPENDING {
+		return
+	}
+	if s.Saved(rec) == nil {
+		m.log.Info("removing the saved state of a vm that was resumed", "vm", mc.id)
+	}
+	if err := s.DiscardSaved(rec); err != nil {
+		m.log.Warn("could not remove a stale saved state", "vm", mc.id, "error", err)
+	}
+}
