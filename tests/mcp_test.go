@@ -21,7 +21,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-// mcpTools are the contract's 20 tools (§2.3) in registration order, with
+// mcpTools are the contract's 20 tools (§2.3) and suspend_vm and resume_vm in registration order, with
 // their annotation class; tools/list sorts them by name, as the original's
 // mcp-go did.
 var mcpTools = []struct{ name, class string }{
@@ -31,6 +31,7 @@ var mcpTools = []struct{ name, class string }{
 	{"create_network", "create"}, {"delete_network", "destructive"}, {"create_vm", "create"},
 	{"start_vm", "idempotent"}, {"stop_vm", "idempotent"}, {"reboot_vm", "idempotent"},
 	{"delete_vm", "destructive"}, {"exec_vm", "exec"}, {"forward_port", "idempotent"},
+	{"suspend_vm", "idempotent"}, {"resume_vm", "idempotent"}, // issue 19
 }
 
 // classOf reads an annotation class back from the hints (contract §2.2).
