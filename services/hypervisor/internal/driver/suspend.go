@@ -131,7 +131,13 @@ func (d *Driver) Suspend(ctx context.Context, rec *storepb.VirtualMachine, vr vm
 	if err := r.mon.Stop(ctx); err != nil {
 		return fail(err)
 	}
-	if err := r.mon.Migrate(ctx, "exec:cat > "+shellQuote(tmp)); err != nil {
+	// QEMU reports completed before it has closed the pipe and reaped the
+	// writer: the writer's exit status in a file says the file is whole.
+	rc := tmp + ".rc"
+	if err := r.mon.Migrate(ctx, "exec:cat > "+shellQuote(tmp)+"; echo $? > "+shellQuote(rc)); err != nil {
+		return fail(fmt.Errorf("save the vm's state: %w", err))
+	}
+	if err := waitWriter(ctx, rc); err != nil {
 		return fail(fmt.Errorf("save the vm's state: %w", err))
 	}
 	size, sum, err := syncAndSum(tmp)
@@ -296,6 +302,25 @@ func (d *Driver) Resume(ctx context.Context, l vm.Launch) (vm.Run, error) {
 		return abort(fmt.Errorf("continue the guest: %w", err))
 	}
 	return r, nil
+}
+
+// waitWriter waits until the migration's writer has written its exit status
+// to rc, and wants 0.
+func waitWriter(ctx context.Context, rc string) error {
+	for {
+		b, err := os.ReadFile(rc)
+		if err == nil && strings.HasSuffix(string(b), "\n") {
+			if st := strings.TrimSpace(string(b)); st != "0" {
+				return fmt.Errorf("writing the state file failed (exit status %s)", st)
+			}
+			return os.Remove(rc)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the state file's writer did not finish: %w", ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 }
 
 // cmdline is a process's argv.
