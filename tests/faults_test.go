@@ -88,6 +88,7 @@ type faultRun struct {
 	unexpect  []string
 	kills     map[string]int
 	inflight  map[string]int // op interrupted by a kill -> count
+	cut       map[string]int // suspend/resume calls an outage cut short (transport error or unavailable)
 	golden    map[string]string
 	execFor   time.Duration // how long execWorks retries
 }
@@ -95,7 +96,7 @@ type faultRun struct {
 func newFaultRun(t *testing.T, c *cluster.Cluster, seed int64) *faultRun {
 	return &faultRun{t: t, c: c, base: "http://" + c.Addr + "/api/v1", rng: rand.New(rand.NewPCG(uint64(seed), 0x5eed)),
 		ledger: map[string]*vmEntry{}, ops: map[string]int{}, opsOK: map[string]int{}, opTime: map[string]time.Duration{}, downTime: map[string]time.Duration{}, tolerated: map[string]int{},
-		kills: map[string]int{}, inflight: map[string]int{}, execFor: 45 * time.Second}
+		kills: map[string]int{}, inflight: map[string]int{}, cut: map[string]int{}, execFor: 45 * time.Second}
 }
 
 type apiResult struct {
@@ -331,6 +332,11 @@ func (f *faultRun) lifecycle(op string, e *vmEntry) {
 	ok := r.err == nil && r.code == want
 	f.count(op, ok, began)
 	if !ok {
+		if (op == "suspend" || op == "resume") && (r.err != nil || r.code == http.StatusServiceUnavailable) {
+			f.mu.Lock()
+			f.cut[op]++
+			f.mu.Unlock()
+		}
 		f.classify(op+" "+e.name, r)
 		if r.err == nil && r.code == 404 && op == "delete" {
 			return // gone already (an earlier interrupted delete finished)
@@ -453,6 +459,21 @@ func (f *faultRun) pickOp(victim string) func() {
 	}
 	if any := byState("booting", "attesting", "ready", "running", "stopped", "failed"); len(any) > 0 && !mutating {
 		cs = append(cs, choice{1, func() { f.forward(pick(any)) }})
+	}
+	if victim == "hypervisor" && f.intn(2) == 0 {
+		// Half of the hypervisor's kills go into a suspend or resume when
+		// one is possible: those are the operations whose halves must not
+		// survive a restart (issue 19).
+		var sr []choice
+		if up := byState("ready", "running"); len(up) > 0 {
+			sr = append(sr, choice{1, func() { f.lifecycle("suspend", pick(up)) }})
+		}
+		if saved := byState("suspended"); len(saved) > 0 {
+			sr = append(sr, choice{1, func() { f.lifecycle("resume", pick(saved)) }})
+		}
+		if len(sr) > 0 {
+			return sr[f.intn(len(sr))].fn
+		}
 	}
 	total := 0
 	for _, c := range cs {
@@ -634,11 +655,15 @@ func TestFaults(t *testing.T) {
 	t.Logf("mean kill-to-ready time: %s", strings.Join(downLine, ", "))
 	t.Logf("operations (succeeded/attempted, time spent): %d/%d: %s", total(f.opsOK), total(f.ops), strings.Join(opsLine, ", "))
 	t.Logf("errors tolerated: %d (%s)", total(f.tolerated), fmtCounts(f.tolerated))
+	t.Logf("suspends and resumes an outage cut short: %d (%s)", total(f.cut), fmtCounts(f.cut))
 	if b, err := os.ReadFile(filepath.Join(c.Dir, "hypervisor.log")); err == nil {
 		t.Logf("recovery in the hypervisor's log: %d VMs re-adopted, %d stray QEMU/swtpm processes ended, %d boots begun in attestation at the first nonce, %d forgets retried, %d leases and %d directories of cut-off creates/deletes swept",
 			bytes.Count(b, []byte(`msg="vm re-adopted"`)), bytes.Count(b, []byte("ending a vm process no record lists")),
 			bytes.Count(b, []byte("recorded the boot at the guest's first nonce")), bytes.Count(b, []byte("attestation forgot a vm deleted earlier")),
 			bytes.Count(b, []byte("releasing the lease of a vm without a record")), bytes.Count(b, []byte("removing the files of a deleted vm")))
+		t.Logf("suspend recovery in the hypervisor's log: %d suspends continued after a restart, %d stale saved states removed, %d resumes that failed",
+			bytes.Count(b, []byte("restarted during a suspend; the VM runs on")), bytes.Count(b, []byte("removing the saved state of a vm that was resumed")),
+			bytes.Count(b, []byte("could not be resumed")))
 	}
 	if b, err := os.ReadFile(filepath.Join(c.Dir, "attestation.log")); err == nil {
 		t.Logf("in attestation's log: %d quotes on nonces lost in its restarts (answered unavailable: the guest retries with a new nonce)",
