@@ -449,10 +449,10 @@ func (f *faultRun) pickOp(victim string) func() {
 	}
 	// Suspend and resume (issue 19), also as operations a kill is fired into.
 	if up := byState("ready", "running"); len(up) > 0 {
-		cs = append(cs, choice{launch, func() { f.lifecycle("suspend", pick(up)) }})
+		cs = append(cs, choice{2 * launch, func() { f.lifecycle("suspend", pick(up)) }})
 	}
 	if saved := byState("suspended"); len(saved) > 0 {
-		cs = append(cs, choice{2 * launch, func() { f.lifecycle("resume", pick(saved)) }})
+		cs = append(cs, choice{3 * launch, func() { f.lifecycle("resume", pick(saved)) }})
 		if !mutating {
 			cs = append(cs, choice{1, func() { f.lifecycle("stop", pick(saved)) }}) // discards the state
 		}
@@ -661,9 +661,10 @@ func TestFaults(t *testing.T) {
 			bytes.Count(b, []byte(`msg="vm re-adopted"`)), bytes.Count(b, []byte("ending a vm process no record lists")),
 			bytes.Count(b, []byte("recorded the boot at the guest's first nonce")), bytes.Count(b, []byte("attestation forgot a vm deleted earlier")),
 			bytes.Count(b, []byte("releasing the lease of a vm without a record")), bytes.Count(b, []byte("removing the files of a deleted vm")))
-		t.Logf("suspend recovery in the hypervisor's log: %d suspends continued after a restart, %d stale saved states removed, %d resumes that failed",
-			bytes.Count(b, []byte("restarted during a suspend; the VM runs on")), bytes.Count(b, []byte("removing the saved state of a vm that was resumed")),
-			bytes.Count(b, []byte("could not be resumed")))
+		t.Logf("suspend recovery in the hypervisor's log: suspends a restart found in flight: %d continued, %d saved, %d stopped; %d stale saved states removed; %d resumes failed",
+			bytes.Count(b, []byte(`from=suspending to=ready last_error="vm-manager restarted`))+bytes.Count(b, []byte(`from=suspending to=running last_error="vm-manager restarted`)),
+			bytes.Count(b, []byte(`from=suspending to=suspended last_error="vm-manager restarted`)), bytes.Count(b, []byte(`from=suspending to=stopped last_error="vm-manager restarted`)), bytes.Count(b, []byte("removing the saved state of a vm that was resumed")),
+			bytes.Count(b, []byte(`msg="request failed" process=hypervisor method=/vmmanager.hypervisor.v1.HypervisorService/ResumeVirtualMachine`)))
 	}
 	if b, err := os.ReadFile(filepath.Join(c.Dir, "attestation.log")); err == nil {
 		t.Logf("in attestation's log: %d quotes on nonces lost in its restarts (answered unavailable: the guest retries with a new nonce)",

@@ -287,6 +287,7 @@ func (m *Manager) restoreSuspending(mc *machine) {
 		m.update(mc, func(r *storepb.VirtualMachine) {
 			r.State, r.Processes = hypervisorv1.State_STATE_SUSPENDED, nil
 			r.SuspendedAt = timestamppb.Now()
+			r.LastError = "vm-manager restarted during a suspend, after the state was saved; resume the VM"
 		})
 		return
 	}
