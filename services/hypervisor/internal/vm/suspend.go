@@ -109,6 +109,12 @@ func (m *Manager) suspendLocked(_ context.Context, mc *machine) error {
 	defer cancel()
 	if err := s.Suspend(sctx, rec, rt.proc); err != nil {
 		m.suspends.suspendFailures.Add(1)
+		if m.ctx.Err() != nil {
+			// The hypervisor is stopping and has let go of QMP: the record
+			// stays suspending, and the next hypervisor continues the guest
+			// (restoreSuspending).
+			return apierr.Errorf(apierr.Unavailable, "vm %s: vm-manager stopped during the suspend; the next start continues the vm", mc.id)
+		}
 		rt.suspending.Store(false)
 		m.update(mc, func(r *storepb.VirtualMachine) {
 			if r.GetState() == hypervisorv1.State_STATE_SUSPENDING { // not if QEMU died meanwhile
