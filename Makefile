@@ -144,6 +144,7 @@ test-short: ## unit tests only
 .PHONY: bench
 bench: build guest-image ## benchmarks; ratios are printed side by side
 	cd tests && VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -run '^$$' -bench CreateToReady -benchtime 5x .
+	cd tests && VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -run '^$$' -bench SuspendResume -benchtime 3x .
 	cd tests && go test -run '^$$' -bench VerifyQuote -benchtime 200x .
 	cd tests && VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -run '^$$' -bench Surfaces -benchtime 1x .
 	cd tests && VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -run '^$$' -bench ExecStream -benchtime 3x .

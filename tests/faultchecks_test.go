@@ -92,12 +92,26 @@ func TestFaultChecksCatch(t *testing.T) {
 		  "attestation":{"boot":"1","userDataReleased":false,"initrd":{"verified":false,"message":"unknown or expired nonce"}}}`,
 		// Failed without saying why.
 		`{"id":"0b0b0b03","name":"mute","state":"failed","paths":{"dir":"` + vmDir("0b0b0b03") + `"}}`,
+		// Suspended without a saved state; suspended with one that does not resume.
+		`{"id":"0b0b0b04","name":"sleeper","state":"suspended","network":"default","ip":"192.168.127.249","paths":{"dir":"` + vmDir("0b0b0b04") + `"}}`,
+		`{"id":"0b0b0b05","name":"dreamer","state":"suspended","network":"default","ip":"192.168.127.248","paths":{"dir":"` + vmDir("0b0b0b05") + `"}}`,
 	} {
 		var v vmJSONF
 		if err := json.Unmarshal([]byte(raw), &v); err != nil {
 			t.Fatal(err)
 		}
 		final = append(final, v)
+	}
+	// A saved state left in a VM that is not suspended; dreamer's.
+	for _, d := range []string{filepath.Join(vmDir("0b0b0b03"), "suspend"), filepath.Join(vmDir("0b0b0b05"), "suspend")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{"state.bin", "manifest.json"} {
+		if err := os.WriteFile(filepath.Join(vmDir("0b0b0b05"), "suspend", name), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := os.MkdirAll(vmDir("0c0c0c0c"), 0o700); err != nil {
 		t.Fatal(err)

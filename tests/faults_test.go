@@ -88,6 +88,7 @@ type faultRun struct {
 	unexpect  []string
 	kills     map[string]int
 	inflight  map[string]int // op interrupted by a kill -> count
+	cut       map[string]int // suspend/resume calls an outage cut short (transport error or unavailable)
 	golden    map[string]string
 	execFor   time.Duration // how long execWorks retries
 }
@@ -95,7 +96,7 @@ type faultRun struct {
 func newFaultRun(t *testing.T, c *cluster.Cluster, seed int64) *faultRun {
 	return &faultRun{t: t, c: c, base: "http://" + c.Addr + "/api/v1", rng: rand.New(rand.NewPCG(uint64(seed), 0x5eed)),
 		ledger: map[string]*vmEntry{}, ops: map[string]int{}, opsOK: map[string]int{}, opTime: map[string]time.Duration{}, downTime: map[string]time.Duration{}, tolerated: map[string]int{},
-		kills: map[string]int{}, inflight: map[string]int{}, execFor: 45 * time.Second}
+		kills: map[string]int{}, inflight: map[string]int{}, cut: map[string]int{}, execFor: 45 * time.Second}
 }
 
 type apiResult struct {
@@ -316,7 +317,7 @@ func (f *faultRun) lifecycle(op string, e *vmEntry) {
 	switch op {
 	case "stop", "reboot":
 		e.stopAsked = true
-	case "start":
+	case "start", "resume":
 		e.stopAsked = false
 	case "delete":
 		e.deleted = "maybe"
@@ -331,6 +332,11 @@ func (f *faultRun) lifecycle(op string, e *vmEntry) {
 	ok := r.err == nil && r.code == want
 	f.count(op, ok, began)
 	if !ok {
+		if (op == "suspend" || op == "resume") && (r.err != nil || r.code == http.StatusServiceUnavailable) {
+			f.mu.Lock()
+			f.cut[op]++
+			f.mu.Unlock()
+		}
 		f.classify(op+" "+e.name, r)
 		if r.err == nil && r.code == 404 && op == "delete" {
 			return // gone already (an earlier interrupted delete finished)
@@ -422,7 +428,7 @@ func (f *faultRun) pickOp(victim string) func() {
 		}
 		cs = append(cs, choice{w, f.create})
 	}
-	if all := byState("creating", "booting", "attesting", "ready", "running", "stopping", "stopped", "failed"); len(all) > 0 {
+	if all := byState("creating", "booting", "attesting", "ready", "running", "stopping", "stopped", "failed", "suspended"); len(all) > 0 {
 		w := 1
 		if len(vms) >= 3 {
 			w = 3
@@ -441,8 +447,33 @@ func (f *faultRun) pickOp(victim string) func() {
 	if down := byState("stopped", "failed"); len(down) > 0 {
 		cs = append(cs, choice{2 * launch, func() { f.lifecycle("start", pick(down)) }})
 	}
+	// Suspend and resume (issue 19), also as operations a kill is fired into.
+	if up := byState("ready", "running"); len(up) > 0 {
+		cs = append(cs, choice{2 * launch, func() { f.lifecycle("suspend", pick(up)) }})
+	}
+	if saved := byState("suspended"); len(saved) > 0 {
+		cs = append(cs, choice{3 * launch, func() { f.lifecycle("resume", pick(saved)) }})
+		if !mutating {
+			cs = append(cs, choice{1, func() { f.lifecycle("stop", pick(saved)) }}) // discards the state
+		}
+	}
 	if any := byState("booting", "attesting", "ready", "running", "stopped", "failed"); len(any) > 0 && !mutating {
 		cs = append(cs, choice{1, func() { f.forward(pick(any)) }})
+	}
+	if victim == "hypervisor" && f.intn(2) == 0 {
+		// Half of the hypervisor's kills go into a suspend or resume when
+		// one is possible: those are the operations whose halves must not
+		// survive a restart (issue 19).
+		var sr []choice
+		if up := byState("ready", "running"); len(up) > 0 {
+			sr = append(sr, choice{1, func() { f.lifecycle("suspend", pick(up)) }})
+		}
+		if saved := byState("suspended"); len(saved) > 0 {
+			sr = append(sr, choice{1, func() { f.lifecycle("resume", pick(saved)) }})
+		}
+		if len(sr) > 0 {
+			return sr[f.intn(len(sr))].fn
+		}
 	}
 	total := 0
 	for _, c := range cs {
@@ -583,7 +614,7 @@ func TestFaults(t *testing.T) {
 
 	// Settle: everything up, every VM in a stable state.
 	c.WaitReady(60 * time.Second)
-	stable := []string{"ready", "running", "stopped", "failed"}
+	stable := []string{"ready", "running", "stopped", "failed", "suspended"}
 	var final []vmJSONF
 	settleStart := time.Now()
 	for {
@@ -624,11 +655,16 @@ func TestFaults(t *testing.T) {
 	t.Logf("mean kill-to-ready time: %s", strings.Join(downLine, ", "))
 	t.Logf("operations (succeeded/attempted, time spent): %d/%d: %s", total(f.opsOK), total(f.ops), strings.Join(opsLine, ", "))
 	t.Logf("errors tolerated: %d (%s)", total(f.tolerated), fmtCounts(f.tolerated))
+	t.Logf("suspends and resumes an outage cut short: %d (%s)", total(f.cut), fmtCounts(f.cut))
 	if b, err := os.ReadFile(filepath.Join(c.Dir, "hypervisor.log")); err == nil {
 		t.Logf("recovery in the hypervisor's log: %d VMs re-adopted, %d stray QEMU/swtpm processes ended, %d boots begun in attestation at the first nonce, %d forgets retried, %d leases and %d directories of cut-off creates/deletes swept",
 			bytes.Count(b, []byte(`msg="vm re-adopted"`)), bytes.Count(b, []byte("ending a vm process no record lists")),
 			bytes.Count(b, []byte("recorded the boot at the guest's first nonce")), bytes.Count(b, []byte("attestation forgot a vm deleted earlier")),
 			bytes.Count(b, []byte("releasing the lease of a vm without a record")), bytes.Count(b, []byte("removing the files of a deleted vm")))
+		t.Logf("suspend recovery in the hypervisor's log: suspends a restart found in flight: %d continued, %d saved, %d stopped; %d stale saved states removed; %d resumes failed",
+			bytes.Count(b, []byte(`from=suspending to=ready last_error="vm-manager restarted`))+bytes.Count(b, []byte(`from=suspending to=running last_error="vm-manager restarted`)),
+			bytes.Count(b, []byte(`from=suspending to=suspended last_error="vm-manager restarted`)), bytes.Count(b, []byte(`from=suspending to=stopped last_error="vm-manager restarted`)), bytes.Count(b, []byte("removing the saved state of a vm that was resumed")),
+			bytes.Count(b, []byte(`msg="request failed" process=hypervisor method=/vmmanager.hypervisor.v1.HypervisorService/ResumeVirtualMachine`)))
 	}
 	if b, err := os.ReadFile(filepath.Join(c.Dir, "attestation.log")); err == nil {
 		t.Logf("in attestation's log: %d quotes on nonces lost in its restarts (answered unavailable: the guest retries with a new nonce)",
@@ -706,6 +742,9 @@ var invariantOrder = []string{
 	"vm directories without a record",
 	"ready/running VMs that do not answer exec",
 	"VMs stuck in a transition",
+	"suspended VMs without their saved state",
+	"suspended VMs that do not resume",
+	"saved states of VMs not suspended",
 	"stopped/failed VMs without a reason",
 	"wrong exec answers during the run",
 	"leases without a VM",
@@ -842,8 +881,19 @@ func (f *faultRun) check(final []vmJSONF) *invariants {
 			if v.LastError == "" {
 				inv.fail("stopped/failed VMs without a reason", "%s (%s) failed without lastError", v.ID, v.Name)
 			}
+		case "suspended":
+			f.checkSuspended(inv, v)
 		default:
 			inv.fail("VMs stuck in a transition", "%s (%s) is %s after the settle (lastError %q)", v.ID, v.Name, v.State, v.LastError)
+		}
+	}
+
+	for _, v := range final {
+		if v.State == "suspended" {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(v.Paths.Dir, "suspend")); err == nil {
+			inv.fail("saved states of VMs not suspended", "%s (%s, %s) keeps %s", v.ID, v.Name, v.State, filepath.Join(v.Paths.Dir, "suspend"))
 		}
 	}
 
@@ -970,6 +1020,26 @@ func (f *faultRun) check(final []vmJSONF) *invariants {
 	}
 	f.mu.Unlock()
 	return inv
+}
+
+// checkSuspended: a suspended VM has its whole saved state, and resumes to
+// a guest that answers exec (the processes are checked with the others:
+// a suspended record lists none, so any QEMU of its directory is a stray).
+func (f *faultRun) checkSuspended(inv *invariants, v vmJSONF) {
+	for _, name := range []string{"state.bin", "manifest.json"} {
+		if _, err := os.Stat(filepath.Join(v.Paths.Dir, "suspend", name)); err != nil {
+			inv.fail("suspended VMs without their saved state", "%s (%s): %v", v.ID, v.Name, err)
+			return
+		}
+	}
+	r := f.call("POST", "/vms/"+v.ID+"/resume", "", 90*time.Second)
+	if r.err != nil || r.code != 200 {
+		inv.fail("suspended VMs that do not resume", "%s (%s): %d %v %s", v.ID, v.Name, r.code, r.err, firstLineOf(string(bytes.TrimSpace(r.body))))
+		return
+	}
+	if !f.execWorks(v) {
+		inv.fail("suspended VMs that do not resume", "%s (%s) resumed but does not answer exec", v.ID, v.Name)
+	}
 }
 
 func firstLineOf(s string) string {

@@ -22,8 +22,9 @@ import (
 )
 
 // mcpTools are the contract's 20 tools (§2.3) in registration order, then
-// our additions (update_vm_lifetime), with their annotation class;
-// tools/list sorts them by name, as the original's mcp-go did.
+// our additions (update_vm_lifetime, suspend_vm, resume_vm), with their
+// annotation class; tools/list sorts them by name, as the original's mcp-go
+// did.
 var mcpTools = []struct{ name, class string }{
 	{"get_info", "read"}, {"get_host", "read"}, {"list_images", "read"}, {"get_image", "read"},
 	{"list_networks", "read"}, {"get_network", "read"}, {"list_vms", "read"}, {"get_vm", "read"},
@@ -32,6 +33,7 @@ var mcpTools = []struct{ name, class string }{
 	{"start_vm", "idempotent"}, {"stop_vm", "idempotent"}, {"reboot_vm", "idempotent"},
 	{"delete_vm", "destructive"}, {"exec_vm", "exec"}, {"forward_port", "idempotent"},
 	{"update_vm_lifetime", "lifetime"},
+	{"suspend_vm", "idempotent"}, {"resume_vm", "idempotent"}, // issue 19
 }
 
 // classOf reads an annotation class back from the hints (contract §2.2).

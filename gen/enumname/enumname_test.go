@@ -33,7 +33,7 @@ func TestPrefix(t *testing.T) {
 }
 
 func TestNames(t *testing.T) {
-	want := []string{"creating", "installing", "booting", "attesting", "ready", "running", "stopping", "stopped", "failed", "deleting"}
+	want := []string{"creating", "installing", "booting", "attesting", "ready", "running", "stopping", "stopped", "failed", "deleting", "suspending", "suspended"}
 	if got := enumname.Names(hypervisorv1.State(0).Descriptor()); !slices.Equal(got, want) {
 		t.Errorf("Names(State) = %q, want %q", got, want)
 	}

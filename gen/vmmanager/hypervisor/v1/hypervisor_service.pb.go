@@ -2188,7 +2188,7 @@ var File_vmmanager_hypervisor_v1_hypervisor_service_proto protoreflect.FileDescr
 
 const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\n" +
-	"0vmmanager/hypervisor/v1/hypervisor_service.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a)vmmanager/hypervisor/v1/exec_stream.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a#vmmanager/hypervisor/v1/image.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\x1a%vmmanager/hypervisor/v1/network.proto\x1a-vmmanager/hypervisor/v1/virtual_machine.proto\x1a#vmmanager/hypervisor/v1/watch.proto\"\x10\n" +
+	"0vmmanager/hypervisor/v1/hypervisor_service.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a)vmmanager/hypervisor/v1/exec_stream.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a#vmmanager/hypervisor/v1/image.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\x1a%vmmanager/hypervisor/v1/network.proto\x1a%vmmanager/hypervisor/v1/suspend.proto\x1a-vmmanager/hypervisor/v1/virtual_machine.proto\x1a#vmmanager/hypervisor/v1/watch.proto\"\x10\n" +
 	"\x0eGetHostRequest\"\x13\n" +
 	"\x11ListImagesRequest\"L\n" +
 	"\x12ListImagesResponse\x126\n" +
@@ -2367,7 +2367,7 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\x1aATTESTATION_STATE_DISABLED\x10\x01\x12\x1d\n" +
 	"\x19ATTESTATION_STATE_PENDING\x10\x02\x12\x1e\n" +
 	"\x1aATTESTATION_STATE_RELEASED\x10\x03\x12\x1c\n" +
-	"\x18ATTESTATION_STATE_FAILED\x10\x042\x8b\x1a\n" +
+	"\x18ATTESTATION_STATE_FAILED\x10\x042\xc0\x1c\n" +
 	"\x11HypervisorService\x12g\n" +
 	"\aGetHost\x12'.vmmanager.hypervisor.v1.GetHostRequest\x1a\x1d.vmmanager.hypervisor.v1.Host\"\x14\x82\xd3\xe4\x93\x02\x0e\x12\f/api/v1/host\x12\x85\x01\n" +
 	"\n" +
@@ -2392,7 +2392,9 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\x17GetVirtualMachineReport\x127.vmmanager.hypervisor.v1.GetVirtualMachineReportRequest\x1a8.vmmanager.hypervisor.v1.GetVirtualMachineReportResponse\"'\x82\xd3\xe4\x93\x02!b\x06report\x12\x17/api/v1/vms/{id}/report\x12\xab\x01\n" +
 	"\x1cUpdateVirtualMachineLifetime\x12<.vmmanager.hypervisor.v1.UpdateVirtualMachineLifetimeRequest\x1a'.vmmanager.hypervisor.v1.VirtualMachine\"$\x82\xd3\xe4\x93\x02\x1e:\x01*\"\x19/api/v1/vms/{id}/lifetime\x12\xa0\x01\n" +
 	"\x14WatchVirtualMachines\x124.vmmanager.hypervisor.v1.WatchVirtualMachinesRequest\x1a5.vmmanager.hypervisor.v1.WatchVirtualMachinesResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/api/v1/vms:watch0\x01\x12\x93\x01\n" +
-	"\x18ExecVirtualMachineStream\x128.vmmanager.hypervisor.v1.ExecVirtualMachineStreamRequest\x1a9.vmmanager.hypervisor.v1.ExecVirtualMachineStreamResponse(\x010\x01BKZIgithub.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1;hypervisorv1b\x06proto3"
+	"\x18ExecVirtualMachineStream\x128.vmmanager.hypervisor.v1.ExecVirtualMachineStreamRequest\x1a9.vmmanager.hypervisor.v1.ExecVirtualMachineStreamResponse(\x010\x01\x12\x99\x01\n" +
+	"\x15SuspendVirtualMachine\x125.vmmanager.hypervisor.v1.SuspendVirtualMachineRequest\x1a'.vmmanager.hypervisor.v1.VirtualMachine\" \x82\xd3\xe4\x93\x02\x1a\"\x18/api/v1/vms/{id}/suspend\x12\x96\x01\n" +
+	"\x14ResumeVirtualMachine\x124.vmmanager.hypervisor.v1.ResumeVirtualMachineRequest\x1a'.vmmanager.hypervisor.v1.VirtualMachine\"\x1f\x82\xd3\xe4\x93\x02\x19\"\x17/api/v1/vms/{id}/resumeBKZIgithub.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1;hypervisorv1b\x06proto3"
 
 var (
 	file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescOnce sync.Once
@@ -2463,9 +2465,11 @@ var file_vmmanager_hypervisor_v1_hypervisor_service_proto_goTypes = []any{
 	(*UpdateVirtualMachineLifetimeRequest)(nil), // 51: vmmanager.hypervisor.v1.UpdateVirtualMachineLifetimeRequest
 	(*WatchVirtualMachinesRequest)(nil),         // 52: vmmanager.hypervisor.v1.WatchVirtualMachinesRequest
 	(*ExecVirtualMachineStreamRequest)(nil),     // 53: vmmanager.hypervisor.v1.ExecVirtualMachineStreamRequest
-	(*Host)(nil),                                // 54: vmmanager.hypervisor.v1.Host
-	(*WatchVirtualMachinesResponse)(nil),        // 55: vmmanager.hypervisor.v1.WatchVirtualMachinesResponse
-	(*ExecVirtualMachineStreamResponse)(nil),    // 56: vmmanager.hypervisor.v1.ExecVirtualMachineStreamResponse
+	(*SuspendVirtualMachineRequest)(nil),        // 54: vmmanager.hypervisor.v1.SuspendVirtualMachineRequest
+	(*ResumeVirtualMachineRequest)(nil),         // 55: vmmanager.hypervisor.v1.ResumeVirtualMachineRequest
+	(*Host)(nil),                                // 56: vmmanager.hypervisor.v1.Host
+	(*WatchVirtualMachinesResponse)(nil),        // 57: vmmanager.hypervisor.v1.WatchVirtualMachinesResponse
+	(*ExecVirtualMachineStreamResponse)(nil),    // 58: vmmanager.hypervisor.v1.ExecVirtualMachineStreamResponse
 }
 var file_vmmanager_hypervisor_v1_hypervisor_service_proto_depIdxs = []int32{
 	40, // 0: vmmanager.hypervisor.v1.ListImagesResponse.images:type_name -> vmmanager.hypervisor.v1.Image
@@ -2516,30 +2520,34 @@ var file_vmmanager_hypervisor_v1_hypervisor_service_proto_depIdxs = []int32{
 	51, // 45: vmmanager.hypervisor.v1.HypervisorService.UpdateVirtualMachineLifetime:input_type -> vmmanager.hypervisor.v1.UpdateVirtualMachineLifetimeRequest
 	52, // 46: vmmanager.hypervisor.v1.HypervisorService.WatchVirtualMachines:input_type -> vmmanager.hypervisor.v1.WatchVirtualMachinesRequest
 	53, // 47: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachineStream:input_type -> vmmanager.hypervisor.v1.ExecVirtualMachineStreamRequest
-	54, // 48: vmmanager.hypervisor.v1.HypervisorService.GetHost:output_type -> vmmanager.hypervisor.v1.Host
-	4,  // 49: vmmanager.hypervisor.v1.HypervisorService.ListImages:output_type -> vmmanager.hypervisor.v1.ListImagesResponse
-	40, // 50: vmmanager.hypervisor.v1.HypervisorService.GetImage:output_type -> vmmanager.hypervisor.v1.Image
-	7,  // 51: vmmanager.hypervisor.v1.HypervisorService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
-	41, // 52: vmmanager.hypervisor.v1.HypervisorService.GetNetwork:output_type -> vmmanager.hypervisor.v1.Network
-	41, // 53: vmmanager.hypervisor.v1.HypervisorService.CreateNetwork:output_type -> vmmanager.hypervisor.v1.Network
-	11, // 54: vmmanager.hypervisor.v1.HypervisorService.DeleteNetwork:output_type -> vmmanager.hypervisor.v1.DeleteNetworkResponse
-	13, // 55: vmmanager.hypervisor.v1.HypervisorService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
-	45, // 56: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	45, // 57: vmmanager.hypervisor.v1.HypervisorService.CreateVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	17, // 58: vmmanager.hypervisor.v1.HypervisorService.DeleteVirtualMachine:output_type -> vmmanager.hypervisor.v1.DeleteVirtualMachineResponse
-	45, // 59: vmmanager.hypervisor.v1.HypervisorService.StartVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	45, // 60: vmmanager.hypervisor.v1.HypervisorService.StopVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	45, // 61: vmmanager.hypervisor.v1.HypervisorService.RebootVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	22, // 62: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachine:output_type -> vmmanager.hypervisor.v1.ExecVirtualMachineResponse
-	24, // 63: vmmanager.hypervisor.v1.HypervisorService.ForwardVirtualMachinePort:output_type -> vmmanager.hypervisor.v1.ForwardVirtualMachinePortResponse
-	26, // 64: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineConsole:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineConsoleResponse
-	30, // 65: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
-	29, // 66: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineReport:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineReportResponse
-	45, // 67: vmmanager.hypervisor.v1.HypervisorService.UpdateVirtualMachineLifetime:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	55, // 68: vmmanager.hypervisor.v1.HypervisorService.WatchVirtualMachines:output_type -> vmmanager.hypervisor.v1.WatchVirtualMachinesResponse
-	56, // 69: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachineStream:output_type -> vmmanager.hypervisor.v1.ExecVirtualMachineStreamResponse
-	48, // [48:70] is the sub-list for method output_type
-	26, // [26:48] is the sub-list for method input_type
+	54, // 48: vmmanager.hypervisor.v1.HypervisorService.SuspendVirtualMachine:input_type -> vmmanager.hypervisor.v1.SuspendVirtualMachineRequest
+	55, // 49: vmmanager.hypervisor.v1.HypervisorService.ResumeVirtualMachine:input_type -> vmmanager.hypervisor.v1.ResumeVirtualMachineRequest
+	56, // 50: vmmanager.hypervisor.v1.HypervisorService.GetHost:output_type -> vmmanager.hypervisor.v1.Host
+	4,  // 51: vmmanager.hypervisor.v1.HypervisorService.ListImages:output_type -> vmmanager.hypervisor.v1.ListImagesResponse
+	40, // 52: vmmanager.hypervisor.v1.HypervisorService.GetImage:output_type -> vmmanager.hypervisor.v1.Image
+	7,  // 53: vmmanager.hypervisor.v1.HypervisorService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
+	41, // 54: vmmanager.hypervisor.v1.HypervisorService.GetNetwork:output_type -> vmmanager.hypervisor.v1.Network
+	41, // 55: vmmanager.hypervisor.v1.HypervisorService.CreateNetwork:output_type -> vmmanager.hypervisor.v1.Network
+	11, // 56: vmmanager.hypervisor.v1.HypervisorService.DeleteNetwork:output_type -> vmmanager.hypervisor.v1.DeleteNetworkResponse
+	13, // 57: vmmanager.hypervisor.v1.HypervisorService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
+	45, // 58: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	45, // 59: vmmanager.hypervisor.v1.HypervisorService.CreateVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	17, // 60: vmmanager.hypervisor.v1.HypervisorService.DeleteVirtualMachine:output_type -> vmmanager.hypervisor.v1.DeleteVirtualMachineResponse
+	45, // 61: vmmanager.hypervisor.v1.HypervisorService.StartVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	45, // 62: vmmanager.hypervisor.v1.HypervisorService.StopVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	45, // 63: vmmanager.hypervisor.v1.HypervisorService.RebootVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	22, // 64: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachine:output_type -> vmmanager.hypervisor.v1.ExecVirtualMachineResponse
+	24, // 65: vmmanager.hypervisor.v1.HypervisorService.ForwardVirtualMachinePort:output_type -> vmmanager.hypervisor.v1.ForwardVirtualMachinePortResponse
+	26, // 66: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineConsole:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineConsoleResponse
+	30, // 67: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
+	29, // 68: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineReport:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineReportResponse
+	45, // 69: vmmanager.hypervisor.v1.HypervisorService.UpdateVirtualMachineLifetime:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	57, // 70: vmmanager.hypervisor.v1.HypervisorService.WatchVirtualMachines:output_type -> vmmanager.hypervisor.v1.WatchVirtualMachinesResponse
+	58, // 71: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachineStream:output_type -> vmmanager.hypervisor.v1.ExecVirtualMachineStreamResponse
+	45, // 72: vmmanager.hypervisor.v1.HypervisorService.SuspendVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	45, // 73: vmmanager.hypervisor.v1.HypervisorService.ResumeVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	50, // [50:74] is the sub-list for method output_type
+	26, // [26:50] is the sub-list for method input_type
 	26, // [26:26] is the sub-list for extension type_name
 	26, // [26:26] is the sub-list for extension extendee
 	0,  // [0:26] is the sub-list for field type_name
@@ -2555,6 +2563,7 @@ func file_vmmanager_hypervisor_v1_hypervisor_service_proto_init() {
 	file_vmmanager_hypervisor_v1_image_proto_init()
 	file_vmmanager_hypervisor_v1_lifetime_proto_init()
 	file_vmmanager_hypervisor_v1_network_proto_init()
+	file_vmmanager_hypervisor_v1_suspend_proto_init()
 	file_vmmanager_hypervisor_v1_virtual_machine_proto_init()
 	file_vmmanager_hypervisor_v1_watch_proto_init()
 	file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[13].OneofWrappers = []any{}

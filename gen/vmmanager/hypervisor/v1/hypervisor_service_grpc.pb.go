@@ -41,6 +41,8 @@ const (
 	HypervisorService_UpdateVirtualMachineLifetime_FullMethodName = "/vmmanager.hypervisor.v1.HypervisorService/UpdateVirtualMachineLifetime"
 	HypervisorService_WatchVirtualMachines_FullMethodName         = "/vmmanager.hypervisor.v1.HypervisorService/WatchVirtualMachines"
 	HypervisorService_ExecVirtualMachineStream_FullMethodName     = "/vmmanager.hypervisor.v1.HypervisorService/ExecVirtualMachineStream"
+	HypervisorService_SuspendVirtualMachine_FullMethodName        = "/vmmanager.hypervisor.v1.HypervisorService/SuspendVirtualMachine"
+	HypervisorService_ResumeVirtualMachine_FullMethodName         = "/vmmanager.hypervisor.v1.HypervisorService/ResumeVirtualMachine"
 )
 
 // HypervisorServiceClient is the client API for HypervisorService service.
@@ -98,6 +100,14 @@ type HypervisorServiceClient interface {
 	// code last. No REST mapping: the gateway serves it as a WebSocket at
 	// /api/v1/vms/{id}/exec/ws (subprotocol vmm.exec.v1, docs/api.md).
 	ExecVirtualMachineStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ExecVirtualMachineStreamRequest, ExecVirtualMachineStreamResponse], error)
+	// Save a running VM's RAM, device and vTPM state into its directory, then
+	// end its processes (state suspended). A suspend that fails leaves the VM
+	// running as it was.
+	SuspendVirtualMachine(ctx context.Context, in *SuspendVirtualMachineRequest, opts ...grpc.CallOption) (*VirtualMachine, error)
+	// Start a suspended VM from its saved state: the same boot carries on. A
+	// resume that fails keeps the state, and the VM stays suspended with
+	// last_error.
+	ResumeVirtualMachine(ctx context.Context, in *ResumeVirtualMachineRequest, opts ...grpc.CallOption) (*VirtualMachine, error)
 }
 
 type hypervisorServiceClient struct {
@@ -340,6 +350,26 @@ func (c *hypervisorServiceClient) ExecVirtualMachineStream(ctx context.Context, 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type HypervisorService_ExecVirtualMachineStreamClient = grpc.BidiStreamingClient[ExecVirtualMachineStreamRequest, ExecVirtualMachineStreamResponse]
 
+func (c *hypervisorServiceClient) SuspendVirtualMachine(ctx context.Context, in *SuspendVirtualMachineRequest, opts ...grpc.CallOption) (*VirtualMachine, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(VirtualMachine)
+	err := c.cc.Invoke(ctx, HypervisorService_SuspendVirtualMachine_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *hypervisorServiceClient) ResumeVirtualMachine(ctx context.Context, in *ResumeVirtualMachineRequest, opts ...grpc.CallOption) (*VirtualMachine, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(VirtualMachine)
+	err := c.cc.Invoke(ctx, HypervisorService_ResumeVirtualMachine_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // HypervisorServiceServer is the server API for HypervisorService service.
 // All implementations must embed UnimplementedHypervisorServiceServer
 // for forward compatibility.
@@ -395,6 +425,14 @@ type HypervisorServiceServer interface {
 	// code last. No REST mapping: the gateway serves it as a WebSocket at
 	// /api/v1/vms/{id}/exec/ws (subprotocol vmm.exec.v1, docs/api.md).
 	ExecVirtualMachineStream(grpc.BidiStreamingServer[ExecVirtualMachineStreamRequest, ExecVirtualMachineStreamResponse]) error
+	// Save a running VM's RAM, device and vTPM state into its directory, then
+	// end its processes (state suspended). A suspend that fails leaves the VM
+	// running as it was.
+	SuspendVirtualMachine(context.Context, *SuspendVirtualMachineRequest) (*VirtualMachine, error)
+	// Start a suspended VM from its saved state: the same boot carries on. A
+	// resume that fails keeps the state, and the VM stays suspended with
+	// last_error.
+	ResumeVirtualMachine(context.Context, *ResumeVirtualMachineRequest) (*VirtualMachine, error)
 	mustEmbedUnimplementedHypervisorServiceServer()
 }
 
@@ -470,6 +508,12 @@ func (UnimplementedHypervisorServiceServer) WatchVirtualMachines(*WatchVirtualMa
 }
 func (UnimplementedHypervisorServiceServer) ExecVirtualMachineStream(grpc.BidiStreamingServer[ExecVirtualMachineStreamRequest, ExecVirtualMachineStreamResponse]) error {
 	return status.Error(codes.Unimplemented, "method ExecVirtualMachineStream not implemented")
+}
+func (UnimplementedHypervisorServiceServer) SuspendVirtualMachine(context.Context, *SuspendVirtualMachineRequest) (*VirtualMachine, error) {
+	return nil, status.Error(codes.Unimplemented, "method SuspendVirtualMachine not implemented")
+}
+func (UnimplementedHypervisorServiceServer) ResumeVirtualMachine(context.Context, *ResumeVirtualMachineRequest) (*VirtualMachine, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResumeVirtualMachine not implemented")
 }
 func (UnimplementedHypervisorServiceServer) mustEmbedUnimplementedHypervisorServiceServer() {}
 func (UnimplementedHypervisorServiceServer) testEmbeddedByValue()                           {}
@@ -870,6 +914,42 @@ func _HypervisorService_ExecVirtualMachineStream_Handler(srv interface{}, stream
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type HypervisorService_ExecVirtualMachineStreamServer = grpc.BidiStreamingServer[ExecVirtualMachineStreamRequest, ExecVirtualMachineStreamResponse]
 
+func _HypervisorService_SuspendVirtualMachine_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SuspendVirtualMachineRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HypervisorServiceServer).SuspendVirtualMachine(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: HypervisorService_SuspendVirtualMachine_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HypervisorServiceServer).SuspendVirtualMachine(ctx, req.(*SuspendVirtualMachineRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _HypervisorService_ResumeVirtualMachine_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResumeVirtualMachineRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HypervisorServiceServer).ResumeVirtualMachine(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: HypervisorService_ResumeVirtualMachine_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HypervisorServiceServer).ResumeVirtualMachine(ctx, req.(*ResumeVirtualMachineRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // HypervisorService_ServiceDesc is the grpc.ServiceDesc for HypervisorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -956,6 +1036,14 @@ var HypervisorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "UpdateVirtualMachineLifetime",
 			Handler:    _HypervisorService_UpdateVirtualMachineLifetime_Handler,
+		},
+		{
+			MethodName: "SuspendVirtualMachine",
+			Handler:    _HypervisorService_SuspendVirtualMachine_Handler,
+		},
+		{
+			MethodName: "ResumeVirtualMachine",
+			Handler:    _HypervisorService_ResumeVirtualMachine_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

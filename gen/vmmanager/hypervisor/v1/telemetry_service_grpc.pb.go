@@ -24,6 +24,7 @@ const (
 	TelemetryService_ListNetworks_FullMethodName             = "/vmmanager.hypervisor.v1.TelemetryService/ListNetworks"
 	TelemetryService_ListGuestSeries_FullMethodName          = "/vmmanager.hypervisor.v1.TelemetryService/ListGuestSeries"
 	TelemetryService_GetBoundCounters_FullMethodName         = "/vmmanager.hypervisor.v1.TelemetryService/GetBoundCounters"
+	TelemetryService_GetSuspendCounters_FullMethodName       = "/vmmanager.hypervisor.v1.TelemetryService/GetSuspendCounters"
 )
 
 // TelemetryServiceClient is the client API for TelemetryService service.
@@ -48,6 +49,8 @@ type TelemetryServiceClient interface {
 	// What the per-VM and per-host bounds refused or cut since the hypervisor
 	// started (docs/reliability.md, "Per-VM and per-host bounds").
 	GetBoundCounters(ctx context.Context, in *GetBoundCountersRequest, opts ...grpc.CallOption) (*GetBoundCountersResponse, error)
+	// Suspends and resumes since the hypervisor started (issue 19).
+	GetSuspendCounters(ctx context.Context, in *GetSuspendCountersRequest, opts ...grpc.CallOption) (*SuspendCounters, error)
 }
 
 type telemetryServiceClient struct {
@@ -108,6 +111,16 @@ func (c *telemetryServiceClient) GetBoundCounters(ctx context.Context, in *GetBo
 	return out, nil
 }
 
+func (c *telemetryServiceClient) GetSuspendCounters(ctx context.Context, in *GetSuspendCountersRequest, opts ...grpc.CallOption) (*SuspendCounters, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SuspendCounters)
+	err := c.cc.Invoke(ctx, TelemetryService_GetSuspendCounters_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // TelemetryServiceServer is the server API for TelemetryService service.
 // All implementations must embed UnimplementedTelemetryServiceServer
 // for forward compatibility.
@@ -130,6 +143,8 @@ type TelemetryServiceServer interface {
 	// What the per-VM and per-host bounds refused or cut since the hypervisor
 	// started (docs/reliability.md, "Per-VM and per-host bounds").
 	GetBoundCounters(context.Context, *GetBoundCountersRequest) (*GetBoundCountersResponse, error)
+	// Suspends and resumes since the hypervisor started (issue 19).
+	GetSuspendCounters(context.Context, *GetSuspendCountersRequest) (*SuspendCounters, error)
 	mustEmbedUnimplementedTelemetryServiceServer()
 }
 
@@ -154,6 +169,9 @@ func (UnimplementedTelemetryServiceServer) ListGuestSeries(context.Context, *Lis
 }
 func (UnimplementedTelemetryServiceServer) GetBoundCounters(context.Context, *GetBoundCountersRequest) (*GetBoundCountersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetBoundCounters not implemented")
+}
+func (UnimplementedTelemetryServiceServer) GetSuspendCounters(context.Context, *GetSuspendCountersRequest) (*SuspendCounters, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetSuspendCounters not implemented")
 }
 func (UnimplementedTelemetryServiceServer) mustEmbedUnimplementedTelemetryServiceServer() {}
 func (UnimplementedTelemetryServiceServer) testEmbeddedByValue()                          {}
@@ -266,6 +284,24 @@ func _TelemetryService_GetBoundCounters_Handler(srv interface{}, ctx context.Con
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TelemetryService_GetSuspendCounters_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetSuspendCountersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TelemetryServiceServer).GetSuspendCounters(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TelemetryService_GetSuspendCounters_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TelemetryServiceServer).GetSuspendCounters(ctx, req.(*GetSuspendCountersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // TelemetryService_ServiceDesc is the grpc.ServiceDesc for TelemetryService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -292,6 +328,10 @@ var TelemetryService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetBoundCounters",
 			Handler:    _TelemetryService_GetBoundCounters_Handler,
+		},
+		{
+			MethodName: "GetSuspendCounters",
+			Handler:    _TelemetryService_GetSuspendCounters_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

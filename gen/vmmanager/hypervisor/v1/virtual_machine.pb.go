@@ -49,6 +49,12 @@ const (
 	State_STATE_FAILED State = 9
 	// Delete in progress.
 	State_STATE_DELETING State = 10
+	// Suspend in progress: the guest is paused while its RAM, device and
+	// vTPM state are written to the VM's directory.
+	State_STATE_SUSPENDING State = 11
+	// The VM's state is saved on disk; no process runs. Resume continues the
+	// same boot.
+	State_STATE_SUSPENDED State = 12
 )
 
 // Enum value maps for State.
@@ -65,6 +71,8 @@ var (
 		8:  "STATE_STOPPED",
 		9:  "STATE_FAILED",
 		10: "STATE_DELETING",
+		11: "STATE_SUSPENDING",
+		12: "STATE_SUSPENDED",
 	}
 	State_value = map[string]int32{
 		"STATE_UNSPECIFIED": 0,
@@ -78,6 +86,8 @@ var (
 		"STATE_STOPPED":     8,
 		"STATE_FAILED":      9,
 		"STATE_DELETING":    10,
+		"STATE_SUSPENDING":  11,
+		"STATE_SUSPENDED":   12,
 	}
 )
 
@@ -1032,7 +1042,7 @@ const file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDesc = "" +
 	"\x03tpm\x18\x02 \x01(\v2 .vmmanager.hypervisor.v1.ProcessR\x03tpm\"B\n" +
 	"\aProcess\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x05R\x03pid\x12\x12\n" +
-	"\x04unit\x18\x03 \x01(\tR\x04unitJ\x04\b\x02\x10\x03R\vstart_ticks*\xe1\x01\n" +
+	"\x04unit\x18\x03 \x01(\tR\x04unitJ\x04\b\x02\x10\x03R\vstart_ticks*\x8c\x02\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eSTATE_CREATING\x10\x01\x12\x14\n" +
@@ -1045,7 +1055,9 @@ const file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDesc = "" +
 	"\rSTATE_STOPPED\x10\b\x12\x10\n" +
 	"\fSTATE_FAILED\x10\t\x12\x12\n" +
 	"\x0eSTATE_DELETING\x10\n" +
-	"*A\n" +
+	"\x12\x14\n" +
+	"\x10STATE_SUSPENDING\x10\v\x12\x13\n" +
+	"\x0fSTATE_SUSPENDED\x10\f*A\n" +
 	"\x05Phase\x12\x15\n" +
 	"\x11PHASE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rPHASE_INSTALL\x10\x01\x12\x0e\n" +

@@ -83,6 +83,8 @@ var errorCodes = map[protoreflect.Name][]apierr.Code{
 	// Lifetimes.
 	"UpdateVirtualMachineLifetime": {apierr.InvalidRequest, apierr.NotFound, apierr.Conflict},
 	"WatchVirtualMachines":         {apierr.InvalidRequest, apierr.NotFound, apierr.OutOfRange, apierr.ResourceExhausted},
+	"SuspendVirtualMachine":        {apierr.NotFound, apierr.Conflict, apierr.VMFailed},
+	"ResumeVirtualMachine":         {apierr.NotFound, apierr.Conflict, apierr.VMFailed},
 	// AttestationService.
 	"GetVirtualMachineAttestation": {apierr.NotFound},
 	"ListImagePolicies":            nil,

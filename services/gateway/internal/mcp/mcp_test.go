@@ -52,8 +52,8 @@ func TestListTools(t *testing.T) {
 	if want := slices.Sorted(slices.Values(ToolNames)); !slices.Equal(names, want) {
 		t.Fatalf("tools = %v\nwant   %v", names, want)
 	}
-	if len(ToolNames) != 21 {
-		t.Errorf("%d tools, want 21", len(ToolNames))
+	if len(ToolNames) != 23 { // the original's 20, update_vm_lifetime, suspend_vm and resume_vm
+		t.Errorf("%d tools, want 23", len(ToolNames))
 	}
 
 	type hints struct{ readOnly, destructive, idempotent, openWorld bool }
@@ -69,6 +69,7 @@ func TestListTools(t *testing.T) {
 		"create_network": "create", "create_vm": "create",
 		"delete_network": "destructive", "delete_vm": "destructive",
 		"start_vm": "idempotent", "stop_vm": "idempotent", "reboot_vm": "idempotent", "forward_port": "idempotent",
+		"suspend_vm": "idempotent", "resume_vm": "idempotent",
 		"exec_vm": "exec", "update_vm_lifetime": "lifetime",
 	}
 	required := map[string][]string{
@@ -88,6 +89,8 @@ func TestListTools(t *testing.T) {
 		"exec_vm":            {"id", "command"},
 		"forward_port":       {"id", "port"},
 		"update_vm_lifetime": {"id"},
+		"suspend_vm":         {"id"},
+		"resume_vm":          {"id"},
 	}
 	nameRE := regexp.MustCompile(`^[a-z_]+$`)
 	for _, tool := range res.Tools {
@@ -383,6 +386,8 @@ func TestEveryToolCallsItsRPC(t *testing.T) {
 		{"start_vm", id, "HypervisorService/StartVirtualMachine", &hypervisorv1.StartVirtualMachineRequest{Id: "0a1b2c3d"}},
 		{"stop_vm", id, "HypervisorService/StopVirtualMachine", &hypervisorv1.StopVirtualMachineRequest{Id: "0a1b2c3d"}},
 		{"reboot_vm", id, "HypervisorService/RebootVirtualMachine", &hypervisorv1.RebootVirtualMachineRequest{Id: "0a1b2c3d"}},
+		{"suspend_vm", id, "HypervisorService/SuspendVirtualMachine", &hypervisorv1.SuspendVirtualMachineRequest{Id: "0a1b2c3d"}},
+		{"resume_vm", id, "HypervisorService/ResumeVirtualMachine", &hypervisorv1.ResumeVirtualMachineRequest{Id: "0a1b2c3d"}},
 		{"delete_vm", id, "HypervisorService/DeleteVirtualMachine", &hypervisorv1.DeleteVirtualMachineRequest{Id: "0a1b2c3d"}},
 		{"exec_vm", map[string]any{"id": "0a1b2c3d", "command": []string{"true"}}, "HypervisorService/ExecVirtualMachine", &hypervisorv1.ExecVirtualMachineRequest{Id: "0a1b2c3d", Command: []string{"true"}}},
 		{"forward_port", map[string]any{"id": "0a1b2c3d", "port": 6443}, "HypervisorService/ForwardVirtualMachinePort", &hypervisorv1.ForwardVirtualMachinePortRequest{Id: "0a1b2c3d", Port: 6443}},
@@ -485,13 +490,13 @@ func TestToolsListStable(t *testing.T) {
 			for _, tool := range res.Tools {
 				names = append(names, tool.Name)
 			}
-			if !slices.IsSorted(names) || len(names) != 21 {
+			if !slices.IsSorted(names) || len(names) != len(ToolNames) {
 				t.Fatalf("tools/list: %v", names)
 			}
 			lists = append(lists, mustJSON(res.Tools))
 		}
 	}
-	t.Logf("tools/list: %d tools, %d bytes of JSON", 21, len(lists[0]))
+	t.Logf("tools/list: %d tools, %d bytes of JSON", len(ToolNames), len(lists[0]))
 	for i, l := range lists {
 		if l != lists[0] {
 			t.Fatalf("tools/list %d differs from the first:\n%s\n%s", i, l, lists[0])

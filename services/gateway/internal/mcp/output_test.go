@@ -189,6 +189,8 @@ var validArgs = map[string]map[string]any{
 	"exec_vm":            {"id": "0a1b2c3d", "command": []string{"true"}},
 	"forward_port":       {"id": "0a1b2c3d", "port": 22},
 	"update_vm_lifetime": {"id": "0a1b2c3d", "ttl": "1h"},
+	"suspend_vm":         {"id": "0a1b2c3d"},
+	"resume_vm":          {"id": "0a1b2c3d"},
 }
 
 // connect is an MCP SDK client session with h.

@@ -147,7 +147,7 @@ var toolDefs = []toolDef{
 		})},
 	{"list_vms", hintRead, "Read-only. Every VM record, oldest first.",
 		list(hv, hvc.ListVirtualMachines, none[hypervisorv1.ListVirtualMachinesRequest], (*hypervisorv1.ListVirtualMachinesResponse).GetVms)},
-	{"get_vm", hintRead, "Read-only. One VM record. States: creating, installing (the installer copies the OS), booting (the installed boot), attesting (the guest fetched its first nonce), ready (READY=1), running (up, but no READY=1 within the boot timeout), stopping, stopped, failed (lastError says why), deleting. Poll it after create_vm with wait_for none, start_vm or reboot_vm.",
+	{"get_vm", hintRead, "Read-only. One VM record. States: creating, installing (the installer copies the OS), booting (the installed boot), attesting (the guest fetched its first nonce), ready (READY=1), running (up, but no READY=1 within the boot timeout), stopping, stopped, failed (lastError says why), deleting, suspending, suspended (saved to disk; resume_vm). Poll it after create_vm with wait_for none, start_vm or reboot_vm.",
 		call(hv, hvc.GetVirtualMachine, vmRequest[hypervisorv1.GetVirtualMachineRequest])},
 	{"get_vm_console", hintRead, "Read-only. The last lines of the VM's serial console (default 100, at most 10000); empty before any output. The first place to look when a VM is failed or stuck.",
 		call(hv, hvc.GetVirtualMachineConsole, func(in *consoleArgs) *hypervisorv1.GetVirtualMachineConsoleRequest {
@@ -193,6 +193,12 @@ var toolDefs = []toolDef{
 	// Lifetimes (lifetime.go).
 	{"update_vm_lifetime", hintLifetime, "WRITES (destructive): extend, shorten or clear a VM's expiry (ttl from now, expire_at, or clear_expiry), change on_expire (stop or delete: the VM ends then), or its idle auto-stop (idle_timeout, \"0s\" for none). Arguments left out keep their values. Returns the VM; its lifetime shows expireAt, onExpire, idleTimeout and lastActivityAt.",
 		run((*tools).updateLifetime)},
+	// Suspend (issue 19): idempotent like stop_vm, not destructive: the
+	// processes end but the whole VM, RAM included, is kept on disk.
+	{"suspend_vm", hintIdempotent, "WRITES: suspend a ready or running VM: its RAM, devices and vTPM are saved into its directory and its processes end (state suspended; no CPU or RAM used). resume_vm continues it where it was. A suspend that fails leaves the VM running. Conflict in any other state.",
+		call(hv, hvc.SuspendVirtualMachine, vmRequest[hypervisorv1.SuspendVirtualMachineRequest])},
+	{"resume_vm", hintIdempotent, "WRITES: resume a suspended VM from its saved state: the same boot carries on (attestation, user data, vTPM keys, forwards), the guest clock is set again. A resume that fails keeps the state and the VM stays suspended with lastError. stop_vm on a suspended VM discards the state.",
+		call(hv, hvc.ResumeVirtualMachine, vmRequest[hypervisorv1.ResumeVirtualMachineRequest])},
 }
 
 // none is the request of a call that takes no arguments.

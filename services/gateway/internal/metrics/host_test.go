@@ -21,7 +21,7 @@ func TestHostCollector(t *testing.T) {
 
 	// State: one-hot over every state.
 	f.wantType(t, "vm_manager_vm_state", dto.MetricType_GAUGE)
-	wantStates := []string{"creating", "installing", "booting", "attesting", "ready", "running", "stopping", "stopped", "failed", "deleting"}
+	wantStates := []string{"creating", "installing", "booting", "attesting", "ready", "running", "stopping", "stopped", "failed", "deleting", "suspending", "suspended"}
 	for _, vm := range []struct{ id, name, state string }{{"aaaa0001", "alpha", "ready"}, {"bbbb0002", "beta", "stopped"}} {
 		if got := len(f.find("vm_manager_vm_state", "vm", vm.id)); got != len(wantStates) {
 			t.Errorf("vm_manager_vm_state{vm=%s}: %d series, want %d", vm.id, got, len(wantStates))

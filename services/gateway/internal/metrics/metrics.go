@@ -36,6 +36,7 @@ type Metrics struct {
 	host     *hostCollector
 	guest    *guestCollector
 	bounds   *boundsCollector
+	suspend  *suspendCollector
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	refused  *prometheus.CounterVec
@@ -70,6 +71,7 @@ func New(hv Source, log *slog.Logger) *Metrics {
 	m.host = newHostCollector(hv, log, DefaultScrapeTimeout)
 	m.guest = &guestCollector{hv: hv, log: log, timeout: DefaultScrapeTimeout, errors: m.host.scrapeErrors}
 	m.bounds = &boundsCollector{hv: hv, log: log, timeout: DefaultScrapeTimeout, errors: m.host.scrapeErrors}
+	m.suspend = &suspendCollector{hv: hv, log: log, timeout: DefaultScrapeTimeout, errors: m.host.scrapeErrors}
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "vm_manager_build_info",
 		Help: "Always 1; the labels say which build serves.",
@@ -82,6 +84,7 @@ func New(hv Source, log *slog.Logger) *Metrics {
 		m.host,
 		m.guest,
 		m.bounds,
+		m.suspend,
 		m.requests,
 		m.duration,
 		m.refused,

@@ -64,7 +64,7 @@ func httpMethod(m string) string {
 
 // vmSubresources are the fixed segments after /api/v1/vms/{id}.
 var vmSubresources = map[string]bool{
-	"start": true, "stop": true, "reboot": true, "exec": true, "forward": true,
+	"start": true, "stop": true, "reboot": true, "exec": true, "forward": true, "suspend": true, "resume": true,
 	"console": true, "attestation": true, "metrics": true, "report": true,
 }
 

@@ -29,6 +29,8 @@ type VMs interface {
 	Start(ctx context.Context, id string) (*hypervisorv1.VirtualMachine, error)
 	Stop(ctx context.Context, id string) (*hypervisorv1.VirtualMachine, error)
 	Reboot(ctx context.Context, id string) (*hypervisorv1.VirtualMachine, error)
+	Suspend(ctx context.Context, id string) (*hypervisorv1.VirtualMachine, error)
+	Resume(ctx context.Context, id string) (*hypervisorv1.VirtualMachine, error)
 	Delete(ctx context.Context, id string) error
 	Console(id string, lines int32) (*hypervisorv1.GetVirtualMachineConsoleResponse, error)
 	Metrics(id string) (*hypervisorv1.VirtualMachineMetrics, error)
@@ -133,6 +135,14 @@ func (s *Server) RebootVirtualMachine(ctx context.Context, req *hypervisorv1.Reb
 	return s.vms.Reboot(ctx, req.GetId())
 }
 
+func (s *Server) SuspendVirtualMachine(ctx context.Context, req *hypervisorv1.SuspendVirtualMachineRequest) (*hypervisorv1.VirtualMachine, error) {
+	return s.vms.Suspend(ctx, req.GetId())
+}
+
+func (s *Server) ResumeVirtualMachine(ctx context.Context, req *hypervisorv1.ResumeVirtualMachineRequest) (*hypervisorv1.VirtualMachine, error) {
+	return s.vms.Resume(ctx, req.GetId())
+}
+
 func (s *Server) GetVirtualMachineConsole(_ context.Context, req *hypervisorv1.GetVirtualMachineConsoleRequest) (*hypervisorv1.GetVirtualMachineConsoleResponse, error) {
 	return s.vms.Console(req.GetId(), req.GetLines())
 }
@@ -190,4 +200,16 @@ func (t *Telemetry) ListGuestSeries(context.Context, *hypervisorv1.ListGuestSeri
 
 func (t *Telemetry) GetBoundCounters(context.Context, *hypervisorv1.GetBoundCountersRequest) (*hypervisorv1.GetBoundCountersResponse, error) {
 	return t.s.boundCounters(), nil
+}
+
+// suspendCounters is the VM manager's suspend telemetry (vm/suspend.go).
+type suspendCounters interface {
+	SuspendCounters() *hypervisorv1.SuspendCounters
+}
+
+func (t *Telemetry) GetSuspendCounters(context.Context, *hypervisorv1.GetSuspendCountersRequest) (*hypervisorv1.SuspendCounters, error) {
+	if sc, ok := t.s.vms.(suspendCounters); ok {
+		return sc.SuspendCounters(), nil
+	}
+	return &hypervisorv1.SuspendCounters{}, nil
 }

@@ -23,6 +23,8 @@ const (
 	stopped    = hypervisorv1.State_STATE_STOPPED
 	failed     = hypervisorv1.State_STATE_FAILED
 	deleting   = hypervisorv1.State_STATE_DELETING
+	suspending = hypervisorv1.State_STATE_SUSPENDING
+	suspended  = hypervisorv1.State_STATE_SUSPENDED
 )
 
 // transitions lists, for each state, where a VM may go from there. A record
@@ -39,9 +41,9 @@ var transitions = map[state][]state{
 	// process ending (stopped, failed).
 	booting:   {attesting, ready, running, booting, stopping, stopped, failed, deleting},
 	attesting: {ready, running, booting, stopping, stopped, failed, deleting},
-	ready:     {booting, stopping, stopped, failed, deleting},
+	ready:     {booting, stopping, stopped, failed, deleting, suspending},
 	// A late READY=1.
-	running: {ready, booting, stopping, stopped, failed, deleting},
+	running: {ready, booting, stopping, stopped, failed, deleting, suspending},
 	// The process exited (stopped; failed when it died of it), or a delete
 	// took over.
 	stopping: {stopped, failed, deleting},
@@ -50,6 +52,14 @@ var transitions = map[state][]state{
 	failed:  {booting, deleting},
 	// A restart caught the delete.
 	deleting: {failed},
+
+	// Suspend (issue 19). The state is saved (suspended); the suspend
+	// failed and the guest runs on (back to ready or running); QEMU died
+	// meanwhile (stopped, failed).
+	suspending: {suspended, ready, running, stopped, failed},
+	// resume_vm returns to where the suspend started; stop_vm discards the
+	// saved state; delete_vm.
+	suspended: {ready, running, stopped, deleting},
 }
 
 // Allowed says whether a VM may go from one state to the other.

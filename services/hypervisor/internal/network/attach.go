@@ -137,6 +137,7 @@ func (n *Network) serve(ctx context.Context, vmID string, conn net.Conn, log *sl
 	vc.r = bufio.NewReader(readCounter{conn, &n.fromVMs})
 	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
 	log.Info("VM attached", "ip", ip, "mac", mac.String())
+	n.us.forgetNeighbor(ip)
 	// accept returns when the connection fails or is closed; it closes
 	// conn itself.
 	err := n.us.accept(ctx, vc)

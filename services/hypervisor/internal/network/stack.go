@@ -105,6 +105,17 @@ func (u *userspace) dialTCP(ctx context.Context, addr netip.AddrPort) (net.Conn,
 	return gonet.DialContextTCP(ctx, u.stack, fullAddr(addr), ipv4.ProtocolNumber)
 }
 
+// forgetNeighbor drops the stack's ARP entry for ip: the switch learns a
+// VM's MAC per connection from the frames the VM sends, and drops frames to
+// a MAC it does not know, so after a VM's NIC is connected again (a resumed
+// or re-adopted QEMU, which sends nothing by itself) the next packet to it
+// asks by broadcast, and the VM's answer teaches the switch its port.
+func (u *userspace) forgetNeighbor(ip netip.Addr) {
+	if ip.Is4() {
+		_ = u.stack.RemoveNeighbor(nicID, ipv4.ProtocolNumber, tcpip.AddrFrom4(ip.As4()))
+	}
+}
+
 // accept runs a QEMU stream connection through the switch until it fails or
 // ctx ends; it closes conn.
 func (u *userspace) accept(ctx context.Context, conn net.Conn) error {

@@ -190,10 +190,19 @@ func (m *Monitor) closed() bool {
 
 // run executes cmd and decodes its "return" member into out (if not nil).
 func (m *Monitor) run(ctx context.Context, cmd string, out any) error {
+	return m.runArgs(ctx, cmd, nil, out)
+}
+
+// runArgs is run with the command's arguments.
+func (m *Monitor) runArgs(ctx context.Context, cmd string, args map[string]any, out any) error {
 	if m.closed() {
 		return fmt.Errorf("qmp %s: %w", cmd, ErrDisconnected)
 	}
-	req, err := json.Marshal(qmp.Command{Execute: cmd})
+	c := qmp.Command{Execute: cmd}
+	if args != nil { // a nil map would be sent as "arguments": null
+		c.Args = args
+	}
+	req, err := json.Marshal(c)
 	if err != nil {
 		return err
 	}

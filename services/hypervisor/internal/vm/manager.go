@@ -152,6 +152,8 @@ type Manager struct {
 	refused refusals
 	// watchers are the watch streams (watch.go).
 	watchers watchers
+	// suspends counts suspends and resumes (suspend.go).
+	suspends suspendStats
 	// netCreate serialises network creates, so that two cannot both pass
 	// the MaxNetworks check.
 	netCreate sync.Mutex

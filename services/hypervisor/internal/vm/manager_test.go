@@ -72,6 +72,7 @@ type harness struct {
 	dir    string
 	st     *store.Store
 	drv    *fakeDriver
+	wrap   func(*fakeDriver) Driver // the driver the manager gets, when set
 	att    *bootLog
 	router *notify.Router
 	m      *Manager
@@ -99,7 +100,11 @@ func (h *harness) start() {
 	if h.tweak != nil {
 		h.tweak(&cfg)
 	}
-	m, err := New(cfg, slog.New(slog.DiscardHandler), h.st, kernelImage{}, h.att, h.router, h.drv)
+	var drv Driver = h.drv
+	if h.wrap != nil {
+		drv = h.wrap(h.drv)
+	}
+	m, err := New(cfg, slog.New(slog.DiscardHandler), h.st, kernelImage{}, h.att, h.router, drv)
 	if err != nil {
 		h.t.Fatal(err)
 	}

@@ -51,6 +51,8 @@ func (m *Manager) startLocked(ctx context.Context, mc *machine) error {
 	rec, _ := mc.snapshot()
 	switch rec.GetState() {
 	case hypervisorv1.State_STATE_STOPPED, hypervisorv1.State_STATE_FAILED:
+	case hypervisorv1.State_STATE_SUSPENDED, hypervisorv1.State_STATE_SUSPENDING:
+		return apierr.Errorf(apierr.Conflict, "vm %s is %s: resume it (resume_vm), or stop it to discard the saved state and then start it", mc.id, lifecycle.Name(rec.GetState()))
 	default:
 		return apierr.Errorf(apierr.Conflict, "vm %s is %s; only a stopped or failed vm can be started", mc.id, lifecycle.Name(rec.GetState()))
 	}
@@ -90,6 +92,10 @@ func (m *Manager) stopLockedWith(mc *machine, also func(*storepb.VirtualMachine)
 	if state == hypervisorv1.State_STATE_DELETING {
 		mc.mu.Unlock()
 		return apierr.Errorf(apierr.Conflict, "vm %s is being deleted", mc.id)
+	}
+	if state == hypervisorv1.State_STATE_SUSPENDED {
+		mc.mu.Unlock()
+		return m.stopSuspended(mc)
 	}
 	if rt == nil && state == hypervisorv1.State_STATE_BOOTING {
 		// Between a guest reset and its next boot: that boot will not start.

@@ -17,6 +17,7 @@ import (
 func (m *Manager) restore(mc *machine, strays []Stray) {
 	before := mc.rec.GetState()
 	m.restoreRecord(mc)
+	m.discardStaleSaved(mc)
 	mc.mu.Lock()
 	var keep []int
 	if rt := mc.run; rt != nil {
@@ -43,6 +44,8 @@ func (m *Manager) restoreRecord(mc *machine) {
 			r.Processes = nil
 			r.LastError = fmt.Sprintf("vm-manager restarted while the VM was %s; delete it", lifecycle.Name(state))
 		})
+	case state == hypervisorv1.State_STATE_SUSPENDING:
+		m.restoreSuspending(mc)
 	case isLive(state):
 		run, err := m.driver.Adopt(m.ctx, rec)
 		if err != nil {

@@ -23,6 +23,7 @@ type runtime struct {
 	stopping      atomic.Bool // stop, reboot or delete asked for the power-down
 	guestShutdown atomic.Bool // the guest powered off or reset
 	guestReset    atomic.Bool // the guest reset
+	suspending    atomic.Bool // a suspend is saving the VM (suspend.go)
 	// stopReason, set under the machine's lock before the power-down,
 	// becomes lastError of the stopped record (the hypervisor's exit).
 	stopReason string
@@ -159,8 +160,11 @@ func (m *Manager) supervise(mc *machine, rt *runtime) {
 				m.log.Warn("installer did not finish in time; killing it", "vm", mc.id)
 				rt.proc.Terminate(m.cfg.KillGrace)
 			case <-rt.proc.Done():
-				// The SHUTDOWN event that says why may still be on its way.
-				rt.drainEvents(events, time.Second)
+				// The SHUTDOWN event that says why may still be on its way
+				// (a suspend's quit needs no reason).
+				if !rt.suspending.Load() {
+					rt.drainEvents(events, time.Second)
+				}
 				cancel()
 				m.exited(mc, rt)
 				return
@@ -214,10 +218,18 @@ func (m *Manager) exited(mc *machine, rt *runtime) {
 	if reset {
 		resets = mc.noteReset(time.Now())
 	}
+	suspended := rt.suspending.Load() && m.savedState(rec) == nil
 	m.update(mc, func(r *storepb.VirtualMachine) {
 		r.Processes = nil
 		mc.run = nil
 		switch {
+		case suspended:
+			r.State = hypervisorv1.State_STATE_SUSPENDED
+			r.SuspendedAt = timestamppb.Now()
+		case rt.suspending.Load():
+			r.State = hypervisorv1.State_STATE_FAILED
+			r.LastError = "qemu exited during a suspend, before the state was saved: " + exitText(code, known) +
+				logtail.WithHeader(rec.GetPaths().GetConsole(), consoleTailLines, "\nconsole:\n")
 		case rt.stopping.Load():
 			if r.GetState() != hypervisorv1.State_STATE_DELETING {
 				r.State = hypervisorv1.State_STATE_STOPPED

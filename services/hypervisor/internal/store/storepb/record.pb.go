@@ -75,7 +75,12 @@ type VirtualMachine struct {
 	BootCount uint32   `protobuf:"varint,36,opt,name=boot_count,json=bootCount,proto3" json:"boot_count,omitempty"`
 	// Absent in records written before lifetimes: no lifetime, which is what
 	// they had (no migration needed).
-	Lifetime      *v1.Lifetime `protobuf:"bytes,37,opt,name=lifetime,proto3" json:"lifetime,omitempty"`
+	Lifetime *v1.Lifetime `protobuf:"bytes,37,opt,name=lifetime,proto3" json:"lifetime,omitempty"`
+	// Suspend (issue 19): the state a suspend started from, which a resume
+	// returns to; when the state was saved. Unset on records of older
+	// versions, which never suspended.
+	SuspendedFrom v1.State               `protobuf:"varint,60,opt,name=suspended_from,json=suspendedFrom,proto3,enum=vmmanager.hypervisor.v1.State" json:"suspended_from,omitempty"`
+	SuspendedAt   *timestamppb.Timestamp `protobuf:"bytes,61,opt,name=suspended_at,json=suspendedAt,proto3" json:"suspended_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -369,6 +374,20 @@ func (x *VirtualMachine) GetLifetime() *v1.Lifetime {
 	return nil
 }
 
+func (x *VirtualMachine) GetSuspendedFrom() v1.State {
+	if x != nil {
+		return x.SuspendedFrom
+	}
+	return v1.State(0)
+}
+
+func (x *VirtualMachine) GetSuspendedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SuspendedAt
+	}
+	return nil
+}
+
 // Processes are what a restarted hypervisor re-adopts.
 type Processes struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -579,7 +598,7 @@ var File_vmmanager_hypervisor_store_v1_record_proto protoreflect.FileDescriptor
 
 const file_vmmanager_hypervisor_store_v1_record_proto_rawDesc = "" +
 	"\n" +
-	"*vmmanager/hypervisor/store/v1/record.proto\x12\x1dvmmanager.hypervisor.store.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\x1a-vmmanager/hypervisor/v1/virtual_machine.proto\"\xc6\f\n" +
+	"*vmmanager/hypervisor/store/v1/record.proto\x12\x1dvmmanager.hypervisor.store.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\x1a-vmmanager/hypervisor/v1/virtual_machine.proto\"\xcc\r\n" +
 	"\x0eVirtualMachine\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
@@ -624,7 +643,9 @@ const file_vmmanager_hypervisor_store_v1_record_proto_rawDesc = "" +
 	"\x03tpm\x18# \x01(\v2&.vmmanager.hypervisor.store.v1.TpmKeysR\x03tpm\x12\x1d\n" +
 	"\n" +
 	"boot_count\x18$ \x01(\rR\tbootCount\x12=\n" +
-	"\blifetime\x18% \x01(\v2!.vmmanager.hypervisor.v1.LifetimeR\blifetime\x1a;\n" +
+	"\blifetime\x18% \x01(\v2!.vmmanager.hypervisor.v1.LifetimeR\blifetime\x12E\n" +
+	"\x0esuspended_from\x18< \x01(\x0e2\x1e.vmmanager.hypervisor.v1.StateR\rsuspendedFrom\x12=\n" +
+	"\fsuspended_at\x18= \x01(\v2\x1a.google.protobuf.TimestampR\vsuspendedAt\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x81\x01\n" +
@@ -689,15 +710,17 @@ var file_vmmanager_hypervisor_store_v1_record_proto_depIdxs = []int32{
 	11, // 11: vmmanager.hypervisor.store.v1.VirtualMachine.forwards:type_name -> vmmanager.hypervisor.v1.PortForward
 	3,  // 12: vmmanager.hypervisor.store.v1.VirtualMachine.tpm:type_name -> vmmanager.hypervisor.store.v1.TpmKeys
 	12, // 13: vmmanager.hypervisor.store.v1.VirtualMachine.lifetime:type_name -> vmmanager.hypervisor.v1.Lifetime
-	2,  // 14: vmmanager.hypervisor.store.v1.Processes.qemu:type_name -> vmmanager.hypervisor.store.v1.Process
-	2,  // 15: vmmanager.hypervisor.store.v1.Processes.tpm:type_name -> vmmanager.hypervisor.store.v1.Process
-	9,  // 16: vmmanager.hypervisor.store.v1.TpmKeys.provision_time:type_name -> google.protobuf.Timestamp
-	9,  // 17: vmmanager.hypervisor.store.v1.TpmKeys.update_time:type_name -> google.protobuf.Timestamp
-	18, // [18:18] is the sub-list for method output_type
-	18, // [18:18] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	5,  // 14: vmmanager.hypervisor.store.v1.VirtualMachine.suspended_from:type_name -> vmmanager.hypervisor.v1.State
+	9,  // 15: vmmanager.hypervisor.store.v1.VirtualMachine.suspended_at:type_name -> google.protobuf.Timestamp
+	2,  // 16: vmmanager.hypervisor.store.v1.Processes.qemu:type_name -> vmmanager.hypervisor.store.v1.Process
+	2,  // 17: vmmanager.hypervisor.store.v1.Processes.tpm:type_name -> vmmanager.hypervisor.store.v1.Process
+	9,  // 18: vmmanager.hypervisor.store.v1.TpmKeys.provision_time:type_name -> google.protobuf.Timestamp
+	9,  // 19: vmmanager.hypervisor.store.v1.TpmKeys.update_time:type_name -> google.protobuf.Timestamp
+	20, // [20:20] is the sub-list for method output_type
+	20, // [20:20] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_vmmanager_hypervisor_store_v1_record_proto_init() }

@@ -1,0 +1,56 @@
+package metrics
+
+import (
+	"log/slog"
+	"time"
+
+	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Suspend and resume (issue 19); how many VMs are suspended is
+// vm_manager_vms{state="suspended"}.
+var (
+	descSuspends       = desc("vm_manager_suspends_total", "Suspends of VMs to disk, by result: ok, failed (the VM ran on).", "result")
+	descResumes        = desc("vm_manager_resumes_total", "Resumes of suspended VMs, by result: ok, failed (the VM stayed suspended).", "result")
+	descSuspendSeconds = desc("vm_manager_suspend_seconds_total", "Time the successful suspends took, summed (divide by vm_manager_suspends_total{result=\"ok\"}).")
+	descResumeSeconds  = desc("vm_manager_resume_seconds_total", "Time the successful resumes took until the guest ran, summed (divide by vm_manager_resumes_total{result=\"ok\"}).")
+)
+
+// suspendCollector exports TelemetryService.GetSuspendCounters at scrape time.
+type suspendCollector struct {
+	hv      Source
+	log     *slog.Logger
+	timeout time.Duration
+	errors  *prometheus.CounterVec
+}
+
+func (c *suspendCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descSuspends, descResumes, descSuspendSeconds, descResumeSeconds} {
+		ch <- d
+	}
+}
+
+func (c *suspendCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.hv == nil {
+		return
+	}
+	ctx, cancel := scrapeContext(c.timeout)
+	defer cancel()
+	r, err := c.hv.GetSuspendCounters(ctx, &hypervisorv1.GetSuspendCountersRequest{})
+	if err != nil {
+		if status.Code(err) != codes.Unimplemented { // an older hypervisor has none
+			c.errors.WithLabelValues(backendHypervisor).Inc()
+		}
+		c.log.Debug("metrics: suspend counters", "error", err)
+		return
+	}
+	ch <- counter(descSuspends, float64(r.GetSuspendsTotal()), "ok")
+	ch <- counter(descSuspends, float64(r.GetSuspendFailuresTotal()), "failed")
+	ch <- counter(descResumes, float64(r.GetResumesTotal()), "ok")
+	ch <- counter(descResumes, float64(r.GetResumeFailuresTotal()), "failed")
+	ch <- counter(descSuspendSeconds, r.GetSuspendSecondsTotal())
+	ch <- counter(descResumeSeconds, r.GetResumeSecondsTotal())
+}
