@@ -85,6 +85,9 @@ const (
 	OnIdle_ON_IDLE_UNSPECIFIED OnIdle = 0
 	// Power it down (as stop_vm).
 	OnIdle_ON_IDLE_STOP OnIdle = 1
+	// Suspend it (as suspend_vm): nothing runs, and resume_vm continues it
+	// where it was.
+	OnIdle_ON_IDLE_SUSPEND OnIdle = 2
 )
 
 // Enum value maps for OnIdle.
@@ -92,10 +95,12 @@ var (
 	OnIdle_name = map[int32]string{
 		0: "ON_IDLE_UNSPECIFIED",
 		1: "ON_IDLE_STOP",
+		2: "ON_IDLE_SUSPEND",
 	}
 	OnIdle_value = map[string]int32{
 		"ON_IDLE_UNSPECIFIED": 0,
 		"ON_IDLE_STOP":        1,
+		"ON_IDLE_SUSPEND":     2,
 	}
 )
 
@@ -342,10 +347,11 @@ const file_vmmanager_hypervisor_v1_lifetime_proto_rawDesc = "" +
 	"\bOnExpire\x12\x19\n" +
 	"\x15ON_EXPIRE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eON_EXPIRE_STOP\x10\x01\x12\x14\n" +
-	"\x10ON_EXPIRE_DELETE\x10\x02*3\n" +
+	"\x10ON_EXPIRE_DELETE\x10\x02*H\n" +
 	"\x06OnIdle\x12\x17\n" +
 	"\x13ON_IDLE_UNSPECIFIED\x10\x00\x12\x10\n" +
-	"\fON_IDLE_STOP\x10\x01BKZIgithub.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1;hypervisorv1b\x06proto3"
+	"\fON_IDLE_STOP\x10\x01\x12\x13\n" +
+	"\x0fON_IDLE_SUSPEND\x10\x02BKZIgithub.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1;hypervisorv1b\x06proto3"
 
 var (
 	file_vmmanager_hypervisor_v1_lifetime_proto_rawDescOnce sync.Once

@@ -17,8 +17,8 @@ type lifetimeArgs struct {
 	TTL         string `json:"ttl,omitempty" jsonschema:"the VM's expiry from now, a Go duration such as \"60s\", \"30m\" or \"2h\" (at most the server's --max-vm-ttl); give ttl or expire_at; default: the server's --default-vm-ttl, normally none"`
 	ExpireAt    string `json:"expire_at,omitempty" jsonschema:"the VM's expiry as an RFC 3339 time, such as \"2030-01-02T15:04:05Z\""`
 	OnExpire    string `json:"on_expire,omitempty" jsonschema:"what happens at the expiry: stop (the default; the disk stays) or delete (the VM is gone)" schema:"enum=stop|delete,zero"`
-	IdleTimeout string `json:"idle_timeout,omitempty" jsonschema:"stop the VM after this long without exec, forward or IMDS traffic, a Go duration of at least 10s such as \"15m\"; default: never"`
-	OnIdle      string `json:"on_idle,omitempty" jsonschema:"what happens when idle: stop (the default)" schema:"enum=stop,zero"`
+	IdleTimeout string `json:"idle_timeout,omitempty" jsonschema:"stop (or suspend, on_idle) the VM after this long without exec, forward or IMDS traffic, a Go duration of at least 10s such as \"15m\"; default: never"`
+	OnIdle      string `json:"on_idle,omitempty" jsonschema:"what happens when idle: stop (the default) or suspend (resume_vm continues it)" schema:"enum=stop|suspend,zero"`
 }
 
 type updateLifetimeArgs struct {
@@ -28,7 +28,7 @@ type updateLifetimeArgs struct {
 	ClearExpiry bool    `json:"clear_expiry,omitempty" jsonschema:"remove the expiry: the VM lives until deleted"`
 	OnExpire    string  `json:"on_expire,omitempty" jsonschema:"stop or delete at the expiry; absent keeps the VM's" schema:"enum=stop|delete,zero"`
 	IdleTimeout *string `json:"idle_timeout,omitempty" jsonschema:"a new idle timeout (a Go duration of at least 10s), \"0s\" to turn it off; absent keeps it"`
-	OnIdle      string  `json:"on_idle,omitempty" jsonschema:"stop when idle; absent keeps the VM's" schema:"enum=stop,zero"`
+	OnIdle      string  `json:"on_idle,omitempty" jsonschema:"stop or suspend when idle; absent keeps the VM's" schema:"enum=stop|suspend,zero"`
 }
 
 var (
@@ -38,8 +38,9 @@ var (
 		"delete": hypervisorv1.OnExpire_ON_EXPIRE_DELETE,
 	}
 	onIdle = map[string]hypervisorv1.OnIdle{
-		"":     hypervisorv1.OnIdle_ON_IDLE_UNSPECIFIED,
-		"stop": hypervisorv1.OnIdle_ON_IDLE_STOP,
+		"":        hypervisorv1.OnIdle_ON_IDLE_UNSPECIFIED,
+		"stop":    hypervisorv1.OnIdle_ON_IDLE_STOP,
+		"suspend": hypervisorv1.OnIdle_ON_IDLE_SUSPEND,
 	}
 )
 
@@ -52,7 +53,7 @@ func lifetimeFields(expireAt, exp, idle string) (*timestamppb.Timestamp, hypervi
 	}
 	oi, ok := onIdle[idle]
 	if !ok {
-		return nil, 0, 0, apierr.Invalidf("on_idle", "on_idle: %q is not stop", idle)
+		return nil, 0, 0, apierr.Invalidf("on_idle", "on_idle: %q is not stop or suspend", idle)
 	}
 	if expireAt == "" {
 		return nil, oe, oi, nil

@@ -14,13 +14,13 @@ var (
 	descVMExpire      = desc("vm_manager_vm_expire_timestamp_seconds", "When the VM's lifetime expires (on_expire is carried out), in seconds since the epoch; absent without an expiry.", "vm", "name", "on_expire")
 	descVMIdleTimeout = desc("vm_manager_vm_idle_timeout_seconds", "The VM's idle_timeout; absent without one.", "vm", "name", "on_idle")
 	descVMIdle        = desc("vm_manager_vm_idle_seconds", "Seconds since the VM's last exec, forward or IMDS activity (or its readiness), while it is ready or running with an idle_timeout.", "vm", "name")
-	descLifetimeActs  = desc("vm_manager_vm_lifetime_actions_total", "VMs stopped or deleted by their lifetime since the hypervisor started, by reason (expired, idle) and action (stop, delete).", "reason", "action")
+	descLifetimeActs  = desc("vm_manager_vm_lifetime_actions_total", "VMs stopped, deleted or suspended by their lifetime since the hypervisor started, by reason (expired, idle) and action (stop, delete, suspend).", "reason", "action")
 )
 
 var lifetimeDescs = []*prometheus.Desc{descVMExpire, descVMIdleTimeout, descVMIdle}
 
 // lifetimeActionKeys are lifetime_actions_total's keys, each exposed from the start.
-var lifetimeActionKeys = []string{"expired_stop", "expired_delete", "idle_stop"}
+var lifetimeActionKeys = []string{"expired_stop", "expired_delete", "idle_stop", "idle_suspend"}
 
 // collectLifetime exports one VM's lifetime.
 func collectLifetime(ch chan<- prometheus.Metric, vm *hypervisorv1.VirtualMachine, now time.Time) {

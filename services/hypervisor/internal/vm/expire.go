@@ -16,16 +16,18 @@ const (
 	LifetimeExpiredStop   = "expired_stop"
 	LifetimeExpiredDelete = "expired_delete"
 	LifetimeIdleStop      = "idle_stop"
+	LifetimeIdleSuspend   = "idle_suspend"
 )
 
 const (
 	actExpiredStop = iota
 	actExpiredDelete
 	actIdleStop
+	actIdleSuspend
 	actCount
 )
 
-var lifetimeActionNames = [actCount]string{LifetimeExpiredStop, LifetimeExpiredDelete, LifetimeIdleStop}
+var lifetimeActionNames = [actCount]string{LifetimeExpiredStop, LifetimeExpiredDelete, LifetimeIdleStop, LifetimeIdleSuspend}
 
 type lifetimeActions [actCount]atomic.Uint64
 
@@ -70,7 +72,7 @@ func (m *Manager) checkLifetimes(now time.Time) {
 			continue
 		}
 		switch act, why := m.due(mc, now); act {
-		case actExpiredStop, actExpiredDelete, actIdleStop:
+		case actExpiredStop, actExpiredDelete, actIdleStop, actIdleSuspend:
 			if mc.acting.CompareAndSwap(false, true) {
 				m.wg.Go(func() {
 					defer mc.acting.Store(false)
@@ -110,6 +112,9 @@ func (m *Manager) due(mc *machine, now time.Time) (int, string) {
 	if now.Sub(m.idleSince(mc.rec)) < idle {
 		return actCount, ""
 	}
+	if lt.GetOnIdle() == hypervisorv1.OnIdle_ON_IDLE_SUSPEND {
+		return actIdleSuspend, fmt.Sprintf("suspended: no exec, forward or IMDS traffic for %s (idle_timeout; on_idle: suspend)", idle)
+	}
 	return actIdleStop, fmt.Sprintf("stopped: no exec, forward or IMDS traffic for %s (idle_timeout; on_idle: stop)", idle)
 }
 
@@ -128,6 +133,10 @@ func (m *Manager) idleSince(rec *storepb.VirtualMachine) time.Time {
 // carryOut stops or deletes mc for its lifetime, once more checking under
 // the operation lock that it is still due (an update may have extended it).
 func (m *Manager) carryOut(mc *machine, act int, why string) {
+	if act == actIdleSuspend {
+		m.idleSuspend(mc, why)
+		return
+	}
 	if act == actExpiredDelete {
 		if again, _ := m.due(mc, time.Now()); again != act {
 			return
@@ -163,7 +172,16 @@ func (m *Manager) carryOut(mc *machine, act int, why string) {
 	}
 	mc.mu.Lock()
 	rt, state := mc.run, mc.rec.GetState()
-	stoppable := isLive(state) && state != hypervisorv1.State_STATE_STOPPING
+	// A suspended VM's expiry stops it as stop_vm does: its saved state is
+	// discarded.
+	stoppable := (isLive(state) && state != hypervisorv1.State_STATE_STOPPING) || state == hypervisorv1.State_STATE_SUSPENDED
+	if state == hypervisorv1.State_STATE_SUSPENDED {
+		clear := consume
+		consume = func(r *storepb.VirtualMachine) {
+			clear(r)
+			r.LastError = why + "; the saved state was discarded"
+		}
+	}
 	if rt != nil && stoppable {
 		rt.stopReason = why
 	}
@@ -182,6 +200,28 @@ func (m *Manager) carryOut(mc *machine, act int, why string) {
 		return
 	}
 	m.lifetimeActs[act].Add(1)
+}
+
+// idleSuspend suspends an idle VM (on_idle: suspend), once more checking
+// that it is still due; a suspend that fails leaves it running, and the
+// next check tries again.
+func (m *Manager) idleSuspend(mc *machine, why string) {
+	if again, _ := m.due(mc, time.Now()); again != actIdleSuspend {
+		return
+	}
+	m.log.Info("vm lifetime: suspending", "vm", mc.id, "reason", why)
+	if _, err := m.Suspend(context.Background(), mc.id); err != nil {
+		if apierr.CodeOf(err) != apierr.NotFound {
+			m.log.Warn("vm lifetime: suspend failed; tried again", "vm", mc.id, "error", err)
+		}
+		return
+	}
+	m.update(mc, func(r *storepb.VirtualMachine) {
+		if r.GetState() == hypervisorv1.State_STATE_SUSPENDED {
+			r.LastError = why
+		}
+	})
+	m.lifetimeActs[actIdleSuspend].Add(1)
 }
 
 // persistActivity writes a VM's last activity to the store now and then

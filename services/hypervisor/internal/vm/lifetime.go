@@ -48,6 +48,7 @@ const (
 	ActivityForward  = "forward"
 	ActivityIMDS     = "imds"
 	ActivityStart    = "start"
+	ActivityResume   = "resume"
 	ActivityLifetime = "lifetime" // idle_timeout set or changed
 	ActivityRestart  = "restart"  // the hypervisor started
 )
@@ -104,7 +105,7 @@ func checkOnExpire(v hypervisorv1.OnExpire) error {
 
 func checkOnIdle(v hypervisorv1.OnIdle) error {
 	if _, ok := hypervisorv1.OnIdle_name[int32(v)]; !ok {
-		return apierr.Invalidf("on_idle", "on_idle %d is not stop", v)
+		return apierr.Invalidf("on_idle", "on_idle %d is not stop or suspend", v)
 	}
 	return nil
 }

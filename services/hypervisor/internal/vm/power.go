@@ -95,7 +95,7 @@ func (m *Manager) stopLockedWith(mc *machine, also func(*storepb.VirtualMachine)
 	}
 	if state == hypervisorv1.State_STATE_SUSPENDED {
 		mc.mu.Unlock()
-		return m.stopSuspended(mc)
+		return m.stopSuspended(mc, also)
 	}
 	if rt == nil && state == hypervisorv1.State_STATE_BOOTING {
 		// Between a guest reset and its next boot: that boot will not start.

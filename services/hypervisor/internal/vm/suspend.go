@@ -183,6 +183,10 @@ func (m *Manager) resumeLocked(_ context.Context, mc *machine) error {
 		r.Cid = run.CID()
 		r.Processes = run.Processes()
 		r.SuspendedFrom, r.SuspendedAt, r.LastError = hypervisorv1.State_STATE_UNSPECIFIED, nil, ""
+		// The idle clock starts again: the time suspended is not idleness.
+		if lt := r.GetLifetime(); lt.GetIdleTimeout() != "" {
+			lt.LastActivityAt, lt.LastActivity = timestamppb.Now(), ActivityResume
+		}
 		mc.run = rt
 	})
 	m.supervise(mc, rt) // re-attaches the NIC to the network switch
@@ -230,8 +234,9 @@ func (m *Manager) stepGuestClock(id string) {
 }
 
 // stopSuspended is stop_vm on a suspended VM: the saved state is discarded
-// (like pulling the plug of a running VM); start_vm then boots afresh.
-func (m *Manager) stopSuspended(mc *machine) error {
+// (like pulling the plug of a running VM); start_vm then boots afresh. also
+// applies to the record in the same write.
+func (m *Manager) stopSuspended(mc *machine, also func(*storepb.VirtualMachine)) error {
 	m.mu.Lock()
 	closing := m.closing
 	m.mu.Unlock()
@@ -250,6 +255,7 @@ func (m *Manager) stopSuspended(mc *machine) error {
 		r.State = hypervisorv1.State_STATE_STOPPED
 		r.SuspendedFrom, r.SuspendedAt = hypervisorv1.State_STATE_UNSPECIFIED, nil
 		r.LastError = "stopped while suspended; the saved state was discarded"
+		also(r)
 	})
 	return nil
 }
