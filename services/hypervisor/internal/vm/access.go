@@ -79,32 +79,12 @@ func (m *Manager) Exec(ctx context.Context, id string, argv []string) (*hypervis
 			return nil, apierr.Invalidf("command", "command[%d] contains a NUL byte", i)
 		}
 	}
-	mc, err := m.get(id)
+	t, err := m.dialSSH(ctx, id)
 	if err != nil {
 		return nil, err
-	}
-	mc.mu.Lock()
-	rec, live := mc.rec, mc.run != nil
-	mc.mu.Unlock()
-	if !live || rec.GetState() == hypervisorv1.State_STATE_DELETING {
-		return nil, apierr.Errorf(apierr.Conflict, "vm %s is %s and has no running process; start it first", id, lifecycle.Name(rec.GetState()))
-	}
-	ns, ip, err := m.guestAddr(rec)
-	if err != nil {
-		return nil, err
-	}
-	key, err := os.ReadFile(rec.GetPaths().GetSshKey())
-	if err != nil {
-		return nil, apierr.Errorf(apierr.Conflict, "vm %s has no per-VM SSH key (created by an older vm-manager?): %v", id, err)
 	}
 	defer m.Hold(id, ActivityExec)()
-	dctx, cancel := context.WithTimeout(ctx, sshexec.HandshakeTimeout)
-	conn, err := ns.DialContextTCP(dctx, net.JoinHostPort(ip.String(), strconv.Itoa(sshPort)))
-	cancel()
-	if err != nil {
-		return nil, apierr.Errorf(apierr.Unavailable, "vm %s: cannot reach SSH at %s:%d (is the guest up and serving SSH?): %v", id, ip, sshPort, err)
-	}
-	res, err := sshexec.Run(ctx, conn, key, sshexec.PinFile(rec.GetPaths().GetSshHostKey()), argv)
+	res, err := sshexec.Run(ctx, t.conn, t.key, t.pin, argv)
 	switch {
 	case err == nil:
 	case errors.Is(err, sshexec.ErrHostKeyChanged):
@@ -120,6 +100,43 @@ func (m *Manager) Exec(ctx context.Context, id string, argv []string) (*hypervis
 		Stdout: string(res.Stdout), Stderr: string(res.Stderr),
 		ExitCode: int32(res.ExitCode), Truncated: res.Truncated,
 	}, nil
+}
+
+// sshTarget is a connection to a running guest's sshd, with the VM's
+// client key and its pinned host key.
+type sshTarget struct {
+	conn net.Conn
+	key  []byte
+	pin  sshexec.PinFile
+}
+
+// dialSSH connects to VM id's sshd (exec, unary and streamed).
+func (m *Manager) dialSSH(ctx context.Context, id string) (sshTarget, error) {
+	mc, err := m.get(id)
+	if err != nil {
+		return sshTarget{}, err
+	}
+	mc.mu.Lock()
+	rec, live := mc.rec, mc.run != nil
+	mc.mu.Unlock()
+	if !live || rec.GetState() == hypervisorv1.State_STATE_DELETING {
+		return sshTarget{}, apierr.Errorf(apierr.Conflict, "vm %s is %s and has no running process; start it first", id, lifecycle.Name(rec.GetState()))
+	}
+	ns, ip, err := m.guestAddr(rec)
+	if err != nil {
+		return sshTarget{}, err
+	}
+	key, err := os.ReadFile(rec.GetPaths().GetSshKey())
+	if err != nil {
+		return sshTarget{}, apierr.Errorf(apierr.Conflict, "vm %s has no per-VM SSH key (created by an older vm-manager?): %v", id, err)
+	}
+	dctx, cancel := context.WithTimeout(ctx, sshexec.HandshakeTimeout)
+	conn, err := ns.DialContextTCP(dctx, net.JoinHostPort(ip.String(), strconv.Itoa(sshPort)))
+	cancel()
+	if err != nil {
+		return sshTarget{}, apierr.Errorf(apierr.Unavailable, "vm %s: cannot reach SSH at %s:%d (is the guest up and serving SSH?): %v", id, ip, sshPort, err)
+	}
+	return sshTarget{conn: conn, key: key, pin: sshexec.PinFile(rec.GetPaths().GetSshHostKey())}, nil
 }
 
 // Forward proxies 127.0.0.1:<random> to the guest's port until the VM is

@@ -3,13 +3,8 @@ package vm
 import (
 	"context"
 	"errors"
-	"net"
-	"os"
-	"strconv"
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
-	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/lifecycle"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/sshexec"
 )
 
@@ -17,31 +12,11 @@ import (
 // as Exec does for a unary one; the caller validated opts. The session ends
 // when ctx does.
 func (m *Manager) OpenExec(ctx context.Context, id string, opts sshexec.StreamOptions) (*sshexec.Session, error) {
-	mc, err := m.get(id)
+	t, err := m.dialSSH(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	mc.mu.Lock()
-	rec, live := mc.rec, mc.run != nil
-	mc.mu.Unlock()
-	if !live || rec.GetState() == hypervisorv1.State_STATE_DELETING {
-		return nil, apierr.Errorf(apierr.Conflict, "vm %s is %s and has no running process; start it first", id, lifecycle.Name(rec.GetState()))
-	}
-	ns, ip, err := m.guestAddr(rec)
-	if err != nil {
-		return nil, err
-	}
-	key, err := os.ReadFile(rec.GetPaths().GetSshKey())
-	if err != nil {
-		return nil, apierr.Errorf(apierr.Conflict, "vm %s has no per-VM SSH key (created by an older vm-manager?): %v", id, err)
-	}
-	dctx, cancel := context.WithTimeout(ctx, sshexec.HandshakeTimeout)
-	conn, err := ns.DialContextTCP(dctx, net.JoinHostPort(ip.String(), strconv.Itoa(sshPort)))
-	cancel()
-	if err != nil {
-		return nil, apierr.Errorf(apierr.Unavailable, "vm %s: cannot reach SSH at %s:%d (is the guest up and serving SSH?): %v", id, ip, sshPort, err)
-	}
-	s, err := sshexec.Open(ctx, conn, key, sshexec.PinFile(rec.GetPaths().GetSshHostKey()), opts)
+	s, err := sshexec.Open(ctx, t.conn, t.key, t.pin, opts)
 	switch {
 	case err == nil:
 		// An open session keeps the VM from idling out (lifetimes).
