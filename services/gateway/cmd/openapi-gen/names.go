@@ -29,6 +29,9 @@ var schemaNames = map[protoreflect.FullName]string{
 	"vmmanager.hypervisor.v1.ExecVirtualMachineResponse":        "ExecResult",
 	"vmmanager.hypervisor.v1.ForwardVirtualMachinePortRequest":  "ForwardRequest",
 	"vmmanager.hypervisor.v1.ForwardVirtualMachinePortResponse": "Forward",
+	// Ours: "WatchVMsResponse" would be the type a generated client
+	// (oapi-codegen) names the watchVMs operation's response.
+	"vmmanager.hypervisor.v1.WatchVirtualMachinesResponse": "WatchEvent",
 }
 
 // operationIDs are the RPCs the original named otherwise.
