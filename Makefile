@@ -104,7 +104,7 @@ guest-image: ## build the test guest (Debian cloud kernel + vm-agent initramfs) 
 
 .PHONY: test
 test: deps tools check-generated lint breaking build guest-image ## everything CI runs
-	VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -count=1 -timeout 30m $(GO_PKGS)
+	VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -count=1 -timeout 45m $(GO_PKGS)
 	$(MAKE) fuzz
 
 # The fault suite (tests/faults_test.go): random VM operations with SIGKILL and
