@@ -36,7 +36,11 @@ func main() {
 		flag.Usage()
 		os.Exit(2)
 	}
-	code, err := run(*addr, *token, *tty, flag.Arg(0), flag.Args()[1:])
+	command := flag.Args()[1:]
+	if len(command) > 0 && command[0] == "--" { // flag stops at the id, so "--" comes through
+		command = command[1:]
+	}
+	code, err := run(*addr, *token, *tty, flag.Arg(0), command)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "error:", err)
 		os.Exit(1)
