@@ -25,6 +25,7 @@ func BenchmarkSuspendResume(b *testing.B) {
 	images := cluster.GuestImages(b, "..")
 	c := cluster.Start(b, cluster.Processes, binDir, cluster.Options{ImageDir: images, Quiet: true})
 	base := "http://" + c.Addr + "/api/v1"
+	b.Cleanup(func() { killVMsAt(b, base) })
 	post := func(path, body string, want int) []byte {
 		code, _, out := cluster.Do(b, "POST", base+path, body)
 		if code != want {

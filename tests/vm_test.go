@@ -414,8 +414,12 @@ func lifecycle(t *testing.T, c *cluster.Cluster) {
 }
 
 // killVMs deletes whatever a failed test left behind, so no QEMU outlives it.
-func killVMs(t *testing.T, c *cluster.Cluster, a api) {
-	code, _, b := cluster.Do(t, "GET", a.base+"/vms", "")
+func killVMs(t *testing.T, c *cluster.Cluster, a api) { killVMsAt(t, a.base) }
+
+// killVMsAt ends the QEMU and swtpm of every VM the API at base lists (the
+// hypervisor leaves them running when it exits).
+func killVMsAt(t testing.TB, base string) {
+	code, _, b := cluster.Do(t, "GET", base+"/vms", "")
 	var list []vmJSON
 	if code == http.StatusOK && json.Unmarshal(b, &list) == nil {
 		for _, v := range list {
