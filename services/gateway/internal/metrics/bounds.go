@@ -1,14 +1,13 @@
 package metrics
 
 import (
+	"context"
 	"log/slog"
 	"slices"
 	"time"
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 var (
@@ -43,14 +42,10 @@ func (c *boundsCollector) Collect(ch chan<- prometheus.Metric) {
 	if c.hv == nil {
 		return
 	}
-	ctx, cancel := scrapeContext(c.timeout)
-	defer cancel()
-	r, err := c.hv.GetBoundCounters(ctx, &hypervisorv1.GetBoundCountersRequest{})
-	if err != nil {
-		if status.Code(err) != codes.Unimplemented { // an older hypervisor has none
-			c.errors.WithLabelValues(backendHypervisor).Inc()
-		}
-		c.log.Debug("metrics: bound counters", "error", err)
+	r, ok := optionalCounters(c.timeout, c.errors, c.log, "bound counters", func(ctx context.Context) (*hypervisorv1.GetBoundCountersResponse, error) {
+		return c.hv.GetBoundCounters(ctx, &hypervisorv1.GetBoundCountersRequest{})
+	})
+	if !ok {
 		return
 	}
 	seen := map[string]bool{}

@@ -17,6 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Surfaces of the request metrics.
@@ -129,4 +131,21 @@ func (l errorLog) Println(v ...any) {
 // carries none of a caller's metadata.
 func scrapeContext(timeout time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), timeout)
+}
+
+// optionalCounters calls a TelemetryService method for a scrape. A failure
+// is counted as the hypervisor's scrape error, except Unimplemented: an
+// older hypervisor has no such counters.
+func optionalCounters[T any](timeout time.Duration, errs *prometheus.CounterVec, log *slog.Logger, what string, call func(context.Context) (T, error)) (T, bool) {
+	ctx, cancel := scrapeContext(timeout)
+	defer cancel()
+	r, err := call(ctx)
+	if err != nil {
+		if status.Code(err) != codes.Unimplemented {
+			errs.WithLabelValues(backendHypervisor).Inc()
+		}
+		log.Debug("metrics: "+what, "error", err)
+		return r, false
+	}
+	return r, true
 }

@@ -1,13 +1,12 @@
 package metrics
 
 import (
+	"context"
 	"log/slog"
 	"time"
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // Suspend and resume (issue 19); how many VMs are suspended is
@@ -37,14 +36,10 @@ func (c *suspendCollector) Collect(ch chan<- prometheus.Metric) {
 	if c.hv == nil {
 		return
 	}
-	ctx, cancel := scrapeContext(c.timeout)
-	defer cancel()
-	r, err := c.hv.GetSuspendCounters(ctx, &hypervisorv1.GetSuspendCountersRequest{})
-	if err != nil {
-		if status.Code(err) != codes.Unimplemented { // an older hypervisor has none
-			c.errors.WithLabelValues(backendHypervisor).Inc()
-		}
-		c.log.Debug("metrics: suspend counters", "error", err)
+	r, ok := optionalCounters(c.timeout, c.errors, c.log, "suspend counters", func(ctx context.Context) (*hypervisorv1.SuspendCounters, error) {
+		return c.hv.GetSuspendCounters(ctx, &hypervisorv1.GetSuspendCountersRequest{})
+	})
+	if !ok {
 		return
 	}
 	ch <- counter(descSuspends, float64(r.GetSuspendsTotal()), "ok")
