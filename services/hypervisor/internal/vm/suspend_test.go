@@ -7,12 +7,8 @@ import (
 	"sync"
 	"testing"
 
-	"path/filepath"
-
 	"github.com/giantswarm/vm-manager/gen/apierr"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
 )
 
@@ -86,13 +82,8 @@ func (d *suspendDriver) DiscardSaved(rec *storepb.VirtualMachine) error {
 // suspendHarness is newHarness with the Suspender port.
 func suspendHarness(t *testing.T) (*harness, *suspendDriver) {
 	t.Helper()
-	dir := t.TempDir()
-	st, err := store.Open(filepath.Join(dir, "hypervisor.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	h := &harness{t: t, dir: dir, st: st, drv: newFakeDriver(), att: newBootLog(), router: notify.NewRouter()}
+	h := newHarness(t)
+	h.m.Close() // restarted with the port, on the same store
 	sd := withSuspend(h.drv)
 	h.wrap = func(*fakeDriver) Driver { return sd }
 	h.start()
