@@ -167,8 +167,40 @@ func TestFleet(t *testing.T) {
 	defer conn.Close()
 	hv := hypervisorv1.NewHypervisorServiceClient(conn)
 
+	t.Run("streamed exec routed", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		st, err := hv.ExecVirtualMachineStream(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Send(&hypervisorv1.ExecVirtualMachineStreamRequest{Kind: &hypervisorv1.ExecVirtualMachineStreamRequest_Start{
+			Start: &hypervisorv1.ExecStart{Id: vms[2].ID, Command: []string{"cat", "/proc/sys/kernel/hostname"}}}}); err != nil {
+			t.Fatal(err)
+		}
+		_ = st.CloseSend()
+		var out strings.Builder
+		for {
+			m, err := st.Recv()
+			if err != nil {
+				t.Fatalf("stream: %v (stdout %q)", err, out.String())
+			}
+			out.Write(m.GetStdout())
+			if m.GetExit() != nil {
+				if m.GetExit().GetExitCode() != 0 || !strings.Contains(out.String(), "f2") {
+					t.Errorf("streamed exec on node-2: exit %d, stdout %q", m.GetExit().GetExitCode(), out.String())
+				}
+				return
+			}
+		}
+	})
+
+	// A fleet watch open across the outage says so, naming the node.
+	watch := watchLines(t, base+"/vms:watch")
+
 	t.Run("a node down", func(t *testing.T) {
 		f.StopNode(1)
+		watch.waitFor(t, "node-1", "warning")
 		list, hdr := listFleet(t, base)
 		if len(list) != 2 || !strings.Contains(strings.Join(hdr.Values("Warning"), " "), "node-1") {
 			t.Errorf("list with node-1 down: %d vms, Warning %q", len(list), hdr.Values("Warning"))
@@ -207,6 +239,7 @@ func TestFleet(t *testing.T) {
 
 	t.Run("the node back", func(t *testing.T) {
 		f.StartNode(1)
+		watch.waitFor(t, "node-1 is back")
 		cluster.Eventually(t, 30*time.Second, "node-1 in the list", func() error {
 			list, hdr := listFleet(t, base)
 			if len(list) != 3 || hdr.Get("Warning") != "" {
@@ -288,4 +321,57 @@ func fleetMCP(t *testing.T, addr string) *mcp.ClientSession {
 	}
 	t.Cleanup(func() { _ = cs.Close() })
 	return cs
+}
+
+// lineWatch is a REST watch read in the background.
+type lineWatch struct {
+	lines chan string
+}
+
+func watchLines(t *testing.T, url string) *lineWatch {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &lineWatch{lines: make(chan string, 1024)}
+	go func() {
+		defer resp.Body.Close()
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			select {
+			case w.lines <- sc.Text():
+			default: // nobody reads that far
+			}
+		}
+		close(w.lines)
+	}()
+	return w
+}
+
+// waitFor reads lines until one holds every part (case-insensitively).
+func (w *lineWatch) waitFor(t *testing.T, parts ...string) {
+	t.Helper()
+	timeout := time.After(30 * time.Second)
+	for {
+		select {
+		case l, ok := <-w.lines:
+			if !ok {
+				t.Fatalf("watch ended before a line with %q", parts)
+			}
+			all := true
+			for _, p := range parts {
+				all = all && strings.Contains(strings.ToLower(l), strings.ToLower(p))
+			}
+			if all {
+				return
+			}
+		case <-timeout:
+			t.Fatalf("no watch line with %q within 30s", parts)
+		}
+	}
 }

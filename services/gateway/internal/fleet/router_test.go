@@ -252,3 +252,89 @@ func TestDialerRefusesPlaintextBeyondLoopback(t *testing.T) {
 		t.Error("a missing CA file is accepted")
 	}
 }
+
+func (f *fakeNode) WatchVirtualMachines(req *hypervisorv1.WatchVirtualMachinesRequest, ss grpc.ServerStreamingServer[hypervisorv1.WatchVirtualMachinesResponse]) error {
+	for _, vm := range f.vms {
+		if err := ss.Send(&hypervisorv1.WatchVirtualMachinesResponse{Type: hypervisorv1.WatchEventType_WATCH_EVENT_TYPE_SNAPSHOT, Revision: 7, Vm: vm}); err != nil {
+			return err
+		}
+	}
+	if err := ss.Send(&hypervisorv1.WatchVirtualMachinesResponse{Type: hypervisorv1.WatchEventType_WATCH_EVENT_TYPE_SYNCED, Revision: 7}); err != nil {
+		return err
+	}
+	<-ss.Context().Done()
+	return nil
+}
+
+// watchSink is the server side of a fleet watch, collecting what it sends.
+type watchSink struct {
+	grpc.ServerStream
+	ctx    context.Context
+	events chan *hypervisorv1.WatchVirtualMachinesResponse
+}
+
+func (w *watchSink) Context() context.Context { return w.ctx }
+func (w *watchSink) Send(ev *hypervisorv1.WatchVirtualMachinesResponse) error {
+	w.events <- ev
+	return nil
+}
+
+// A fleet watch: every node's snapshot, one SYNCED once all answered or
+// failed, a WARNING naming the node that did not, revisions of its own;
+// a resume is refused.
+func TestWatchMerges(t *testing.T) {
+	a := &fakeNode{vms: []*hypervisorv1.VirtualMachine{vmAt("00000001", 1, 0, 1, 1)}}
+	b := &fakeNode{vms: []*hypervisorv1.VirtualMachine{vmAt("00100001", 1, 0, 1, 1), vmAt("00100002", 2, 0, 1, 1)}}
+	_, h := newTestRouter(t,
+		Member{Name: "n0", Index: 0, Addr: serveFake(t, a), Ready: true},
+		Member{Name: "n1", Index: 1, Addr: serveFake(t, b), Ready: true},
+		Member{Name: "n2", Index: 2, Addr: deadAddr(t), Ready: true},
+	)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sink := &watchSink{ctx: ctx, events: make(chan *hypervisorv1.WatchVirtualMachinesResponse, 16)}
+	done := make(chan error, 1)
+	go func() { done <- h.WatchVirtualMachines(&hypervisorv1.WatchVirtualMachinesRequest{}, sink) }()
+	snap, warned := map[string]string{}, false
+	var last uint64
+	for synced := false; !synced; {
+		select {
+		case ev := <-sink.events:
+			if ev.GetRevision() <= last {
+				t.Errorf("revision %d after %d", ev.GetRevision(), last)
+			}
+			last = ev.GetRevision()
+			switch ev.GetType() {
+			case hypervisorv1.WatchEventType_WATCH_EVENT_TYPE_SNAPSHOT:
+				snap[ev.GetVm().GetId()] = ev.GetVm().GetNode()
+			case hypervisorv1.WatchEventType_WATCH_EVENT_TYPE_WARNING:
+				warned = warned || strings.Contains(ev.GetWarning(), "n2")
+			case hypervisorv1.WatchEventType_WATCH_EVENT_TYPE_SYNCED:
+				synced = true
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("no SYNCED")
+		}
+	}
+	if len(snap) != 3 || snap["00100002"] != "n1" || snap["00000001"] != "n0" {
+		t.Errorf("snapshot %v", snap)
+	}
+	if !warned {
+		// The warning may follow SYNCED: the dead node's first failure
+		// counts as its sync.
+		select {
+		case ev := <-sink.events:
+			warned = ev.GetType() == hypervisorv1.WatchEventType_WATCH_EVENT_TYPE_WARNING && strings.Contains(ev.GetWarning(), "n2")
+		case <-time.After(5 * time.Second):
+		}
+		if !warned {
+			t.Error("no WARNING naming n2")
+		}
+	}
+	cancel()
+	<-done
+	err := h.WatchVirtualMachines(&hypervisorv1.WatchVirtualMachinesRequest{SinceRevision: 3}, &watchSink{ctx: context.Background()})
+	if apierr.CodeOf(err) != apierr.OutOfRange {
+		t.Errorf("fleet resume: %v, want out_of_range", err)
+	}
+}
