@@ -25,9 +25,23 @@ const DefaultNodeTimeout = 5 * time.Second
 // node is a member with its connection.
 type node struct {
 	Member
-	conn *grpc.ClientConn
+	conn *grpc.ClientConn // nil when it could not be dialled (dialErr)
 	hv   hypervisorv1.HypervisorServiceClient
 	at   attestationv1.AttestationServiceClient
+	// dialErr is why conn is nil: its VMs answer unavailable, not
+	// not_found, as for any node discovery knows but cannot reach.
+	dialErr error
+}
+
+// usable is nil for a node calls can go to, else why not.
+func (n *node) usable() error {
+	switch {
+	case !n.Ready:
+		return unavailable(n, "not ready")
+	case n.conn == nil:
+		return unavailable(n, n.dialErr.Error())
+	}
+	return nil
 }
 
 // Dialer opens a member's connection (Dial: TLS or loopback plaintext, the
@@ -61,7 +75,9 @@ func (r *Router) Run(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for i, n := range r.byIndex {
-		_ = n.conn.Close()
+		if n.conn != nil {
+			_ = n.conn.Close()
+		}
 		delete(r.byIndex, i)
 	}
 	return err
@@ -79,7 +95,7 @@ func (r *Router) update(members []Member) {
 			r.log.Warn("fleet: two members with one index; the second is ignored", "index", m.Index, "name", m.Name)
 			continue
 		}
-		if old := r.byIndex[m.Index]; old != nil && old.Addr == m.Addr && old.ServerName == m.ServerName {
+		if old := r.byIndex[m.Index]; old != nil && old.conn != nil && old.Addr == m.Addr && old.ServerName == m.ServerName {
 			n := *old
 			n.Member = m
 			next[m.Index] = &n
@@ -88,13 +104,14 @@ func (r *Router) update(members []Member) {
 		conn, err := r.dial(m)
 		if err != nil {
 			r.log.Warn("fleet: cannot dial node", "node", m.Name, "addr", m.Addr, "error", err)
+			next[m.Index] = &node{Member: m, dialErr: err}
 			continue
 		}
 		next[m.Index] = &node{Member: m, conn: conn,
 			hv: hypervisorv1.NewHypervisorServiceClient(conn), at: attestationv1.NewAttestationServiceClient(conn)}
 	}
 	for i, old := range r.byIndex {
-		if n := next[i]; n == nil || n.conn != old.conn {
+		if n := next[i]; old.conn != nil && (n == nil || n.conn != old.conn) {
 			_ = old.conn.Close()
 		}
 	}
@@ -130,8 +147,8 @@ func (r *Router) forVM(id string) (*node, error) {
 	if n == nil {
 		return nil, apierr.Errorf(apierr.NotFound, "vm %q not found (no fleet node has index %d)", id, i)
 	}
-	if !n.Ready {
-		return nil, unavailable(n, "not ready")
+	if err := n.usable(); err != nil {
+		return nil, err
 	}
 	return n, nil
 }
@@ -141,8 +158,8 @@ func (r *Router) named(name string) (*node, error) {
 	ns, _ := r.nodes()
 	for _, n := range ns {
 		if n.Name == name {
-			if !n.Ready {
-				return nil, unavailable(n, "not ready")
+			if err := n.usable(); err != nil {
+				return nil, err
 			}
 			return n, nil
 		}
@@ -193,8 +210,8 @@ func fanOut[T any](ctx context.Context, r *Router, f func(ctx context.Context, n
 	var wg sync.WaitGroup
 	for i, n := range ns {
 		out[i].node = n
-		if !n.Ready {
-			out[i].err = unavailable(n, "not ready")
+		if err := n.usable(); err != nil {
+			out[i].err = err
 			continue
 		}
 		wg.Add(1)

@@ -121,6 +121,7 @@ func TestRouteByID(t *testing.T) {
 		Member{Name: "n10", Index: 10, Addr: serveFake(t, b), Ready: true},
 		Member{Name: "n3", Index: 3, Addr: deadAddr(t), Ready: true},
 		Member{Name: "n4", Index: 4, Addr: deadAddr(t), Ready: false},
+		Member{Name: "n5", Index: 5, Addr: "no-port", Ready: true},
 	)
 	ctx := context.Background()
 	for id, node := range map[string]string{"00012345": "n0", "00a12345": "n10"} {
@@ -135,6 +136,7 @@ func TestRouteByID(t *testing.T) {
 		"not-hex!": apierr.NotFound,    // names no index
 		"00300000": apierr.Unavailable, // a node that does not answer
 		"00400000": apierr.Unavailable, // a node discovery says is not ready
+		"00500000": apierr.Unavailable, // a node that cannot be dialled
 	} {
 		_, err := h.GetVirtualMachine(ctx, &hypervisorv1.GetVirtualMachineRequest{Id: id})
 		if apierr.CodeOf(err) != want {
@@ -336,5 +338,60 @@ func TestWatchMerges(t *testing.T) {
 	err := h.WatchVirtualMachines(&hypervisorv1.WatchVirtualMachinesRequest{SinceRevision: 3}, &watchSink{ctx: context.Background()})
 	if apierr.CodeOf(err) != apierr.OutOfRange {
 		t.Errorf("fleet resume: %v, want out_of_range", err)
+	}
+}
+
+// chanDiscovery reports each member set sent on it.
+type chanDiscovery chan []Member
+
+func (c chanDiscovery) Run(ctx context.Context, update func([]Member)) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ms := <-c:
+			update(ms)
+		}
+	}
+}
+
+// Discovery's changes take effect: a node turning not ready answers
+// unavailable, a node moving to another address is dialled there, a node
+// gone is not_found.
+func TestMembershipChanges(t *testing.T) {
+	a := &fakeNode{vms: []*hypervisorv1.VirtualMachine{vmAt("00012345", 1, 0, 1, 1)}}
+	moved := &fakeNode{vms: []*hypervisorv1.VirtualMachine{vmAt("00012345", 1, 0, 1, 1), vmAt("00067890", 1, 0, 1, 1)}}
+	addrA, addrMoved := serveFake(t, a), serveFake(t, moved)
+	dial, _ := NewDialer("")
+	disc := make(chanDiscovery)
+	r := NewRouter(disc, dial, slog.New(slog.DiscardHandler))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = r.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	h := NewHypervisor(r)
+	get := func(id string) apierr.Code {
+		_, err := h.GetVirtualMachine(context.Background(), &hypervisorv1.GetVirtualMachineRequest{Id: id})
+		if err == nil {
+			return "ok"
+		}
+		return apierr.CodeOf(err)
+	}
+	for _, step := range []struct {
+		members []Member
+		id      string
+		want    apierr.Code
+	}{
+		{[]Member{{Name: "n0", Index: 0, Addr: addrA, Ready: true}}, "00012345", "ok"},
+		{[]Member{{Name: "n0", Index: 0, Addr: addrA, Ready: false}}, "00012345", apierr.Unavailable},
+		{[]Member{{Name: "n0", Index: 0, Addr: addrMoved, Ready: true}}, "00067890", "ok"},
+		{nil, "00012345", apierr.NotFound},
+	} {
+		disc <- step.members
+		// The update is applied before the next receive on disc returns.
+		disc <- step.members
+		if got := get(step.id); got != step.want {
+			t.Errorf("members %v: get %s = %s, want %s", step.members, step.id, got, step.want)
+		}
 	}
 }

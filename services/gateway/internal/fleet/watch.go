@@ -227,6 +227,9 @@ func (h *Hypervisor) watchNode(ctx context.Context, n *node, req *hypervisorv1.W
 	synced, down := false, false
 	for {
 		err := func() error {
+			if n.conn == nil { // restarted when a new member set dials it
+				return unavailable(n, n.dialErr.Error())
+			}
 			cs, err := n.hv.WatchVirtualMachines(ctx, &hypervisorv1.WatchVirtualMachinesRequest{Name: req.GetName(), SinceRevision: last})
 			if err != nil {
 				return err
