@@ -6,6 +6,9 @@ import (
 	"crypto/x509"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -83,6 +86,9 @@ func BenchmarkFleetList(b *testing.B) {
 		}
 	}
 	b.StopTimer()
+	conns := connectionsTo(b, f.GatewayPid(), f)
+	fmt.Printf("fleet gateway: %d TCP connections to the %d node gateways after the run\n", conns, len(f.Nodes))
+	b.ReportMetric(float64(conns), "node-conns")
 	base50, base99 := micros(quantile(surfaces[0].lat, 0.5)), micros(quantile(surfaces[0].lat, 0.99))
 	fmt.Printf("ListVirtualMachines, %d sequential calls each, ratios to the node gateway's own:\n", n)
 	fmt.Printf("  %-24s %10s %10s %10s %10s\n", "path", "p50", "p99", "p50 ratio", "p99 ratio")
@@ -92,4 +98,40 @@ func BenchmarkFleetList(b *testing.B) {
 		b.ReportMetric(p50, fmt.Sprintf("s%d-p50-µs", i))
 		b.ReportMetric(p50/base50, fmt.Sprintf("s%d-p50-ratio", i))
 	}
+}
+
+// connectionsTo counts the established TCP connections process pid holds to
+// the fleet's node gateways (its sockets' inodes in /proc/net/tcp with a
+// node's port as the remote one).
+func connectionsTo(b *testing.B, pid int, f *cluster.Fleet) int {
+	b.Helper()
+	ports := map[string]bool{}
+	for _, n := range f.Nodes {
+		_, port, _ := strings.Cut(n.Addr, ":")
+		p, _ := strconv.Atoi(port)
+		ports[fmt.Sprintf("%04X", p)] = true
+	}
+	inodes := map[string]bool{}
+	fds, _ := filepath.Glob(fmt.Sprintf("/proc/%d/fd/*", pid))
+	for _, fd := range fds {
+		if l, err := os.Readlink(fd); err == nil && strings.HasPrefix(l, "socket:[") {
+			inodes[strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]")] = true
+		}
+	}
+	raw, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		b.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(string(raw), "\n")[1:] {
+		fs := strings.Fields(line)
+		if len(fs) < 10 || fs[3] != "01" { // 01: ESTABLISHED
+			continue
+		}
+		_, rport, _ := strings.Cut(fs[2], ":")
+		if ports[rport] && inodes[fs[9]] {
+			n++
+		}
+	}
+	return n
 }

@@ -106,6 +106,9 @@ func (f *Fleet) StartNode(i int) {
 	f.Nodes[i].WaitReady(30 * time.Second)
 }
 
+// GatewayPid is the fleet gateway's process id.
+func (f *Fleet) GatewayPid() int { return f.gw.cmd.Process.Pid }
+
 // TLSClient is an HTTP client trusting the CA in caFile.
 func TLSClient(caFile string) (*http.Client, error) {
 	pemBytes, err := os.ReadFile(caFile)
