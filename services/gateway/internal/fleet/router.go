@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -255,4 +256,44 @@ func (r *Router) Healthy(ctx context.Context) error {
 		return apierr.Errorf(apierr.Unavailable, "no fleet nodes known")
 	}
 	return apierr.Errorf(apierr.Unavailable, "no fleet node ready: %v", problems)
+}
+
+// everywhere runs f on the named node, or on every node; the answer is the
+// first node's (by index), or, when some failed, an error naming them (what
+// succeeded elsewhere is kept: the caller retries, and the nodes that have
+// it answer conflict). A nil answer with no error means "nothing to do here".
+func everywhere[T comparable](ctx context.Context, r *Router, name string, f func(context.Context, *node) (T, error)) (T, error) {
+	var zero T
+	if name != "" {
+		n, err := r.named(name)
+		if err != nil {
+			return zero, err
+		}
+		v, err := f(ctx, n)
+		return v, nodeErr(ctx, n, err)
+	}
+	res := fanOut(ctx, r, f)
+	if len(res) == 0 {
+		return zero, apierr.Errorf(apierr.Unavailable, "no fleet nodes known")
+	}
+	var first T
+	var failed []string
+	var firstErr error
+	for _, x := range res {
+		if x.err != nil {
+			failed = append(failed, fmt.Sprintf("%s: %s", x.node.Name, apierr.MessageOf(x.err)))
+			if firstErr == nil {
+				firstErr = x.err
+			}
+			continue
+		}
+		if first == zero {
+			first = x.val
+		}
+	}
+	if firstErr != nil {
+		return zero, apierr.Errorf(apierr.CodeOf(firstErr), "failed on %d of %d fleet nodes (the others succeeded): %s",
+			len(failed), len(res), strings.Join(failed, "; "))
+	}
+	return first, nil
 }
