@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/tests/cluster"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -189,6 +190,36 @@ func TestFleet(t *testing.T) {
 			if m.GetExit() != nil {
 				if m.GetExit().GetExitCode() != 0 || !strings.Contains(out.String(), "f2") {
 					t.Errorf("streamed exec on node-2: exit %d, stdout %q", m.GetExit().GetExitCode(), out.String())
+				}
+				return
+			}
+		}
+	})
+
+	t.Run("exec WebSocket routed", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		c, _, err := websocket.Dial(ctx, "ws://"+f.Addr+"/api/v1/vms/"+vms[0].ID+"/exec/ws", &websocket.DialOptions{Subprotocols: []string{"vmm.exec.v1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.CloseNow()
+		if err := c.Write(ctx, websocket.MessageText, []byte(`{"start":{"command":["cat","/proc/sys/kernel/hostname"]}}`)); err != nil {
+			t.Fatal(err)
+		}
+		var stdout strings.Builder
+		for {
+			typ, data, err := c.Read(ctx)
+			if err != nil {
+				t.Fatalf("read: %v (stdout %q)", err, stdout.String())
+			}
+			if typ == websocket.MessageBinary && len(data) > 0 && data[0] == 1 {
+				stdout.Write(data[1:])
+				continue
+			}
+			if typ == websocket.MessageText {
+				if !strings.Contains(string(data), "exit") || !strings.Contains(stdout.String(), "f0") {
+					t.Errorf("exec WebSocket on node-0: %s, stdout %q", data, stdout.String())
 				}
 				return
 			}

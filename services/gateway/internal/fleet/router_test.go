@@ -193,6 +193,7 @@ func TestPlacement(t *testing.T) {
 		Member{Name: "n0", Index: 0, Addr: serveFake(t, n0), Ready: true},
 		Member{Name: "n1", Index: 1, Addr: serveFake(t, n1), Ready: true},
 		Member{Name: "n2", Index: 2, Addr: serveFake(t, n2), Ready: true},
+		Member{Name: "n3", Index: 3, Addr: deadAddr(t), Ready: true}, // skipped
 	)
 	ctx := context.Background()
 	mib := func(v int32) *int32 { return &v }
@@ -214,6 +215,9 @@ func TestPlacement(t *testing.T) {
 			if apierr.CodeOf(err) != tc.code {
 				t.Errorf("create %v: %v, want %s", tc.req, err, tc.code)
 			}
+			if tc.code == apierr.ResourceExhausted && !strings.Contains(apierr.MessageOf(err), "node n3 did not answer") {
+				t.Errorf("create %v: %q does not name the node that did not answer", tc.req, apierr.MessageOf(err))
+			}
 			continue
 		}
 		if err != nil || vm.GetNode() != tc.want {
@@ -229,7 +233,8 @@ func TestPlacement(t *testing.T) {
 		}
 	}
 	sum, err := h.GetHost(ctx, &hypervisorv1.GetHostRequest{})
-	if err != nil || sum.GetCpus() != 24 || len(sum.GetFleetNodes()) != 3 || sum.GetFleetNodes()[0].GetAllocatedMemoryBytes() != 6144<<20 {
+	if err != nil || sum.GetCpus() != 24 || len(sum.GetFleetNodes()) != 4 || sum.GetFleetNodes()[0].GetAllocatedMemoryBytes() != 6144<<20 ||
+		sum.GetFleetNodes()[3].GetAvailable() || len(sum.GetWarnings()) != 1 {
 		t.Errorf("fleet summary: %v %v", err, sum)
 	}
 }
