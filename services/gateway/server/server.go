@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/giantswarm/vm-manager/gen/apierr"
 	"github.com/giantswarm/vm-manager/gen/openapi"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
@@ -75,6 +76,10 @@ type Config struct {
 	// there is no TelemetryService to scrape, so /metrics has the requests
 	// only (each node's gateway has its host metrics).
 	Fleet bool
+	// Readiness, if set, is /readyz's check instead of the backends' health:
+	// a fleet gateway is ready while one node answers, and names the nodes
+	// otherwise.
+	Readiness func(context.Context) error
 }
 
 // PublicServices are the services the gateway exposes. The attestation
@@ -189,7 +194,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	mux.HandleFunc("GET /api/v1/openapi.json", serveBytes("application/json", openapi.JSON))
 	mux.HandleFunc("GET /api/v1/openapi.yaml", serveBytes("application/yaml", openapi.YAML))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
-	mux.HandleFunc("GET /readyz", readyz(backends))
+	if cfg.Readiness != nil {
+		mux.HandleFunc("GET /readyz", readyzFunc(cfg.Readiness))
+	} else {
+		mux.HandleFunc("GET /readyz", readyz(backends))
+	}
 	var api http.Handler = rest.HeadAsGet(rest.LimitBody(gw))
 	if met != nil {
 		api = met.HTTP(metrics.SurfaceREST, api)
@@ -415,6 +424,20 @@ func readyz(backends map[string]*grpc.ClientConn) http.HandlerFunc {
 		if len(problems) > 0 {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			_, _ = w.Write([]byte("not ready: " + strings.Join(problems, "; ") + "\n"))
+			return
+		}
+		_, _ = w.Write([]byte("ok"))
+	}
+}
+
+// readyzFunc answers /readyz with check's verdict, bounded to 2 seconds.
+func readyzFunc(check func(context.Context) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := check(ctx); err != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte("not ready: " + apierr.MessageOf(err) + "\n"))
 			return
 		}
 		_, _ = w.Write([]byte("ok"))

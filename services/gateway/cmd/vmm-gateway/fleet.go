@@ -46,17 +46,17 @@ func fleetFlags(fs *cli.FlagSet) func() (fleet.Discovery, string, error) {
 }
 
 // startFleet runs the router over disc and serves it on the run
-// directory's fleet socket, which becomes the gateway's backend; the
-// returned channel reports the first of them to end with an error.
-func startFleet(ctx context.Context, disc fleet.Discovery, caFile, runDir string, log *slog.Logger) (string, <-chan error, error) {
+// directory's fleet socket, which becomes the gateway's backend (the
+// router also answers /readyz); the returned channel reports the first of them to end with an error.
+func startFleet(ctx context.Context, disc fleet.Discovery, caFile, runDir string, log *slog.Logger) (*fleet.Router, string, <-chan error, error) {
 	dial, err := fleet.NewDialer(caFile)
 	if err != nil {
-		return "", nil, err
+		return nil, "", nil, err
 	}
 	r := fleet.NewRouter(disc, dial, log.With("component", "fleet"))
 	sock := filepath.Join(runDir, fleetSocket)
 	errc := make(chan error, 2)
 	go func() { errc <- r.Run(ctx) }()
 	go func() { errc <- r.Serve(ctx, sock, log) }()
-	return sock, errc, nil
+	return r, sock, errc, nil
 }

@@ -69,11 +69,11 @@ func main() {
 				// which stands in for both backends.
 				ctx, cancel := context.WithCancel(ctx)
 				defer cancel()
-				sock, fleetErr, err := startFleet(ctx, disc, caFile, *runDir, log)
+				router, sock, fleetErr, err := startFleet(ctx, disc, caFile, *runDir, log)
 				if err != nil {
 					return err
 				}
-				cfg.HypervisorSocket, cfg.AttestationSocket, cfg.Fleet = sock, sock, true
+				cfg.HypervisorSocket, cfg.AttestationSocket, cfg.Fleet, cfg.Readiness = sock, sock, true, router.Healthy
 				done := make(chan error, 1)
 				go func() { done <- server.Run(ctx, cfg, log) }()
 				select {
