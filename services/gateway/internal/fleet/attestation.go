@@ -2,11 +2,13 @@ package fleet
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
+	"google.golang.org/protobuf/proto"
 )
 
 // Attestation is AttestationService at fleet level. Verdicts are the VM's
@@ -28,11 +30,15 @@ func (a *Attestation) GetVirtualMachineAttestation(ctx context.Context, req *att
 }
 
 // ListImagePolicies is the union of the nodes' policies by image, the
-// lowest-index node's copy of each; a node that does not answer is a
-// warning.
+// lowest-index node's copy of each. A node that does not answer is a
+// warning, and so is a policy that is not the same on every node that
+// answered (missing, or another document or golden values): fleet-wide
+// policies that drifted apart are said, not hidden.
 func (a *Attestation) ListImagePolicies(ctx context.Context, req *attestationv1.ListImagePoliciesRequest) (*attestationv1.ListImagePoliciesResponse, error) {
 	out := &attestationv1.ListImagePoliciesResponse{}
-	seen := map[string]bool{}
+	first := map[string]*attestationv1.ImagePolicy{}
+	var answered []*node
+	held := map[string]map[string]bool{} // image -> nodes holding first's version
 	for _, x := range fanOut(ctx, a.r, func(ctx context.Context, n *node) (*attestationv1.ListImagePoliciesResponse, error) {
 		return n.at.ListImagePolicies(ctx, req)
 	}) {
@@ -40,11 +46,29 @@ func (a *Attestation) ListImagePolicies(ctx context.Context, req *attestationv1.
 			out.Warnings = append(out.Warnings, warning(x.node, x.err))
 			continue
 		}
+		answered = append(answered, x.node)
 		for _, p := range x.val.GetPolicies() {
-			if !seen[p.GetImage()] {
-				seen[p.GetImage()] = true
+			f := first[p.GetImage()]
+			if f == nil {
+				f = p
+				first[p.GetImage()] = p
+				held[p.GetImage()] = map[string]bool{}
 				out.Policies = append(out.Policies, p)
 			}
+			if samePolicy(f, p) {
+				held[p.GetImage()][x.node.Name] = true
+			}
+		}
+	}
+	for _, p := range out.Policies {
+		var differ []string
+		for _, n := range answered {
+			if !held[p.GetImage()][n.Name] {
+				differ = append(differ, n.Name)
+			}
+		}
+		if len(differ) > 0 {
+			out.Warnings = append(out.Warnings, fmt.Sprintf("policy %s is missing or different on %s (import it again through the fleet)", p.GetImage(), strings.Join(differ, ", ")))
 		}
 	}
 	slices.SortFunc(out.Policies, func(x, y *attestationv1.ImagePolicy) int { return strings.Compare(x.GetImage(), y.GetImage()) })
@@ -101,4 +125,11 @@ func (a *Attestation) GetAttestationStatus(ctx context.Context, req *attestation
 	return firstFound(ctx, a.r, "", func(ctx context.Context, n *node) (*attestationv1.AttestationStatus, error) {
 		return n.at.GetAttestationStatus(ctx, req)
 	})
+}
+
+// samePolicy is whether two nodes hold the same policy: the same document
+// (golden values included) and golden PCRs. Not source_sha256: golden
+// values recorded on one node reach the others as a new import.
+func samePolicy(a, b *attestationv1.ImagePolicy) bool {
+	return slices.Equal(a.GetGoldenPcrs(), b.GetGoldenPcrs()) && proto.Equal(a.GetDocument(), b.GetDocument())
 }

@@ -10,9 +10,11 @@ import (
 	"time"
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
+	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
@@ -398,5 +400,52 @@ func TestMembershipChanges(t *testing.T) {
 		if got := get(step.id); got != step.want {
 			t.Errorf("members %v: get %s = %s, want %s", step.members, step.id, got, step.want)
 		}
+	}
+}
+
+// fakeAttestation is a node's AttestationService with fixed policies.
+type fakeAttestation struct {
+	attestationv1.UnimplementedAttestationServiceServer
+	policies []*attestationv1.ImagePolicy
+}
+
+func (f *fakeAttestation) ListImagePolicies(context.Context, *attestationv1.ListImagePoliciesRequest) (*attestationv1.ListImagePoliciesResponse, error) {
+	return &attestationv1.ListImagePoliciesResponse{Policies: f.policies}, nil
+}
+
+func serveAttestation(t *testing.T, f *fakeAttestation) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer()
+	attestationv1.RegisterAttestationServiceServer(s, f)
+	go func() { _ = s.Serve(ln) }()
+	t.Cleanup(s.Stop)
+	return ln.Addr().String()
+}
+
+// Fleet-wide policies that drifted apart are a warning naming the nodes,
+// each image listed once.
+func TestPoliciesDrift(t *testing.T) {
+	doc := func(v string) *structpb.Struct {
+		s, _ := structpb.NewStruct(map[string]any{"pcr11": map[string]any{"x": v}})
+		return s
+	}
+	a := &fakeAttestation{policies: []*attestationv1.ImagePolicy{{Image: "i_1", Document: doc("a")}, {Image: "j_1", Document: doc("a")}}}
+	b := &fakeAttestation{policies: []*attestationv1.ImagePolicy{{Image: "i_1", Document: doc("a")}, {Image: "j_1", Document: doc("b")}}}
+	c := &fakeAttestation{policies: []*attestationv1.ImagePolicy{{Image: "i_1", Document: doc("a")}}}
+	r, _ := newTestRouter(t,
+		Member{Name: "n0", Index: 0, Addr: serveAttestation(t, a), Ready: true},
+		Member{Name: "n1", Index: 1, Addr: serveAttestation(t, b), Ready: true},
+		Member{Name: "n2", Index: 2, Addr: serveAttestation(t, c), Ready: true},
+	)
+	resp, err := NewAttestation(r).ListImagePolicies(context.Background(), &attestationv1.ListImagePoliciesRequest{})
+	if err != nil || len(resp.GetPolicies()) != 2 {
+		t.Fatalf("policies: %v %v", err, resp)
+	}
+	if w := resp.GetWarnings(); len(w) != 1 || !strings.Contains(w[0], "policy j_1 is missing or different on n1, n2") {
+		t.Errorf("warnings %q", w)
 	}
 }
