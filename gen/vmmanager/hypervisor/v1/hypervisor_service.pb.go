@@ -146,7 +146,9 @@ func (AttestationState) EnumDescriptor() ([]byte, []int) {
 }
 
 type GetHostRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Fleet gateway only: this node's report instead of the fleet summary.
+	Node          string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -181,8 +183,17 @@ func (*GetHostRequest) Descriptor() ([]byte, []int) {
 	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{0}
 }
 
+func (x *GetHostRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
 type ListImagesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Fleet gateway only: only this node's catalog (docs/fleet.md); ignored by a node.
+	Node          string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -217,9 +228,19 @@ func (*ListImagesRequest) Descriptor() ([]byte, []int) {
 	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{1}
 }
 
+func (x *ListImagesRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
 type ListImagesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Images        []*Image               `protobuf:"bytes,1,rep,name=images,proto3" json:"images,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Images []*Image               `protobuf:"bytes,1,rep,name=images,proto3" json:"images,omitempty"`
+	// Fleet gateway only: the nodes that did not answer, so the list is
+	// partial (REST: a Warning header per node).
+	Warnings      []string `protobuf:"bytes,2,rep,name=warnings,proto3" json:"warnings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -261,10 +282,19 @@ func (x *ListImagesResponse) GetImages() []*Image {
 	return nil
 }
 
+func (x *ListImagesResponse) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
+}
+
 type GetImageRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// <id>_<version>, or the bare id for its newest version.
-	Ref           string `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	Ref string `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	// Fleet gateway only: the node to ask (docs/fleet.md); ignored by a node.
+	Node          string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -306,8 +336,17 @@ func (x *GetImageRequest) GetRef() string {
 	return ""
 }
 
+func (x *GetImageRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
 type ListNetworksRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Fleet gateway only: only this node's networks (docs/fleet.md); ignored by a node.
+	Node          string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -342,9 +381,19 @@ func (*ListNetworksRequest) Descriptor() ([]byte, []int) {
 	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{4}
 }
 
+func (x *ListNetworksRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
 type ListNetworksResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Networks      []*Network             `protobuf:"bytes,1,rep,name=networks,proto3" json:"networks,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Networks []*Network             `protobuf:"bytes,1,rep,name=networks,proto3" json:"networks,omitempty"`
+	// Fleet gateway only: the nodes that did not answer, so the list is
+	// partial (REST: a Warning header per node).
+	Warnings      []string `protobuf:"bytes,2,rep,name=warnings,proto3" json:"warnings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -386,9 +435,18 @@ func (x *ListNetworksResponse) GetNetworks() []*Network {
 	return nil
 }
 
+func (x *ListNetworksResponse) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
+}
+
 type GetNetworkRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Fleet gateway only: the node to ask (docs/fleet.md); ignored by a node.
+	Node          string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -430,6 +488,13 @@ func (x *GetNetworkRequest) GetName() string {
 	return ""
 }
 
+func (x *GetNetworkRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
 type CreateNetworkRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// A DNS label, at most 63 characters.
@@ -448,7 +513,9 @@ type CreateNetworkRequest struct {
 	// A records the network's DNS answers itself (at most 64).
 	DnsRecords []*DnsRecord `protobuf:"bytes,5,rep,name=dns_records,json=dnsRecords,proto3" json:"dns_records,omitempty"`
 	// Which names the network's DNS resolves; default open.
-	DnsPolicy     DnsPolicy `protobuf:"varint,6,opt,name=dns_policy,json=dnsPolicy,proto3,enum=vmmanager.hypervisor.v1.DnsPolicy" json:"dns_policy,omitempty"`
+	DnsPolicy DnsPolicy `protobuf:"varint,6,opt,name=dns_policy,json=dnsPolicy,proto3,enum=vmmanager.hypervisor.v1.DnsPolicy" json:"dns_policy,omitempty"`
+	// Fleet gateway only: create on this node; without it, on every node.
+	Node          string `protobuf:"bytes,7,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -525,9 +592,18 @@ func (x *CreateNetworkRequest) GetDnsPolicy() DnsPolicy {
 	return DnsPolicy_DNS_POLICY_UNSPECIFIED
 }
 
+func (x *CreateNetworkRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
 type DeleteNetworkRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Fleet gateway only: delete on this node; without it, on every node.
+	Node          string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -565,6 +641,13 @@ func (*DeleteNetworkRequest) Descriptor() ([]byte, []int) {
 func (x *DeleteNetworkRequest) GetName() string {
 	if x != nil {
 		return x.Name
+	}
+	return ""
+}
+
+func (x *DeleteNetworkRequest) GetNode() string {
+	if x != nil {
+		return x.Node
 	}
 	return ""
 }
@@ -622,7 +705,9 @@ func (x *DeleteNetworkResponse) GetDeleted() bool {
 }
 
 type ListVirtualMachinesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Fleet gateway only: only this node's VMs (docs/fleet.md); ignored by a node.
+	Node          string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -657,9 +742,19 @@ func (*ListVirtualMachinesRequest) Descriptor() ([]byte, []int) {
 	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{10}
 }
 
+func (x *ListVirtualMachinesRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
 type ListVirtualMachinesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Vms           []*VirtualMachine      `protobuf:"bytes,1,rep,name=vms,proto3" json:"vms,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Vms   []*VirtualMachine      `protobuf:"bytes,1,rep,name=vms,proto3" json:"vms,omitempty"`
+	// Fleet gateway only: the nodes that did not answer, so the list is
+	// partial (REST: a Warning header per node).
+	Warnings      []string `protobuf:"bytes,2,rep,name=warnings,proto3" json:"warnings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -697,6 +792,13 @@ func (*ListVirtualMachinesResponse) Descriptor() ([]byte, []int) {
 func (x *ListVirtualMachinesResponse) GetVms() []*VirtualMachine {
 	if x != nil {
 		return x.Vms
+	}
+	return nil
+}
+
+func (x *ListVirtualMachinesResponse) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
 	}
 	return nil
 }
@@ -784,7 +886,12 @@ type CreateVirtualMachineRequest struct {
 	// forward or IMDS traffic; default: none.
 	IdleTimeout string `protobuf:"bytes,17,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
 	// stop (the default).
-	OnIdle        OnIdle `protobuf:"varint,18,opt,name=on_idle,json=onIdle,proto3,enum=vmmanager.hypervisor.v1.OnIdle" json:"on_idle,omitempty"`
+	OnIdle OnIdle `protobuf:"varint,18,opt,name=on_idle,json=onIdle,proto3,enum=vmmanager.hypervisor.v1.OnIdle" json:"on_idle,omitempty"`
+	// Fleet gateway only (docs/fleet.md): the node to create on; without it,
+	// the node with the most free cpus and memory among those whose labels
+	// match node_selector (k=v,..., all must match). A node ignores both.
+	Node          string `protobuf:"bytes,19,opt,name=node,proto3" json:"node,omitempty"`
+	NodeSelector  string `protobuf:"bytes,20,opt,name=node_selector,json=nodeSelector,proto3" json:"node_selector,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -943,6 +1050,20 @@ func (x *CreateVirtualMachineRequest) GetOnIdle() OnIdle {
 		return x.OnIdle
 	}
 	return OnIdle_ON_IDLE_UNSPECIFIED
+}
+
+func (x *CreateVirtualMachineRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *CreateVirtualMachineRequest) GetNodeSelector() string {
+	if x != nil {
+		return x.NodeSelector
+	}
+	return ""
 }
 
 type DeleteVirtualMachineRequest struct {
@@ -2188,18 +2309,25 @@ var File_vmmanager_hypervisor_v1_hypervisor_service_proto protoreflect.FileDescr
 
 const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\n" +
-	"0vmmanager/hypervisor/v1/hypervisor_service.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a)vmmanager/hypervisor/v1/exec_stream.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a#vmmanager/hypervisor/v1/image.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\x1a%vmmanager/hypervisor/v1/network.proto\x1a%vmmanager/hypervisor/v1/suspend.proto\x1a-vmmanager/hypervisor/v1/virtual_machine.proto\x1a#vmmanager/hypervisor/v1/watch.proto\"\x10\n" +
-	"\x0eGetHostRequest\"\x13\n" +
-	"\x11ListImagesRequest\"L\n" +
+	"0vmmanager/hypervisor/v1/hypervisor_service.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a)vmmanager/hypervisor/v1/exec_stream.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a#vmmanager/hypervisor/v1/image.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\x1a%vmmanager/hypervisor/v1/network.proto\x1a%vmmanager/hypervisor/v1/suspend.proto\x1a-vmmanager/hypervisor/v1/virtual_machine.proto\x1a#vmmanager/hypervisor/v1/watch.proto\")\n" +
+	"\x0eGetHostRequest\x12\x17\n" +
+	"\x04node\x18\x01 \x01(\tB\x03\xe0A\x01R\x04node\",\n" +
+	"\x11ListImagesRequest\x12\x17\n" +
+	"\x04node\x18\x01 \x01(\tB\x03\xe0A\x01R\x04node\"m\n" +
 	"\x12ListImagesResponse\x126\n" +
-	"\x06images\x18\x01 \x03(\v2\x1e.vmmanager.hypervisor.v1.ImageR\x06images\"(\n" +
+	"\x06images\x18\x01 \x03(\v2\x1e.vmmanager.hypervisor.v1.ImageR\x06images\x12\x1f\n" +
+	"\bwarnings\x18\x02 \x03(\tB\x03\xe0A\x03R\bwarnings\"A\n" +
 	"\x0fGetImageRequest\x12\x15\n" +
-	"\x03ref\x18\x01 \x01(\tB\x03\xe0A\x02R\x03ref\"\x15\n" +
-	"\x13ListNetworksRequest\"T\n" +
+	"\x03ref\x18\x01 \x01(\tB\x03\xe0A\x02R\x03ref\x12\x17\n" +
+	"\x04node\x18\x02 \x01(\tB\x03\xe0A\x01R\x04node\".\n" +
+	"\x13ListNetworksRequest\x12\x17\n" +
+	"\x04node\x18\x01 \x01(\tB\x03\xe0A\x01R\x04node\"u\n" +
 	"\x14ListNetworksResponse\x12<\n" +
-	"\bnetworks\x18\x01 \x03(\v2 .vmmanager.hypervisor.v1.NetworkR\bnetworks\",\n" +
+	"\bnetworks\x18\x01 \x03(\v2 .vmmanager.hypervisor.v1.NetworkR\bnetworks\x12\x1f\n" +
+	"\bwarnings\x18\x02 \x03(\tB\x03\xe0A\x03R\bwarnings\"E\n" +
 	"\x11GetNetworkRequest\x12\x17\n" +
-	"\x04name\x18\x01 \x01(\tB\x03\xe0A\x02R\x04name\"\xcd\x02\n" +
+	"\x04name\x18\x01 \x01(\tB\x03\xe0A\x02R\x04name\x12\x17\n" +
+	"\x04node\x18\x02 \x01(\tB\x03\xe0A\x01R\x04node\"\xe6\x02\n" +
 	"\x14CreateNetworkRequest\x12\x17\n" +
 	"\x04name\x18\x01 \x01(\tB\x03\xe0A\x02R\x04name\x12\x17\n" +
 	"\x04cidr\x18\x02 \x01(\tB\x03\xe0A\x02R\x04cidr\x12/\n" +
@@ -2208,17 +2336,21 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\vdns_records\x18\x05 \x03(\v2\".vmmanager.hypervisor.v1.DnsRecordB\x03\xe0A\x01R\n" +
 	"dnsRecords\x12F\n" +
 	"\n" +
-	"dns_policy\x18\x06 \x01(\x0e2\".vmmanager.hypervisor.v1.DnsPolicyB\x03\xe0A\x01R\tdnsPolicy\"/\n" +
+	"dns_policy\x18\x06 \x01(\x0e2\".vmmanager.hypervisor.v1.DnsPolicyB\x03\xe0A\x01R\tdnsPolicy\x12\x17\n" +
+	"\x04node\x18\a \x01(\tB\x03\xe0A\x01R\x04node\"H\n" +
 	"\x14DeleteNetworkRequest\x12\x17\n" +
-	"\x04name\x18\x01 \x01(\tB\x03\xe0A\x02R\x04name\"E\n" +
+	"\x04name\x18\x01 \x01(\tB\x03\xe0A\x02R\x04name\x12\x17\n" +
+	"\x04node\x18\x02 \x01(\tB\x03\xe0A\x01R\x04node\"E\n" +
 	"\x15DeleteNetworkResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
-	"\adeleted\x18\x02 \x01(\bR\adeleted\"\x1c\n" +
-	"\x1aListVirtualMachinesRequest\"X\n" +
+	"\adeleted\x18\x02 \x01(\bR\adeleted\"5\n" +
+	"\x1aListVirtualMachinesRequest\x12\x17\n" +
+	"\x04node\x18\x01 \x01(\tB\x03\xe0A\x01R\x04node\"y\n" +
 	"\x1bListVirtualMachinesResponse\x129\n" +
-	"\x03vms\x18\x01 \x03(\v2'.vmmanager.hypervisor.v1.VirtualMachineR\x03vms\"/\n" +
+	"\x03vms\x18\x01 \x03(\v2'.vmmanager.hypervisor.v1.VirtualMachineR\x03vms\x12\x1f\n" +
+	"\bwarnings\x18\x02 \x03(\tB\x03\xe0A\x03R\bwarnings\"/\n" +
 	"\x18GetVirtualMachineRequest\x12\x13\n" +
-	"\x02id\x18\x01 \x01(\tB\x03\xe0A\x02R\x02id\"\xe5\a\n" +
+	"\x02id\x18\x01 \x01(\tB\x03\xe0A\x02R\x02id\"\xa8\b\n" +
 	"\x1bCreateVirtualMachineRequest\x12\x17\n" +
 	"\x04name\x18\x01 \x01(\tB\x03\xe0A\x02R\x04name\x12\x19\n" +
 	"\x05image\x18\x02 \x01(\tB\x03\xe0A\x01R\x05image\x122\n" +
@@ -2239,7 +2371,9 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\texpire_at\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampB\x03\xe0A\x01R\bexpireAt\x12C\n" +
 	"\ton_expire\x18\x10 \x01(\x0e2!.vmmanager.hypervisor.v1.OnExpireB\x03\xe0A\x01R\bonExpire\x12&\n" +
 	"\fidle_timeout\x18\x11 \x01(\tB\x03\xe0A\x01R\vidleTimeout\x12=\n" +
-	"\aon_idle\x18\x12 \x01(\x0e2\x1f.vmmanager.hypervisor.v1.OnIdleB\x03\xe0A\x01R\x06onIdle\x1a;\n" +
+	"\aon_idle\x18\x12 \x01(\x0e2\x1f.vmmanager.hypervisor.v1.OnIdleB\x03\xe0A\x01R\x06onIdle\x12\x17\n" +
+	"\x04node\x18\x13 \x01(\tB\x03\xe0A\x01R\x04node\x12(\n" +
+	"\rnode_selector\x18\x14 \x01(\tB\x03\xe0A\x01R\fnodeSelector\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\a\n" +

@@ -30,6 +30,9 @@ func main() {
 			allowedHosts := fs.StringList("allowed-hosts", "VM_MANAGER_ALLOWED_HOSTS", nil, "names (any port) or name:port the anonymous API answers besides its listen address and localhost with its port, comma-separated; other Host and Origin headers are refused (DNS rebinding, cross-site pages)")
 			oidc := identity.Flags(fs)
 			resource := identity.ResourceFlags(fs)
+			tlsCert := fs.String("tls-cert-file", "VM_MANAGER_TLS_CERT_FILE", "", "serve gRPC, REST and MCP over TLS on --listen with this certificate (PEM; with --tls-key-file)")
+			tlsKey := fs.String("tls-key-file", "VM_MANAGER_TLS_KEY_FILE", "", "the private key (PEM) of --tls-cert-file")
+			fleetMode := fleetFlags(fs)
 			metricsOn := fs.Bool("metrics-enabled", "VM_MANAGER_METRICS_ENABLED", false, "serve Prometheus metrics at /metrics (VMs, networks, requests per surface)")
 			logger := logging.Flags(fs, "info", "gateway")
 			tracer := tracing.Flags(fs)
@@ -43,6 +46,10 @@ func main() {
 					return err
 				}
 				defer stopTracing()
+				disc, caFile, err := fleetMode()
+				if err != nil {
+					return err
+				}
 				cfg := server.Config{
 					Listen:            *listen,
 					HypervisorSocket:  cmp.Or(*hvSock, filepath.Join(*runDir, mesh.HypervisorSocket)),
@@ -52,8 +59,35 @@ func main() {
 					Identity:          oidc(),
 					Resource:          resource(),
 					MetricsEnabled:    *metricsOn,
+					TLSCertFile:       *tlsCert,
+					TLSKeyFile:        *tlsKey,
 				}
-				return server.Run(ctx, cfg, log)
+				if disc == nil {
+					return server.Run(ctx, cfg, log)
+				}
+				// Fleet mode: the ordinary gateway over the fleet router,
+				// which stands in for both backends.
+				ctx, cancel := context.WithCancel(ctx)
+				defer cancel()
+				router, sock, fleetErr, err := startFleet(ctx, disc, caFile, *runDir, log)
+				if err != nil {
+					return err
+				}
+				cfg.HypervisorSocket, cfg.AttestationSocket, cfg.Fleet, cfg.Readiness = sock, sock, true, router.Healthy
+				done := make(chan error, 1)
+				go func() { done <- server.Run(ctx, cfg, log) }()
+				select {
+				case err := <-done:
+					return err
+				case err := <-fleetErr:
+					// The router ends early only on an error (a socket in
+					// use); with ctx it ends as the gateway drains.
+					cancel()
+					if serr := <-done; err == nil {
+						return serr
+					}
+					return err
+				}
 			}
 		},
 	}))

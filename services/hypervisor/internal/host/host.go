@@ -73,6 +73,8 @@ type Config struct {
 	// ForceTCG makes VMs use TCG even where /dev/kvm works (--accelerator=tcg),
 	// e.g. to reproduce CI's timing on a KVM host.
 	ForceTCG bool
+	// Node is this host's place in a fleet, reported as is (docs/fleet.md).
+	Node Node
 	// VTPMCACertificate is the PEM of the CA that signs the vTPMs' EK
 	// certificates, reported as is.
 	VTPMCACertificate string
@@ -128,6 +130,15 @@ func New(cfg Config) *Prober {
 		cfg.LookPath = exec.LookPath
 	}
 	return &Prober{cfg: cfg, hashes: map[string]hashEntry{}, outputs: map[string]outputEntry{}}
+}
+
+// Node is a fleet node's identity: the fleet gateway routes by Index (the
+// prefix of the node's VM ids) and places VMs by Labels.
+type Node struct {
+	Name string
+	// Index is nil outside a fleet.
+	Index  *int32
+	Labels map[string]string
 }
 
 // Report measures the host now. It never fails: what cannot be measured is
@@ -207,6 +218,7 @@ func (p *Prober) Report(ctx context.Context) *hypervisorv1.Host {
 		h.Missing = append(h.Missing, "OVMF code image "+want)
 	}
 	h.Ready = len(h.Missing) == 0
+	h.NodeName, h.NodeIndex, h.NodeLabels = p.cfg.Node.Name, p.cfg.Node.Index, p.cfg.Node.Labels
 	h.Warnings = warnings
 	h.VtpmCaCertificate = p.cfg.VTPMCACertificate
 	return h
