@@ -3,7 +3,10 @@ package tests
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,56 +21,98 @@ import (
 // rest; the ratio is create→ready over the guest's part. The phase table
 // is the medians of each phase. Run it with a fixed count:
 // go test -bench CreateToReady -benchtime 5x.
+//
+// With VMM_BENCH_BASELINE_OVMF=<code>,<vars> a second cluster runs that
+// firmware pair, and each iteration creates a VM on both, alternating
+// which goes first: a firmware change compared in one run, under the same
+// load (docs/performance.md#create-to-ready).
 func BenchmarkCreateToReady(b *testing.B) {
 	images := cluster.GuestImages(b, "..")
-	c := cluster.Start(b, cluster.Processes, binDir, cluster.Options{ImageDir: images, Quiet: true})
-	base := "http://" + c.Addr + "/api/v1"
-	var service []time.Duration
-	phases := map[string][]time.Duration{}
+	runs := []*benchSeries{{name: "service"}}
+	if pair := os.Getenv("VMM_BENCH_BASELINE_OVMF"); pair != "" {
+		code, vars, ok := strings.Cut(pair, ",")
+		if !ok {
+			b.Fatalf("VMM_BENCH_BASELINE_OVMF=%q: want <code>,<vars>", pair)
+		}
+		runs = append(runs, &benchSeries{name: "baseline firmware " + filepath.Base(code),
+			env: []string{"VM_MANAGER_OVMF_CODE=" + code, "VM_MANAGER_OVMF_VARS=" + vars}})
+	}
+	for _, r := range runs {
+		c := cluster.Start(b, cluster.Processes, binDir, cluster.Options{ImageDir: images, Quiet: true, Env: r.env})
+		r.base = "http://" + c.Addr + "/api/v1"
+		r.phases = map[string][]time.Duration{}
+	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		start := time.Now()
-		code, _, body := cluster.Do(b, "POST", base+"/vms", fmt.Sprintf(`{"name":"bench%d","image":"test-guest","require_attestation":false,"memory_mib":512,"cpus":1}`, i))
-		if code != 201 {
-			b.Fatalf("create: %d %s", code, body)
-		}
-		service = append(service, time.Since(start))
-		var v struct{ ID string }
-		if err := json.Unmarshal(body, &v); err != nil {
-			b.Fatal(err)
-		}
-		p := bootPhases(b, base, v.ID)
-		for name, sec := range p {
-			phases[name] = append(phases[name], time.Duration(sec*float64(time.Second)))
-		}
-		if code, _, body := cluster.Do(b, "POST", base+"/vms/"+v.ID+"/stop", ""); code != 200 {
-			b.Fatalf("stop: %d %s", code, body)
-		}
-		if code, _, body := cluster.Do(b, "DELETE", base+"/vms/"+v.ID, ""); code != 204 {
-			b.Fatalf("delete: %d %s", code, body)
+		for j := range runs {
+			runs[(i+j)%len(runs)].createToReady(b, i)
 		}
 	}
 	b.StopTimer()
-	s := median(service)
+	for k, r := range runs {
+		s, g, cpu := r.report(b.N)
+		if k == 0 {
+			b.ReportMetric(s.Seconds(), "service-s")
+			b.ReportMetric(g.Seconds(), "guest-s")
+			b.ReportMetric(s.Seconds()/g.Seconds(), "ratio")
+			b.ReportMetric(cpu.Seconds(), "qemu-cpu-s")
+		}
+	}
+}
+
+// benchSeries is one cluster's VMs.
+type benchSeries struct {
+	name    string
+	env     []string
+	base    string
+	service []time.Duration
+	phases  map[string][]time.Duration
+}
+
+// createToReady creates one VM, waits for ready, reads its phases, and
+// deletes it.
+func (r *benchSeries) createToReady(b *testing.B, i int) {
+	start := time.Now()
+	code, _, body := cluster.Do(b, "POST", r.base+"/vms", fmt.Sprintf(`{"name":"bench%d","image":"test-guest","require_attestation":false,"memory_mib":512,"cpus":1}`, i))
+	if code != 201 {
+		b.Fatalf("create: %d %s", code, body)
+	}
+	r.service = append(r.service, time.Since(start))
+	var v struct{ ID string }
+	if err := json.Unmarshal(body, &v); err != nil {
+		b.Fatal(err)
+	}
+	for name, sec := range bootPhases(b, r.base, v.ID) {
+		r.phases[name] = append(r.phases[name], time.Duration(sec*float64(time.Second)))
+	}
+	if code, _, body := cluster.Do(b, "POST", r.base+"/vms/"+v.ID+"/stop", ""); code != 200 {
+		b.Fatalf("stop: %d %s", code, body)
+	}
+	if code, _, body := cluster.Do(b, "DELETE", r.base+"/vms/"+v.ID, ""); code != 204 {
+		b.Fatalf("delete: %d %s", code, body)
+	}
+}
+
+// report prints the series' medians: create→ready, the guest's own boot,
+// QEMU's CPU time.
+func (r *benchSeries) report(n int) (service, guest, cpu time.Duration) {
 	var guestSum []time.Duration
-	for i := range service {
-		guestSum = append(guestSum, phases["firmware"][i]+phases["kernel"][i]+phases["agent"][i])
+	for i := range r.service {
+		guestSum = append(guestSum, r.phases["firmware"][i]+r.phases["kernel"][i]+r.phases["agent"][i])
 	}
-	g := median(guestSum)
-	b.ReportMetric(s.Seconds(), "service-s")
-	b.ReportMetric(g.Seconds(), "guest-s")
-	b.ReportMetric(s.Seconds()/g.Seconds(), "ratio")
-	fmt.Printf("create→ready, median of %d: service %.2fs, the guest's own boot (firmware+kernel+agent) %.2fs, ratio %.2f\n", b.N, s.Seconds(), g.Seconds(), s.Seconds()/g.Seconds())
-	fmt.Printf("phases, medians (s):")
+	s, g := median(r.service), median(guestSum)
+	fmt.Printf("%s: create→ready, median of %d: %.2fs, the guest's own boot (firmware+kernel+agent) %.2fs, ratio %.2f\n", r.name, n, s.Seconds(), g.Seconds(), s.Seconds()/g.Seconds())
+	fmt.Printf("%s: phases, medians (s):", r.name)
 	for _, name := range phaseNames {
-		fmt.Printf(" %s %.2f", name, median(phases[name]).Seconds())
+		fmt.Printf(" %s %.2f", name, median(r.phases[name]).Seconds())
 	}
-	fmt.Printf("; launch→ready %.2f\n", median(phases["total"]).Seconds())
+	fmt.Printf("; launch→ready %.2f\n", median(r.phases["total"]).Seconds())
 	// CPU time does not stretch when other work shares the cores, as the
 	// phases' wall time does under TCG: it compares firmware or device
 	// changes on a busy machine.
-	fmt.Printf("QEMU's CPU time until ready, median: %.2fs\n", median(phases["qemu_cpu"]).Seconds())
-	b.ReportMetric(median(phases["qemu_cpu"]).Seconds(), "qemu-cpu-s")
+	c := median(r.phases["qemu_cpu"])
+	fmt.Printf("%s: QEMU's CPU time until ready, median: %.2fs\n", r.name, c.Seconds())
+	return s, g, c
 }
 
 // phaseNames are host.boot_phases' keys without _seconds, in launch order.
