@@ -42,15 +42,18 @@ type OVMFPair struct {
 	Vars string
 }
 
-// DefaultOVMFPairs are probed in this order when Config.OVMFCode is empty.
-// Debian's 2 MiB build comes before its 4 MiB one: both measure the boot
-// into the vTPM, but the 2 MiB build has no HTTP boot and TLS drivers to
-// load, and reaches the kernel ~3 s of CPU sooner under TCG
+// DefaultOVMFPairs are probed in this order when Config.OVMFCode is empty:
+// the contract's order. Debian 12's 2 MiB build (OVMF_CODE.fd) reaches the
+// kernel ~4 s sooner under TCG and measures the boot the same way, but it is
+// not the default: an image's golden values name the firmware build they were
+// recorded on (golden_firmware), so changing the default would make every
+// image measured before the upgrade fail attestation, and Debian 13 ships
+// only the 4 MiB build. Operators opt in with --ovmf-code/--ovmf-vars
 // (docs/performance.md#create-to-ready).
 var DefaultOVMFPairs = []OVMFPair{
 	{"/usr/share/edk2/x64/OVMF_CODE.4m.fd", "/usr/share/edk2/x64/OVMF_VARS.4m.fd"},
-	{"/usr/share/OVMF/OVMF_CODE.fd", "/usr/share/OVMF/OVMF_VARS.fd"},
 	{"/usr/share/OVMF/OVMF_CODE_4M.fd", "/usr/share/OVMF/OVMF_VARS_4M.fd"},
+	{"/usr/share/OVMF/OVMF_CODE.fd", "/usr/share/OVMF/OVMF_VARS.fd"},
 	{"/usr/share/edk2/ovmf/OVMF_CODE.fd", "/usr/share/edk2/ovmf/OVMF_VARS.fd"},
 }
 
