@@ -23,6 +23,7 @@ import (
 	"github.com/giantswarm/vm-manager/pkg/identity"
 	"github.com/giantswarm/vm-manager/pkg/mesh"
 	"github.com/giantswarm/vm-manager/pkg/tracing"
+	"github.com/giantswarm/vm-manager/services/gateway/internal/connsplit"
 	"github.com/giantswarm/vm-manager/services/gateway/internal/execws"
 	"github.com/giantswarm/vm-manager/services/gateway/internal/mcp"
 	"github.com/giantswarm/vm-manager/services/gateway/internal/metrics"
@@ -145,12 +146,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// the revision to resume from) when the drain starts.
 	streams, endStreams := context.WithCancel(context.Background())
 	defer endStreams()
+	// As on the mesh: fixed windows (no flow-control PING per message),
+	// stream workers.
+	gopts = append(gopts, mesh.ServerTransportOptions()...)
 	gs := grpc.NewServer(append(gopts,
 		grpc.UnknownServiceHandler(proxy.DrainingHandler(proxy.Routes{
 			hypervisorv1.HypervisorService_ServiceDesc.ServiceName:   hconn,
 			attestationv1.AttestationService_ServiceDesc.ServiceName: aconn,
 		}, streams, []string{hypervisorv1.HypervisorService_WatchVirtualMachines_FullMethodName})),
-		grpc.ForceServerCodec(proxy.Codec{}),
+		grpc.ForceServerCodecV2(proxy.Codec{}),
 	)...)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
@@ -250,8 +254,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		cfg.Ready(ln.Addr())
 	}
 
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	// gRPC connections go to the gRPC server's own transport, a hop much
+	// cheaper than ServeHTTP; the rest to srv (connsplit).
+	split := connsplit.New(ln)
+	defer split.Close()
+	errc := make(chan error, 2)
+	go func() { errc <- srv.Serve(split.HTTP) }()
+	go func() { errc <- gs.Serve(split.GRPC) }()
 	select {
 	case err := <-errc:
 		return err
@@ -260,7 +269,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	hs.Shutdown()
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), mesh.DrainTimeout)
 	defer cancel()
+	endStreams()
+	grpcDone := make(chan struct{})
+	go func() { gs.GracefulStop(); close(grpcDone) }()
 	err = srv.Shutdown(shutdownCtx)
+	select {
+	case <-grpcDone:
+	case <-shutdownCtx.Done():
+	}
 	gs.Stop()
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
