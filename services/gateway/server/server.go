@@ -266,6 +266,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	case <-ctx.Done():
 	}
+	_ = split.Close() // no new connections, as Shutdown's closing its listener did
 	hs.Shutdown()
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), mesh.DrainTimeout)
 	defer cancel()

@@ -15,7 +15,6 @@ package connsplit
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -116,7 +115,7 @@ func classify(c net.Conn) (net.Conn, bool) {
 	if len(rec.buf) == 0 {
 		return c, grpc
 	}
-	return &replayConn{Conn: c, r: io.MultiReader(bytes.NewReader(rec.buf), c)}, grpc
+	return &replayConn{Conn: c, buf: rec.buf}, grpc
 }
 
 func isGRPC(c net.Conn, br *bufio.Reader) bool {
@@ -171,10 +170,17 @@ func (r *recorder) Read(p []byte) (int, error) {
 // replayConn is a connection whose first reads return what classify read.
 type replayConn struct {
 	net.Conn
-	r io.Reader
+	buf []byte
 }
 
-func (c *replayConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+func (c *replayConn) Read(p []byte) (int, error) {
+	if len(c.buf) == 0 {
+		return c.Conn.Read(p)
+	}
+	n := copy(p, c.buf)
+	c.buf = c.buf[n:]
+	return n, nil
+}
 
 // CloseWrite keeps the half-close net/http uses on TCP connections.
 func (c *replayConn) CloseWrite() error {

@@ -112,17 +112,16 @@ type withContext struct {
 
 func (w *withContext) Context() context.Context { return w.ctx }
 
-// hop-by-hop and transport metadata the client library sets by itself.
+// outgoing is ctx with the caller's metadata as the backend call's, less
+// the hop-by-hop and transport metadata the client library sets by itself.
 func outgoing(ctx context.Context) context.Context {
-	in, _ := metadata.FromIncomingContext(ctx)
-	out := metadata.MD{}
-	for k, v := range in {
+	md, _ := metadata.FromIncomingContext(ctx) // a copy, ours to trim
+	for k := range md {
 		if strings.HasPrefix(k, ":") || strings.HasPrefix(k, "grpc-") || k == "content-type" || k == "user-agent" || k == "te" {
-			continue
+			delete(md, k)
 		}
-		out[k] = v
 	}
-	return metadata.NewOutgoingContext(ctx, out)
+	return metadata.NewOutgoingContext(ctx, md)
 }
 
 func forward(ss grpc.ServerStream, conn grpc.ClientConnInterface, method string) error {
