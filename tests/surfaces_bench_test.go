@@ -50,7 +50,9 @@ func BenchmarkSurfaces(b *testing.B) {
 	// Stop waits up to the stop timeout for the guest to power off: keep it
 	// short, the guest is of no interest here.
 	b.Setenv("VM_MANAGER_STOP_TIMEOUT", "2s")
-	c := cluster.Start(b, cluster.Processes, binDir, cluster.Options{ImageDir: images, Quiet: true})
+	// At info, as deployed (and as the load test runs): debug writes a line
+	// per MCP tool call, whose writing the bench would measure too.
+	c := cluster.Start(b, cluster.Processes, binDir, cluster.Options{ImageDir: images, Quiet: true, LogLevel: "info"})
 	base := "http://" + c.Addr + "/api/v1"
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -283,8 +285,9 @@ func helper(h string) int {
 			return 1
 		}
 		srv := mcp.NewServer(&mcp.Implementation{Name: "floor", Version: "0"}, nil)
-		srv.AddTool(&mcp.Tool{Name: "get_vm", InputSchema: json.RawMessage(`{"type":"object"}`)}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(body)}}}, nil
+		// The gateway's result: the body as text and as structured content.
+		srv.AddTool(&mcp.Tool{Name: "get_vm", InputSchema: json.RawMessage(`{"type":"object"}`), OutputSchema: json.RawMessage(`{"type":"object"}`)}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(body)}}, StructuredContent: json.RawMessage(body)}, nil
 		})
 		h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)
 		_ = http.Serve(ln, h)

@@ -2,9 +2,11 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"syscall"
 	"testing"
@@ -81,20 +83,31 @@ func BenchmarkHop(b *testing.B) {
 			}
 		}
 	}))
-	b.Run("mcp", cpuPerOp(func(b *testing.B) {
-		session, err := mcp.NewClient(&mcp.Implementation{Name: "bench", Version: "0"}, nil).
-			Connect(ctx, &mcp.StreamableClientTransport{Endpoint: "http://" + addr + "/mcp", MaxRetries: -1, DisableStandaloneSSE: true}, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer session.Close()
-		for b.Loop() {
-			res, err := session.CallTool(ctx, &mcp.CallToolParams{Name: "get_vm", Arguments: map[string]any{"id": vm.Id}})
-			if err != nil || res.IsError {
-				b.Fatalf("%v %v", res, err)
+	mcpGet := func(endpoint string) func(b *testing.B) {
+		return func(b *testing.B) {
+			session, err := mcp.NewClient(&mcp.Implementation{Name: "bench", Version: "0"}, nil).
+				Connect(ctx, &mcp.StreamableClientTransport{Endpoint: endpoint, MaxRetries: -1, DisableStandaloneSSE: true}, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer session.Close()
+			for b.Loop() {
+				res, err := session.CallTool(ctx, &mcp.CallToolParams{Name: "get_vm", Arguments: map[string]any{"id": vm.Id}})
+				if err != nil || res.IsError {
+					b.Fatalf("%v %v", res, err)
+				}
 			}
 		}
-	}))
+	}
+	b.Run("mcp", cpuPerOp(mcpGet("http://"+addr+"/mcp")))
+	// The SDK's own price: a server whose get_vm answers a fixed body.
+	floor := mcp.NewServer(&mcp.Implementation{Name: "floor", Version: "0"}, nil)
+	floor.AddTool(&mcp.Tool{Name: "get_vm", InputSchema: json.RawMessage(`{"type":"object"}`)}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: `{"id": "0a1b2c3d", "name": "bench"}`}}}, nil
+	})
+	fs := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return floor }, nil))
+	defer fs.Close()
+	b.Run("mcp-floor", cpuPerOp(mcpGet(fs.URL)))
 }
 
 // cpuPerOp adds the process's CPU time (user and system, all goroutines:
