@@ -33,6 +33,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 	reflectionv1 "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	reflectionv1alpha "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
@@ -147,8 +148,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	streams, endStreams := context.WithCancel(context.Background())
 	defer endStreams()
 	// As on the mesh: fixed windows (no flow-control PING per message),
-	// stream workers.
+	// stream workers. gRPC's own transport (connsplit) enforces a keepalive
+	// policy, net/http's did not: a client may ping every 5 s, idle or not,
+	// without being sent away (a watch that sends nothing for minutes).
 	gopts = append(gopts, mesh.ServerTransportOptions()...)
+	gopts = append(gopts, grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: mesh.KeepaliveTime / 2, PermitWithoutStream: true}))
 	gs := grpc.NewServer(append(gopts,
 		grpc.UnknownServiceHandler(proxy.DrainingHandler(proxy.Routes{
 			hypervisorv1.HypervisorService_ServiceDesc.ServiceName:   hconn,
