@@ -8,9 +8,11 @@
 // its first HEADERS frame has a content-type of application/grpc (grpc-go,
 // grpcurl -plaintext); everything else, REST over h2c prior knowledge
 // included, goes to the HTTP server, which still serves gRPC requests that
-// come later on such a connection. A client that sends the preface and then
-// waits for the server's SETTINGS before its first request (grpc-java does)
-// is taken as gRPC after HeadersWait.
+// come later on such a connection. The server's preface, an empty SETTINGS
+// frame, is sent at once, as clients such as grpc-go wait for it before
+// their first request; their ACK of it is dropped, the server the
+// connection goes to did not send that frame. A client that sends no
+// request within HeadersWait is taken as gRPC.
 package connsplit
 
 import (
@@ -110,25 +112,45 @@ func (s *Split) accept() {
 func classify(c net.Conn) (net.Conn, bool) {
 	rec := &recorder{r: c}
 	br := bufio.NewReaderSize(rec, 4096)
-	grpc := isGRPC(c, br)
+	h2, grpc := sniff(c, br)
 	_ = c.SetReadDeadline(time.Time{})
 	if len(rec.buf) == 0 {
 		return c, grpc
 	}
-	return &replayConn{Conn: c, buf: rec.buf}, grpc
+	rc := &replayConn{Conn: c, buf: rec.buf}
+	if h2 {
+		// The client acknowledges our SETTINGS: that ACK is not for the
+		// server the connection goes to (net/http's counts them).
+		rc.frames = bufio.NewReaderSize(rc.raw(), 4096)
+		rc.pass = len(preface)
+		rc.look = maxLookFrames
+	}
+	return rc, grpc
 }
 
-func isGRPC(c net.Conn, br *bufio.Reader) bool {
+// settings is an empty SETTINGS frame: the server's preface, which clients
+// such as grpc-go wait for before their first request.
+var settings = []byte{0, 0, 0, byte(http2.FrameSettings), 0, 0, 0, 0, 0}
+
+// sniff reports whether the connection opened with HTTP/2's preface (then
+// it sent the client an empty SETTINGS frame) and whether it is gRPC.
+func sniff(c net.Conn, br *bufio.Reader) (h2, grpc bool) {
 	_ = c.SetReadDeadline(time.Now().Add(PrefaceWait))
 	// Byte by byte as they come: an HTTP/1 request may be shorter than
 	// the preface.
 	for n := 1; n <= len(preface); n++ {
 		b, err := br.Peek(n)
 		if err != nil || b[n-1] != preface[n-1] {
-			return false
+			return false, false
 		}
 	}
 	_, _ = br.Discard(len(preface))
+	_ = c.SetWriteDeadline(time.Now().Add(HeadersWait))
+	_, err := c.Write(settings)
+	_ = c.SetWriteDeadline(time.Time{})
+	if err != nil {
+		return false, false // a client that does not read: the HTTP server's to refuse
+	}
 	_ = c.SetReadDeadline(time.Now().Add(HeadersWait))
 	fr := http2.NewFramer(io.Discard, io.LimitReader(br, maxSniffBytes))
 	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
@@ -136,12 +158,12 @@ func isGRPC(c net.Conn, br *bufio.Reader) bool {
 	for {
 		f, err := fr.ReadFrame()
 		if err != nil {
-			// No request yet: a client waiting for our SETTINGS.
+			// No request yet: a client waiting for something else.
 			var ne net.Error
-			return errors.As(err, &ne) && ne.Timeout()
+			return true, errors.As(err, &ne) && ne.Timeout()
 		}
 		if h, ok := f.(*http2.MetaHeadersFrame); ok {
-			return h.PseudoValue("method") == "POST" && isGRPCContentType(h.Fields)
+			return true, h.PseudoValue("method") == "POST" && isGRPCContentType(h.Fields)
 		}
 	}
 }
@@ -167,18 +189,62 @@ func (r *recorder) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// maxLookFrames bounds the frames searched for the client's SETTINGS ACK,
+// which it sends at once.
+const maxLookFrames = 64
+
 // replayConn is a connection whose first reads return what classify read.
+// On an HTTP/2 connection it drops the client's first SETTINGS ACK (the
+// answer to the frame sniff sent), looking at up to look frame headers.
 type replayConn struct {
 	net.Conn
 	buf []byte
+
+	frames *bufio.Reader // the bytes while looking for the ACK
+	pass   int           // bytes before the next frame header
+	look   int
 }
 
 func (c *replayConn) Read(p []byte) (int, error) {
-	if len(c.buf) == 0 {
-		return c.Conn.Read(p)
+	for c.look > 0 {
+		if c.pass > 0 {
+			n, err := c.frames.Read(p[:min(len(p), c.pass)])
+			c.pass -= n
+			return n, err
+		}
+		h, err := c.frames.Peek(9)
+		if err != nil {
+			return 0, err
+		}
+		length := int(h[0])<<16 | int(h[1])<<8 | int(h[2])
+		c.look--
+		if http2.FrameType(h[3]) == http2.FrameSettings && http2.Flags(h[4]).Has(http2.FlagSettingsAck) {
+			_, _ = c.frames.Discard(9 + length)
+			c.look = 0
+			break
+		}
+		c.pass = 9 + length
 	}
-	n := copy(p, c.buf)
-	c.buf = c.buf[n:]
+	if c.frames != nil {
+		if c.frames.Buffered() > 0 {
+			return c.frames.Read(p)
+		}
+		c.frames = nil
+	}
+	return c.raw().Read(p)
+}
+
+// raw is the connection with the replayed bytes first.
+func (c *replayConn) raw() io.Reader { return (*rawReader)(c) }
+
+type rawReader replayConn
+
+func (r *rawReader) Read(p []byte) (int, error) {
+	if len(r.buf) == 0 {
+		return r.Conn.Read(p)
+	}
+	n := copy(p, r.buf)
+	r.buf = r.buf[n:]
 	return n, nil
 }
 

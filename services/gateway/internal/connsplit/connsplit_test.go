@@ -94,7 +94,7 @@ func TestSplit(t *testing.T) {
 }
 
 func TestClassify(t *testing.T) {
-	headers := func(contentType string) []byte {
+	headers := func(contentType string, ack ...bool) []byte {
 		var hb bytes.Buffer
 		enc := hpack.NewEncoder(&hb)
 		for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/a.B/C"}, {":authority", "x"}, {"content-type", contentType}} {
@@ -104,36 +104,56 @@ func TestClassify(t *testing.T) {
 		buf.WriteString(preface)
 		fr := http2.NewFramer(&buf, nil)
 		_ = fr.WriteSettings()
+		if len(ack) > 0 {
+			_ = fr.WriteSettingsAck()
+		}
 		_ = fr.WriteWindowUpdate(0, 1<<20)
 		_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: hb.Bytes(), EndHeaders: true})
 		return buf.Bytes()
 	}
+	withoutAck := headers("application/grpc") // what the server gets of the one with the ACK
 	for _, tc := range []struct {
-		name string
-		sent []byte
-		grpc bool
+		name       string
+		sent, want []byte
+		grpc       bool
 	}{
-		{"grpc", headers("application/grpc"), true},
-		{"grpc+proto", headers("application/grpc+proto"), true},
-		{"json over h2c", headers("application/json"), false},
-		{"grpc-web is not gRPC", headers("application/grpc-web"), false},
-		{"preface, then waiting for SETTINGS", []byte(preface), true},
-		{"HTTP/1", []byte("POST / HTTP/1.1\r\nHost: x\r\n\r\n"), false},
-		{"garbage", []byte("PRI * HTTP/1.1\r\n"), false},
+		{"grpc", headers("application/grpc"), nil, true},
+		{"the ACK of sniff's SETTINGS is dropped", headers("application/grpc", true), withoutAck, true},
+		{"grpc+proto", headers("application/grpc+proto"), nil, true},
+		{"json over h2c", headers("application/json"), nil, false},
+		{"grpc-web is not gRPC", headers("application/grpc-web"), nil, false},
+		{"preface, then waiting", []byte(preface), nil, true},
+		{"HTTP/1", []byte("POST / HTTP/1.1\r\nHost: x\r\n\r\n"), nil, false},
+		{"garbage", []byte("PRI * HTTP/1.1\r\n"), nil, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			client, server := net.Pipe()
 			defer client.Close()
 			go func() { _, _ = client.Write(tc.sent) }()
+			fromServer := make(chan []byte, 1)
+			go func() { b, _ := io.ReadAll(client); fromServer <- b }()
 			conn, grpc := classify(server)
 			if grpc != tc.grpc {
 				t.Errorf("gRPC %v, want %v", grpc, tc.grpc)
 			}
 			// What was read comes first, byte for byte.
-			got := make([]byte, len(tc.sent))
+			want := tc.sent
+			if tc.want != nil {
+				want = tc.want
+			}
+			got := make([]byte, len(want))
 			_ = conn.SetReadDeadline(time.Now().Add(time.Second))
-			if _, err := io.ReadFull(conn, got); err != nil || !bytes.Equal(got, tc.sent) {
-				t.Errorf("replayed %q (%v), want %q", got, err, tc.sent)
+			if _, err := io.ReadFull(conn, got); err != nil || !bytes.Equal(got, want) {
+				t.Errorf("replayed %q (%v), want %q", got, err, want)
+			}
+			// An HTTP/2 client got an empty SETTINGS frame, nothing else.
+			conn.Close()
+			wantSettings := []byte(nil)
+			if bytes.HasPrefix(tc.sent, []byte(preface)) {
+				wantSettings = settings
+			}
+			if b := <-fromServer; !bytes.Equal(b, wantSettings) {
+				t.Errorf("the client got %q, want %q", b, wantSettings)
 			}
 		})
 	}
