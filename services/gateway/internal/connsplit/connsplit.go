@@ -31,12 +31,13 @@ import (
 // preface is what an HTTP/2 client with prior knowledge sends first.
 const preface = http2.ClientPreface
 
+// PrefaceWait bounds the wait for a connection's first bytes; a connection
+// that sends nothing by then goes to the HTTP server, whose own timeouts
+// apply from there. A variable for the tests.
+var PrefaceWait = 10 * time.Second
+
 // Limits of the look at a connection's start.
 const (
-	// PrefaceWait bounds the wait for a connection's first bytes; a
-	// connection that sends nothing by then goes to the HTTP server, whose
-	// own timeouts apply from there.
-	PrefaceWait = 10 * time.Second
 	// HeadersWait bounds the wait, after the preface, for the first HEADERS
 	// frame (see the package comment).
 	HeadersWait = 200 * time.Millisecond
@@ -56,11 +57,14 @@ type Split struct {
 	done           chan struct{}
 	once           sync.Once
 	wg             sync.WaitGroup
+
+	mu      sync.Mutex
+	pending map[net.Conn]bool // being classified
 }
 
 // New starts accepting on ln.
 func New(ln net.Listener) *Split {
-	s := &Split{ln: ln, grpcCh: make(chan net.Conn), httpCh: make(chan net.Conn), done: make(chan struct{})}
+	s := &Split{ln: ln, grpcCh: make(chan net.Conn), httpCh: make(chan net.Conn), done: make(chan struct{}), pending: map[net.Conn]bool{}}
 	s.GRPC = &listener{s: s, ch: s.grpcCh, closed: make(chan struct{})}
 	s.HTTP = &listener{s: s, ch: s.httpCh, closed: make(chan struct{})}
 	s.wg.Add(1)
@@ -74,6 +78,11 @@ func (s *Split) Close() error {
 	s.once.Do(func() {
 		close(s.done)
 		err = s.ln.Close()
+		s.mu.Lock()
+		for c := range s.pending { // not to wait for their first bytes
+			c.Close()
+		}
+		s.mu.Unlock()
 	})
 	s.wg.Wait()
 	return err
@@ -90,10 +99,23 @@ func (s *Split) accept() {
 			}
 			return
 		}
+		s.mu.Lock()
+		select {
+		case <-s.done:
+			s.mu.Unlock()
+			c.Close()
+			return
+		default:
+		}
+		s.pending[c] = true
+		s.mu.Unlock()
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
 			conn, grpc := classify(c)
+			s.mu.Lock()
+			delete(s.pending, c)
+			s.mu.Unlock()
 			ch := s.httpCh
 			if grpc {
 				ch = s.grpcCh

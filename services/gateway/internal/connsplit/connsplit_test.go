@@ -158,3 +158,34 @@ func TestClassify(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseDoesNotWaitForSilentClients: a connection that has sent nothing
+// yet is closed with the split instead of holding Close for PrefaceWait.
+func TestCloseDoesNotWaitForSilentClients(t *testing.T) {
+	defer func(d time.Duration) { PrefaceWait = d }(PrefaceWait)
+	PrefaceWait = time.Hour // Close would wait for it
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(ln)
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// The split has the connection once it is being classified.
+	for {
+		s.mu.Lock()
+		n := len(s.pending)
+		s.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	_ = s.Close()
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Error("the silent connection is still open after Close")
+	}
+}
