@@ -1,11 +1,16 @@
 package tests
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -31,16 +36,23 @@ const (
 // reach it: directly on the hypervisor's unix socket (gRPC), gRPC through the
 // gateway, REST and MCP (streamable HTTP, the official Go SDK). It prints p50,
 // p99 and calls/s for each and their ratios to the direct call: the price of
-// each surface. The VM is created with wait_for none and stopped before the
-// clock starts, so no guest competes for the CPU; only its record is read.
-// Run with a fixed count: go test -bench Surfaces -benchtime 1x (2000 calls
-// per surface; Nx multiplies that).
+// each surface. Two floors are measured with them, each a process of its own
+// as the gateway is: the direct call through a byte relay (a loopback port
+// copied to the hypervisor's socket: the second process crossing every
+// gateway surface pays, without any protocol work), and MCP against the same
+// SDK serving a get_vm that answers a fixed body (the SDK's own price). The
+// VM is created with wait_for none and stopped before the clock starts, so no
+// guest competes for the CPU; only its record is read. Run with a fixed
+// count: go test -bench Surfaces -benchtime 1x (2000 calls per surface; Nx
+// multiplies that). docs/performance.md#gateway-hop has the figures.
 func BenchmarkSurfaces(b *testing.B) {
 	images := cluster.GuestImages(b, "..")
 	// Stop waits up to the stop timeout for the guest to power off: keep it
 	// short, the guest is of no interest here.
 	b.Setenv("VM_MANAGER_STOP_TIMEOUT", "2s")
-	c := cluster.Start(b, cluster.Processes, binDir, cluster.Options{ImageDir: images, Quiet: true})
+	// At info, as deployed (and as the load test runs): debug writes a line
+	// per MCP tool call, whose writing the bench would measure too.
+	c := cluster.Start(b, cluster.Processes, binDir, cluster.Options{ImageDir: images, Quiet: true, LogLevel: "info"})
 	base := "http://" + c.Addr + "/api/v1"
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -70,6 +82,11 @@ func BenchmarkSurfaces(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer direct.Close()
+	relayed, err := grpc.NewClient(startHelper(b, "relay", c.Socket("hypervisor")), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer relayed.Close()
 	gw, err := grpc.NewClient(c.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		b.Fatal(err)
@@ -83,6 +100,28 @@ func BenchmarkSurfaces(b *testing.B) {
 		b.Fatalf("mcp connect: %v", err)
 	}
 	defer session.Close()
+	floorBody := filepath.Join(b.TempDir(), "vm.json")
+	if err := os.WriteFile(floorBody, body, 0o600); err != nil {
+		b.Fatal(err)
+	}
+	floor, err := mcp.NewClient(&mcp.Implementation{Name: "vmm-bench", Version: "0"}, nil).
+		Connect(ctx, &mcp.StreamableClientTransport{Endpoint: "http://" + startHelper(b, "mcp", floorBody), MaxRetries: -1, DisableStandaloneSSE: true}, nil)
+	if err != nil {
+		b.Fatalf("mcp floor connect: %v", err)
+	}
+	defer floor.Close()
+	mcpGet := func(session *mcp.ClientSession) func() error {
+		return func() error {
+			res, err := session.CallTool(ctx, &mcp.CallToolParams{Name: "get_vm", Arguments: map[string]any{"id": vm.ID}})
+			if err != nil {
+				return err
+			}
+			if text := mcpText(res); res.IsError || !strings.Contains(text, vm.ID) {
+				return fmt.Errorf("tool error %t: %s", res.IsError, text)
+			}
+			return nil
+		}
+	}
 
 	grpcGet := func(conn *grpc.ClientConn) func() error {
 		hv := hypervisorv1.NewHypervisorServiceClient(conn)
@@ -102,6 +141,7 @@ func BenchmarkSurfaces(b *testing.B) {
 		wall time.Duration
 	}{
 		{name: "direct (hypervisor.sock)", call: grpcGet(direct)},
+		{name: "direct via a byte relay", call: grpcGet(relayed)},
 		{name: "gRPC via gateway", call: grpcGet(gw)},
 		{name: "REST", call: func() error {
 			req, err := http.NewRequestWithContext(ctx, "GET", base+"/vms/"+vm.ID, nil)
@@ -119,16 +159,8 @@ func BenchmarkSurfaces(b *testing.B) {
 			}
 			return err
 		}},
-		{name: "MCP", call: func() error {
-			res, err := session.CallTool(ctx, &mcp.CallToolParams{Name: "get_vm", Arguments: map[string]any{"id": vm.ID}})
-			if err != nil {
-				return err
-			}
-			if text := mcpText(res); res.IsError || !strings.Contains(text, vm.ID) {
-				return fmt.Errorf("tool error %t: %s", res.IsError, text)
-			}
-			return nil
-		}},
+		{name: "MCP", call: mcpGet(session)},
+		{name: "MCP floor (SDK, no work)", call: mcpGet(floor)},
 	}
 	for i := range surfaces {
 		for range surfaceWarmup {
@@ -165,12 +197,12 @@ func BenchmarkSurfaces(b *testing.B) {
 			rate: float64(len(s.lat)) / s.wall.Seconds(),
 		}
 	}
-	keys := []string{"direct", "grpc", "rest", "mcp"}
-	fmt.Printf("get_vm of a %s VM, %d sequential calls per surface, ratios to the direct call:\n", vm.State, n)
-	fmt.Printf("  %-26s %10s %10s %10s %10s %10s %14s\n", "surface", "p50", "p99", "calls/s", "p50 ratio", "p99 ratio", "calls/s ratio")
+	keys := []string{"direct", "relay", "grpc", "rest", "mcp", "mcpfloor"}
+	fmt.Printf("get_vm of a %s VM, %d sequential calls per surface, ratios to the direct call (and, for p50, to the direct call through a byte relay: the gateway's second process crossing without any protocol work):\n", vm.State, n)
+	fmt.Printf("  %-26s %10s %10s %10s %10s %10s %10s %14s\n", "surface", "p50", "p99", "calls/s", "p50 ratio", "p50/relay", "p99 ratio", "calls/s ratio")
 	for i, s := range surfaces {
-		r, d := res[i], res[0]
-		fmt.Printf("  %-26s %8.0fµs %8.0fµs %10.0f %10.2f %10.2f %14.2f\n", s.name, r.p50, r.p99, r.rate, r.p50/d.p50, r.p99/d.p99, r.rate/d.rate)
+		r, d, rl := res[i], res[0], res[1]
+		fmt.Printf("  %-26s %8.0fµs %8.0fµs %10.0f %10.2f %10.2f %10.2f %14.2f\n", s.name, r.p50, r.p99, r.rate, r.p50/d.p50, r.p50/rl.p50, r.p99/d.p99, r.rate/d.rate)
 		b.ReportMetric(r.p50, keys[i]+"-p50-µs")
 		b.ReportMetric(r.p99, keys[i]+"-p99-µs")
 		b.ReportMetric(r.rate, keys[i]+"-calls/s")
@@ -179,6 +211,88 @@ func BenchmarkSurfaces(b *testing.B) {
 			b.ReportMetric(r.rate/d.rate, keys[i]+"-calls/s-ratio")
 		}
 	}
+}
+
+// helperEnv makes the test binary a helper process for the bench (init):
+// "relay <socket>" copies the bytes of each connection to a loopback port to
+// and from the unix socket, "mcp <file>" serves MCP (the same SDK, streamable
+// HTTP) whose get_vm answers the file's content without any work. Either
+// prints its address and serves until its stdin closes.
+const helperEnv = "VMM_BENCH_HELPER"
+
+func init() {
+	if h := os.Getenv(helperEnv); h != "" {
+		os.Exit(helper(h))
+	}
+}
+
+// startHelper runs a helper as a process of its own, as the gateway is, and
+// returns its address.
+func startHelper(b *testing.B, mode, arg string) string {
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), helperEnv+"="+mode+" "+arg)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { stdin.Close(); _ = cmd.Wait() })
+	addr, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		b.Fatalf("%s helper: %v", mode, err)
+	}
+	return strings.TrimSpace(addr)
+}
+
+func helper(h string) int {
+	mode, arg, _ := strings.Cut(h, " ")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "helper:", err)
+		return 1
+	}
+	fmt.Println(ln.Addr().String())
+	go func() { _, _ = io.Copy(io.Discard, os.Stdin); os.Exit(0) }()
+	switch mode {
+	case "relay":
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return 1
+			}
+			go func() {
+				defer c.Close()
+				u, err := net.Dial("unix", arg)
+				if err != nil {
+					return
+				}
+				defer u.Close()
+				go func() { _, _ = io.Copy(u, c) }()
+				_, _ = io.Copy(c, u)
+			}()
+		}
+	case "mcp":
+		body, err := os.ReadFile(arg)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "helper:", err)
+			return 1
+		}
+		srv := mcp.NewServer(&mcp.Implementation{Name: "floor", Version: "0"}, nil)
+		// The gateway's result: the body as text and as structured content.
+		srv.AddTool(&mcp.Tool{Name: "get_vm", InputSchema: json.RawMessage(`{"type":"object"}`), OutputSchema: json.RawMessage(`{"type":"object"}`)}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(body)}}, StructuredContent: json.RawMessage(body)}, nil
+		})
+		h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)
+		_ = http.Serve(ln, h)
+	}
+	return 1
 }
 
 // quantile is the q-quantile of d (nearest rank).

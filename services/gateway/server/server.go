@@ -25,6 +25,7 @@ import (
 	"github.com/giantswarm/vm-manager/pkg/identity"
 	"github.com/giantswarm/vm-manager/pkg/mesh"
 	"github.com/giantswarm/vm-manager/pkg/tracing"
+	"github.com/giantswarm/vm-manager/services/gateway/internal/connsplit"
 	"github.com/giantswarm/vm-manager/services/gateway/internal/execws"
 	"github.com/giantswarm/vm-manager/services/gateway/internal/mcp"
 	"github.com/giantswarm/vm-manager/services/gateway/internal/metrics"
@@ -165,15 +166,19 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// the revision to resume from) when the drain starts.
 	streams, endStreams := context.WithCancel(context.Background())
 	defer endStreams()
+	// As on the mesh: fixed windows (no flow-control PING per message),
+	// stream workers. gRPC's own transport (connsplit) enforces a keepalive
+	// policy, net/http's did not: a client may ping every 5 s, idle or not,
+	// without being sent away (a watch that sends nothing for minutes; a
+	// fleet gateway's connection pings at mesh.KeepaliveTime).
+	gopts = append(gopts, mesh.ServerTransportOptions()...)
+	gopts = append(gopts, grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: mesh.KeepaliveTime / 2, PermitWithoutStream: true}))
 	gs := grpc.NewServer(append(gopts,
-		// A fleet gateway's connection pings while a watch is open
-		// (mesh.KeepaliveTime); the default policy would answer GOAWAY.
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: mesh.KeepaliveTime / 2, PermitWithoutStream: true}),
 		grpc.UnknownServiceHandler(proxy.DrainingHandler(proxy.Routes{
 			hypervisorv1.HypervisorService_ServiceDesc.ServiceName:   hconn,
 			attestationv1.AttestationService_ServiceDesc.ServiceName: aconn,
 		}, streams, []string{hypervisorv1.HypervisorService_WatchVirtualMachines_FullMethodName})),
-		grpc.ForceServerCodec(proxy.Codec{}),
+		grpc.ForceServerCodecV2(proxy.Codec{}),
 	)...)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
@@ -283,23 +288,39 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		cfg.Ready(ln.Addr())
 	}
 
-	errc := make(chan error, 1)
-	go func() {
-		if tlsCfg != nil {
-			errc <- srv.ServeTLS(ln, "", "")
-			return
-		}
-		errc <- srv.Serve(ln)
-	}()
+	// Plaintext: gRPC connections go to the gRPC server's own transport, a
+	// hop much cheaper than ServeHTTP; the rest to srv (connsplit). Over TLS
+	// (a fleet's node gateways) both go through srv, gRPC by ServeHTTP: the
+	// split reads the HTTP/2 preface, which TLS hides.
+	errc := make(chan error, 2)
+	var split *connsplit.Split
+	if tlsCfg != nil {
+		go func() { errc <- srv.ServeTLS(ln, "", "") }()
+	} else {
+		split = connsplit.New(ln)
+		defer split.Close()
+		go func() { errc <- srv.Serve(split.HTTP) }()
+		go func() { errc <- gs.Serve(split.GRPC) }()
+	}
 	select {
 	case err := <-errc:
 		return err
 	case <-ctx.Done():
 	}
+	if split != nil {
+		_ = split.Close() // no new connections, as Shutdown's closing its listener did
+	}
 	hs.Shutdown()
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), mesh.DrainTimeout)
 	defer cancel()
+	endStreams()
+	grpcDone := make(chan struct{})
+	go func() { gs.GracefulStop(); close(grpcDone) }()
 	err = srv.Shutdown(shutdownCtx)
+	select {
+	case <-grpcDone:
+	case <-shutdownCtx.Done():
+	}
 	gs.Stop()
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil

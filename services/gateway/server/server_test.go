@@ -39,7 +39,7 @@ func (g getSeen) RoundTrip(r *http.Request) (*http.Response, error) {
 // startGateway runs the gateway on a loopback port with its backends'
 // sockets in dir until cancel; done gets what Run returned. configure, if
 // given, changes the configuration first.
-func startGateway(t *testing.T, dir string, configure ...func(*Config)) (addr string, cancel context.CancelFunc, done <-chan error) {
+func startGateway(t testing.TB, dir string, configure ...func(*Config)) (addr string, cancel context.CancelFunc, done <-chan error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	addrc := make(chan net.Addr, 1)

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -176,6 +177,9 @@ func (m *Metrics) StreamServerInterceptor() grpc.StreamServerInterceptor {
 // is in the process's protobuf registry, else "unknown": a forwarder accepts
 // any name, and the label must stay bounded.
 func GRPCMethodLabel(full string) string {
+	if _, ok := knownMethods.Load(full); ok {
+		return full
+	}
 	svc, method, ok := strings.Cut(strings.TrimPrefix(full, "/"), "/")
 	if !ok || svc == "" || method == "" || strings.Contains(method, "/") {
 		return unknownMethod
@@ -187,5 +191,11 @@ func GRPCMethodLabel(full string) string {
 	if _, ok := d.(protoreflect.MethodDescriptor); !ok {
 		return unknownMethod
 	}
+	knownMethods.Store(full, struct{}{})
 	return full
 }
+
+// knownMethods are the full methods found in the registry so far, so that a
+// call's label is one map read: bounded by the registry, as unknown names are
+// not kept.
+var knownMethods sync.Map

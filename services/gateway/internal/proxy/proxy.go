@@ -14,34 +14,46 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
 )
 
-// Frame is one undecoded message.
-type Frame struct{ data []byte }
+// Frame is one undecoded message: the buffers gRPC read it into, passed on
+// to the next write without a copy.
+type Frame struct{ data mem.BufferSlice }
 
 // Codec passes Frames through untouched and encodes everything else as
 // protobuf, so the same server also serves health and reflection. Its name is
 // "proto": on the wire nothing changes.
 type Codec struct{}
 
-var _ encoding.Codec = Codec{}
+var (
+	_ encoding.CodecV2 = Codec{}
+	// protoCodec is gRPC's own, registered by the grpc package.
+	protoCodec = encoding.GetCodecV2("proto")
+)
 
-func (Codec) Marshal(v any) ([]byte, error) {
+// Marshal hands a Frame's buffers over: gRPC frees them once written.
+func (Codec) Marshal(v any) (mem.BufferSlice, error) {
 	if f, ok := v.(*Frame); ok {
-		return f.data, nil
+		data := f.data
+		f.data = nil
+		return data, nil
 	}
-	return proto.Marshal(v.(proto.Message))
+	return protoCodec.Marshal(v)
 }
 
-func (Codec) Unmarshal(data []byte, v any) error {
+// Unmarshal keeps a reference to the buffers, which gRPC frees on return.
+func (Codec) Unmarshal(data mem.BufferSlice, v any) error {
 	if f, ok := v.(*Frame); ok {
-		f.data = append(f.data[:0], data...)
+		data.Ref()
+		f.data = data
 		return nil
 	}
-	return proto.Unmarshal(data, v.(proto.Message))
+	return protoCodec.Unmarshal(data, v)
 }
 
 func (Codec) Name() string { return "proto" }
@@ -59,6 +71,7 @@ func Handler(routes Routes) grpc.StreamHandler { return DrainingHandler(routes, 
 // such as a watch) with unavailable when drain ends, so that a shutdown does
 // not wait for them; other calls finish as usual.
 func DrainingHandler(routes Routes, drain context.Context, longLived []string) grpc.StreamHandler {
+	unary := unaryMethods(routes)
 	return func(_ any, ss grpc.ServerStream) error {
 		method, ok := grpc.MethodFromServerStream(ss)
 		if !ok {
@@ -84,6 +97,9 @@ func DrainingHandler(routes Routes, drain context.Context, longLived []string) g
 			}
 			return err
 		}
+		if unary[method] {
+			return forwardUnary(ss, conn, method)
+		}
 		return forward(ss, conn, method)
 	}
 }
@@ -96,24 +112,23 @@ type withContext struct {
 
 func (w *withContext) Context() context.Context { return w.ctx }
 
-// hop-by-hop and transport metadata the client library sets by itself.
+// outgoing is ctx with the caller's metadata as the backend call's, less
+// the hop-by-hop and transport metadata the client library sets by itself.
 func outgoing(ctx context.Context) context.Context {
-	in, _ := metadata.FromIncomingContext(ctx)
-	out := metadata.MD{}
-	for k, v := range in {
+	md, _ := metadata.FromIncomingContext(ctx) // a copy, ours to trim
+	for k := range md {
 		if strings.HasPrefix(k, ":") || strings.HasPrefix(k, "grpc-") || k == "content-type" || k == "user-agent" || k == "te" {
-			continue
+			delete(md, k)
 		}
-		out[k] = v
 	}
-	return metadata.NewOutgoingContext(ctx, out)
+	return metadata.NewOutgoingContext(ctx, md)
 }
 
 func forward(ss grpc.ServerStream, conn grpc.ClientConnInterface, method string) error {
 	ctx, cancel := context.WithCancel(ss.Context())
 	defer cancel()
 	desc := &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}
-	cs, err := conn.NewStream(outgoing(ctx), desc, method, grpc.ForceCodec(Codec{}))
+	cs, err := conn.NewStream(outgoing(ctx), desc, method, grpc.ForceCodecV2(Codec{}))
 	if err != nil {
 		return err
 	}
@@ -158,4 +173,54 @@ func forward(ss grpc.ServerStream, conn grpc.ClientConnInterface, method string)
 			return err
 		}
 	}
+}
+
+// unaryMethods are the full names of the routed services' unary methods, as
+// the protobuf registry knows them: they are forwarded as one call (Invoke)
+// rather than as a stream, which saves the stream's second goroutine and its
+// extra frames. A method the registry does not know takes the stream path.
+func unaryMethods(routes Routes) map[string]bool {
+	unary := map[string]bool{}
+	for svc := range routes {
+		d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(svc))
+		if err != nil {
+			continue
+		}
+		sd, ok := d.(protoreflect.ServiceDescriptor)
+		if !ok {
+			continue
+		}
+		for i := range sd.Methods().Len() {
+			m := sd.Methods().Get(i)
+			if !m.IsStreamingClient() && !m.IsStreamingServer() {
+				unary["/"+svc+"/"+string(m.Name())] = true
+			}
+		}
+	}
+	return unary
+}
+
+// forwardUnary forwards a unary call: the one request frame, then the
+// backend's header, response frame and trailer.
+func forwardUnary(ss grpc.ServerStream, conn grpc.ClientConnInterface, method string) error {
+	in := &Frame{}
+	if err := ss.RecvMsg(in); err != nil {
+		if errors.Is(err, io.EOF) {
+			return status.Error(codes.Internal, "grpc: client streaming protocol violation: get <nil>, want <EOF>")
+		}
+		return err
+	}
+	out := &Frame{}
+	var header, trailer metadata.MD
+	err := conn.Invoke(outgoing(ss.Context()), method, in, out, grpc.ForceCodecV2(Codec{}), grpc.Header(&header), grpc.Trailer(&trailer))
+	if len(header) > 0 {
+		if err := ss.SendHeader(header); err != nil {
+			return err
+		}
+	}
+	ss.SetTrailer(trailer)
+	if err != nil {
+		return err
+	}
+	return ss.SendMsg(out)
 }
