@@ -6,6 +6,9 @@ package main
 import (
 	"cmp"
 	"context"
+	"errors"
+	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 
@@ -14,6 +17,8 @@ import (
 	"github.com/giantswarm/vm-manager/pkg/logging"
 	"github.com/giantswarm/vm-manager/pkg/mesh"
 	"github.com/giantswarm/vm-manager/pkg/tracing"
+	"github.com/giantswarm/vm-manager/services/gateway/internal/fleet"
+	"github.com/giantswarm/vm-manager/services/gateway/internal/fleet/kube"
 	"github.com/giantswarm/vm-manager/services/gateway/server"
 )
 
@@ -33,6 +38,8 @@ func main() {
 			metricsOn := fs.Bool("metrics-enabled", "VM_MANAGER_METRICS_ENABLED", false, "serve Prometheus metrics at /metrics (VMs, networks, requests per surface)")
 			logger := logging.Flags(fs, "info", "gateway")
 			tracer := tracing.Flags(fs)
+			fleetDiscovery := fs.String("fleet-discovery", "VM_MANAGER_FLEET_DISCOVERY", "static", "how the fleet gateway finds its nodes: static (--fleet-nodes) or kubernetes (the EndpointSlices of --fleet-service)")
+			kubeFleet := kube.Flags(fs)
 			return func(ctx context.Context) error {
 				log, err := logger()
 				if err != nil {
@@ -43,6 +50,14 @@ func main() {
 					return err
 				}
 				defer stopTracing()
+				disc, err := discovery(*fleetDiscovery, kubeFleet, log)
+				if err != nil {
+					return err
+				}
+				if disc != nil {
+					// The router (package fleet) takes the Discovery here.
+					return errors.New("fleet mode: this gateway has no fleet router yet")
+				}
 				cfg := server.Config{
 					Listen:            *listen,
 					HypervisorSocket:  cmp.Or(*hvSock, filepath.Join(*runDir, mesh.HypervisorSocket)),
@@ -57,4 +72,16 @@ func main() {
 			}
 		},
 	}))
+}
+
+// discovery is the fleet's Discovery the flags ask for, nil when the gateway
+// is a node's own (not a fleet gateway).
+func discovery(kind string, kubeFleet func() kube.Config, log *slog.Logger) (fleet.Discovery, error) {
+	switch kind {
+	case "static":
+		return nil, nil
+	case "kubernetes":
+		return kube.NewInCluster(kubeFleet(), log)
+	}
+	return nil, fmt.Errorf("--fleet-discovery %q: want static or kubernetes", kind)
 }
