@@ -175,6 +175,7 @@ func lifecycle(t *testing.T, c *cluster.Cluster) {
 				MemoryRSSBytes     *int64   `json:"memory_rss_bytes"`
 				BootToReadySeconds *float64 `json:"boot_to_ready_seconds"`
 				Attestation        string
+				BootPhases         map[string]float64 `json:"boot_phases"`
 			}
 		}
 		var att struct {
@@ -193,6 +194,19 @@ func lifecycle(t *testing.T, c *cluster.Cluster) {
 		h := met.Host
 		if h.State != "ready" || h.Pid == nil || *h.Pid != t1.Processes.Qemu.Pid || h.MemoryRSSBytes == nil || *h.MemoryRSSBytes <= 0 || h.BootToReadySeconds == nil || h.Attestation != "disabled" {
 			t.Errorf("metrics %+v", h)
+		}
+		// The launch's phases: the host's and, read from the console at
+		// READY=1, the guest's; together no longer than the launch.
+		var sum float64
+		for _, k := range []string{"provision", "register", "swtpm", "qemu", "firmware", "kernel", "agent"} {
+			v, ok := h.BootPhases[k+"_seconds"]
+			if !ok || v < 0 {
+				t.Errorf("boot_phases.%s_seconds = %v (present %v) in %v", k, v, ok, h.BootPhases)
+			}
+			sum += v
+		}
+		if total := h.BootPhases["total_seconds"]; h.BootPhases["firmware_seconds"] <= 0 || h.BootPhases["kernel_seconds"] <= 0 || sum > total+0.05 {
+			t.Errorf("boot_phases %v: a firmware and a kernel phase, and phases summing (%.3f) to at most total_seconds", h.BootPhases, sum)
 		}
 	})
 	if t1.ID == "" {

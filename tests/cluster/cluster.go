@@ -62,6 +62,9 @@ type Options struct {
 	// binaries' flags by their variables (Processes mode only; SetEnv
 	// changes them for the next start of a service).
 	Env []string
+	// TLSCertFile, TLSKeyFile: the gateway serves over TLS (Processes mode
+	// only); TLSCAFile verifies it for WaitReady.
+	TLSCertFile, TLSKeyFile, TLSCAFile string
 }
 
 // Cluster is a running set of the three services.
@@ -164,6 +167,9 @@ func (c *Cluster) env() []string {
 	}
 	if c.options.StopVMsOnExit {
 		env = append(env, "VM_MANAGER_DETACH_VMS_ON_EXIT=false")
+	}
+	if c.options.TLSCertFile != "" {
+		env = append(env, "VM_MANAGER_TLS_CERT_FILE="+c.options.TLSCertFile, "VM_MANAGER_TLS_KEY_FILE="+c.options.TLSKeyFile)
 	}
 	return append(env, c.options.Env...)
 }
@@ -302,6 +308,14 @@ func (c *Cluster) StopAll() {
 // WaitReady waits until /readyz answers 200.
 func (c *Cluster) WaitReady(d time.Duration) {
 	c.t.Helper()
+	if c.options.TLSCAFile != "" {
+		client, err := TLSClient(c.options.TLSCAFile)
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		waitFor(c.t, d, "gateway /readyz", func() error { return readyzWith(client, "https://"+c.Addr) })
+		return
+	}
 	waitFor(c.t, d, "gateway /readyz", func() error { return Readyz(c.Addr) })
 }
 

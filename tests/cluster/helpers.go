@@ -109,8 +109,10 @@ func DoContext(ctx context.Context, t testing.TB, method, url, body string, head
 }
 
 // Readyz is nil when the gateway at addr (host:port) answers /readyz with 200.
-func Readyz(addr string) error {
-	resp, err := http.Get("http://" + addr + "/readyz")
+func Readyz(addr string) error { return readyzWith(http.DefaultClient, "http://"+addr) }
+
+func readyzWith(client *http.Client, base string) error {
+	resp, err := client.Get(base + "/readyz")
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/giantswarm/vm-manager/gen/apierr"
 	"github.com/giantswarm/vm-manager/gen/openapi"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
@@ -32,6 +34,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 	reflectionv1 "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	reflectionv1alpha "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
@@ -64,6 +67,19 @@ type Config struct {
 	MetricsEnabled bool
 	// Ready, if set, receives the bound address once the gateway serves.
 	Ready func(addr net.Addr)
+	// TLSCertFile and TLSKeyFile, if set, serve everything on Listen over
+	// TLS: gRPC as h2 and REST, MCP and the probes as HTTP/1.1 or h2 (ALPN).
+	// A fleet gateway reaches its node gateways this way.
+	TLSCertFile string
+	TLSKeyFile  string
+	// Fleet says the backend sockets are a fleet router's (fleet.Router.Serve):
+	// there is no TelemetryService to scrape, so /metrics has the requests
+	// only (each node's gateway has its host metrics).
+	Fleet bool
+	// Readiness, if set, is /readyz's check instead of the backends' health:
+	// a fleet gateway is ready while one node answers, and names the nodes
+	// otherwise.
+	Readiness func(context.Context) error
 }
 
 // PublicServices are the services the gateway exposes. The attestation
@@ -134,7 +150,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if cfg.MetricsEnabled {
 		// The scrape has no caller: it reads the hypervisor's internal,
 		// read-only TelemetryService.
-		met = metrics.New(hypervisorv1.NewTelemetryServiceClient(hconn), log)
+		var telemetry metrics.Source
+		if !cfg.Fleet {
+			telemetry = hypervisorv1.NewTelemetryServiceClient(hconn)
+		}
+		met = metrics.New(telemetry, log)
 		observe = met.ObserveMCP
 		if verifier != nil {
 			met.AddKeyStats(verifier.KeyStats)
@@ -146,6 +166,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	streams, endStreams := context.WithCancel(context.Background())
 	defer endStreams()
 	gs := grpc.NewServer(append(gopts,
+		// A fleet gateway's connection pings while a watch is open
+		// (mesh.KeepaliveTime); the default policy would answer GOAWAY.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: mesh.KeepaliveTime / 2, PermitWithoutStream: true}),
 		grpc.UnknownServiceHandler(proxy.DrainingHandler(proxy.Routes{
 			hypervisorv1.HypervisorService_ServiceDesc.ServiceName:   hconn,
 			attestationv1.AttestationService_ServiceDesc.ServiceName: aconn,
@@ -171,7 +194,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	mux.HandleFunc("GET /api/v1/openapi.json", serveBytes("application/json", openapi.JSON))
 	mux.HandleFunc("GET /api/v1/openapi.yaml", serveBytes("application/yaml", openapi.YAML))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
-	mux.HandleFunc("GET /readyz", readyz(backends))
+	if cfg.Readiness != nil {
+		mux.HandleFunc("GET /readyz", readyzFunc(cfg.Readiness))
+	} else {
+		mux.HandleFunc("GET /readyz", readyz(backends))
+	}
 	var api http.Handler = rest.HeadAsGet(rest.LimitBody(gw))
 	if met != nil {
 		api = met.HTTP(metrics.SurfaceREST, api)
@@ -195,6 +222,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	mux.Handle(mcpPath, tracing.InHeader(mcpHandler))
 	mux.HandleFunc("/", rest.NotFound)
 
+	tlsCfg, err := loadTLS(cfg.TLSCertFile, cfg.TLSKeyFile)
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return err
@@ -236,7 +267,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
 	protocols.SetUnencryptedHTTP2(true) // gRPC without TLS (prior knowledge), as grpcurl -plaintext speaks it
+	protocols.SetHTTP2(true)            // gRPC over TLS (ALPN h2)
 	srv := &http.Server{
+		TLSConfig:         tlsCfg,
 		Handler:           root,
 		Protocols:         &protocols,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -245,13 +278,19 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	srv.RegisterOnShutdown(mcpHandler.drain)
 	srv.RegisterOnShutdown(endStreams)
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	log.Info("gateway serving", "listen", ln.Addr().String(), "hypervisor", cfg.HypervisorSocket, "attestation", cfg.AttestationSocket, "oidc_issuer", verifier.Issuer(), "public_url", cfg.Resource.PublicURL)
+	log.Info("gateway serving", "listen", ln.Addr().String(), "tls", tlsCfg != nil, "hypervisor", cfg.HypervisorSocket, "attestation", cfg.AttestationSocket, "oidc_issuer", verifier.Issuer(), "public_url", cfg.Resource.PublicURL)
 	if cfg.Ready != nil {
 		cfg.Ready(ln.Addr())
 	}
 
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() {
+		if tlsCfg != nil {
+			errc <- srv.ServeTLS(ln, "", "")
+			return
+		}
+		errc <- srv.Serve(ln)
+	}()
 	select {
 	case err := <-errc:
 		return err
@@ -391,6 +430,20 @@ func readyz(backends map[string]*grpc.ClientConn) http.HandlerFunc {
 	}
 }
 
+// readyzFunc answers /readyz with check's verdict, bounded to 2 seconds.
+func readyzFunc(check func(context.Context) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := check(ctx); err != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte("not ready: " + apierr.MessageOf(err) + "\n"))
+			return
+		}
+		_, _ = w.Write([]byte("ok"))
+	}
+}
+
 // publicServiceInfo lists the public services (plus health and reflection)
 // for reflection: the forwarder registers none of them itself.
 type publicServiceInfo struct{ s *grpc.Server }
@@ -401,4 +454,21 @@ func (p publicServiceInfo) GetServiceInfo() map[string]grpc.ServiceInfo {
 		out[name] = grpc.ServiceInfo{}
 	}
 	return out
+}
+
+// loadTLS is the listener's TLS configuration, or nil without a
+// certificate. The pair is read once at start; a renewed certificate takes
+// a restart (a rolling one in Kubernetes).
+func loadTLS(certFile, keyFile string) (*tls.Config, error) {
+	if certFile == "" && keyFile == "" {
+		return nil, nil
+	}
+	if certFile == "" || keyFile == "" {
+		return nil, fmt.Errorf("--tls-cert-file and --tls-key-file go together")
+	}
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("TLS certificate: %w", err)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
 }

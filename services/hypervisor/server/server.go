@@ -240,6 +240,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Lifetimes:          cfg.Lifetimes,
 		Network:            networkLimits(cfg, log),
 		Watch:              cfg.Watch,
+		IDPrefix:           idPrefix(cfg.Host.Node),
 	}, log, st, cat, attestationv1.NewVerifierServiceClient(aconn), router, drv)
 	if err != nil {
 		return err
@@ -297,4 +298,13 @@ func listenNotify(stateDir string, port uint32) (notify.Listener, uint32, error)
 		return nil, 0, err
 	}
 	return l, bound, nil
+}
+
+// idPrefix is a fleet node's VM id prefix: its index as 3 hex characters
+// (fleet.IndexOf reads it back), or none outside a fleet.
+func idPrefix(n host.Node) string {
+	if n.Index == nil {
+		return ""
+	}
+	return fmt.Sprintf("%03x", *n.Index)
 }

@@ -105,8 +105,11 @@ func (*ListImagePoliciesRequest) Descriptor() ([]byte, []int) {
 }
 
 type ListImagePoliciesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Policies      []*ImagePolicy         `protobuf:"bytes,1,rep,name=policies,proto3" json:"policies,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Policies []*ImagePolicy         `protobuf:"bytes,1,rep,name=policies,proto3" json:"policies,omitempty"`
+	// Fleet gateway only: the nodes that did not answer (REST: a Warning
+	// header per node).
+	Warnings      []string `protobuf:"bytes,2,rep,name=warnings,proto3" json:"warnings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -144,6 +147,13 @@ func (*ListImagePoliciesResponse) Descriptor() ([]byte, []int) {
 func (x *ListImagePoliciesResponse) GetPolicies() []*ImagePolicy {
 	if x != nil {
 		return x.Policies
+	}
+	return nil
+}
+
+func (x *ListImagePoliciesResponse) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
 	}
 	return nil
 }
@@ -389,9 +399,10 @@ const file_vmmanager_attestation_v1_attestation_service_proto_rawDesc = "" +
 	"2vmmanager/attestation/v1/attestation_service.proto\x12\x18vmmanager.attestation.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a*vmmanager/attestation/v1/attestation.proto\":\n" +
 	"#GetVirtualMachineAttestationRequest\x12\x13\n" +
 	"\x02id\x18\x01 \x01(\tB\x03\xe0A\x02R\x02id\"\x1a\n" +
-	"\x18ListImagePoliciesRequest\"^\n" +
+	"\x18ListImagePoliciesRequest\"\x7f\n" +
 	"\x19ListImagePoliciesResponse\x12A\n" +
-	"\bpolicies\x18\x01 \x03(\v2%.vmmanager.attestation.v1.ImagePolicyR\bpolicies\"2\n" +
+	"\bpolicies\x18\x01 \x03(\v2%.vmmanager.attestation.v1.ImagePolicyR\bpolicies\x12\x1f\n" +
+	"\bwarnings\x18\x02 \x03(\tB\x03\xe0A\x03R\bwarnings\"2\n" +
 	"\x15GetImagePolicyRequest\x12\x19\n" +
 	"\x05image\x18\x01 \x01(\tB\x03\xe0A\x02R\x05image\"o\n" +
 	"\x18ImportImagePolicyRequest\x12\x19\n" +

@@ -109,8 +109,18 @@ type Host struct {
 	// PEM of this host's vTPM CA, which signs the EK certificate of every vTPM
 	// the hypervisor provisions (VirtualMachine.tpm.ek_certificate).
 	VtpmCaCertificate string `protobuf:"bytes,19,opt,name=vtpm_ca_certificate,json=vtpmCaCertificate,proto3" json:"vtpm_ca_certificate,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The node this hypervisor is in a fleet (--node-name, --node-index,
+	// --node-labels); node_index is absent outside a fleet. A fleet gateway's
+	// summary (GetHost without node) names no node.
+	NodeName   string            `protobuf:"bytes,20,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	NodeIndex  *int32            `protobuf:"varint,21,opt,name=node_index,json=nodeIndex,proto3,oneof" json:"node_index,omitempty"`
+	NodeLabels map[string]string `protobuf:"bytes,22,rep,name=node_labels,json=nodeLabels,proto3" json:"node_labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// A fleet gateway's summary only: one line per node (cpus and
+	// memory_bytes above are then the fleet's totals over the nodes that
+	// answered; warnings name the nodes that did not).
+	FleetNodes    []*FleetNode `protobuf:"bytes,23,rep,name=fleet_nodes,json=fleetNodes,proto3" json:"fleet_nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Host) Reset() {
@@ -276,6 +286,170 @@ func (x *Host) GetVtpmCaCertificate() string {
 	return ""
 }
 
+func (x *Host) GetNodeName() string {
+	if x != nil {
+		return x.NodeName
+	}
+	return ""
+}
+
+func (x *Host) GetNodeIndex() int32 {
+	if x != nil && x.NodeIndex != nil {
+		return *x.NodeIndex
+	}
+	return 0
+}
+
+func (x *Host) GetNodeLabels() map[string]string {
+	if x != nil {
+		return x.NodeLabels
+	}
+	return nil
+}
+
+func (x *Host) GetFleetNodes() []*FleetNode {
+	if x != nil {
+		return x.FleetNodes
+	}
+	return nil
+}
+
+// FleetNode is one node's line in a fleet gateway's host summary.
+type FleetNode struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Index int32                  `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	// The node answered; error says why not otherwise.
+	Available   bool   `protobuf:"varint,3,opt,name=available,proto3" json:"available,omitempty"`
+	Error       string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	Hostname    string `protobuf:"bytes,5,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	Cpus        int32  `protobuf:"varint,6,opt,name=cpus,proto3" json:"cpus,omitempty"`
+	MemoryBytes int64  `protobuf:"varint,7,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	// VMs on the node, and the cpus and memory of those not stopped, failed
+	// or suspended (what placement counts as taken).
+	Vms                  int32             `protobuf:"varint,8,opt,name=vms,proto3" json:"vms,omitempty"`
+	AllocatedCpus        int32             `protobuf:"varint,9,opt,name=allocated_cpus,json=allocatedCpus,proto3" json:"allocated_cpus,omitempty"`
+	AllocatedMemoryBytes int64             `protobuf:"varint,10,opt,name=allocated_memory_bytes,json=allocatedMemoryBytes,proto3" json:"allocated_memory_bytes,omitempty"`
+	Labels               map[string]string `protobuf:"bytes,11,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Ready                bool              `protobuf:"varint,12,opt,name=ready,proto3" json:"ready,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
+}
+
+func (x *FleetNode) Reset() {
+	*x = FleetNode{}
+	mi := &file_vmmanager_hypervisor_v1_host_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FleetNode) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FleetNode) ProtoMessage() {}
+
+func (x *FleetNode) ProtoReflect() protoreflect.Message {
+	mi := &file_vmmanager_hypervisor_v1_host_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FleetNode.ProtoReflect.Descriptor instead.
+func (*FleetNode) Descriptor() ([]byte, []int) {
+	return file_vmmanager_hypervisor_v1_host_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *FleetNode) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *FleetNode) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *FleetNode) GetAvailable() bool {
+	if x != nil {
+		return x.Available
+	}
+	return false
+}
+
+func (x *FleetNode) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *FleetNode) GetHostname() string {
+	if x != nil {
+		return x.Hostname
+	}
+	return ""
+}
+
+func (x *FleetNode) GetCpus() int32 {
+	if x != nil {
+		return x.Cpus
+	}
+	return 0
+}
+
+func (x *FleetNode) GetMemoryBytes() int64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *FleetNode) GetVms() int32 {
+	if x != nil {
+		return x.Vms
+	}
+	return 0
+}
+
+func (x *FleetNode) GetAllocatedCpus() int32 {
+	if x != nil {
+		return x.AllocatedCpus
+	}
+	return 0
+}
+
+func (x *FleetNode) GetAllocatedMemoryBytes() int64 {
+	if x != nil {
+		return x.AllocatedMemoryBytes
+	}
+	return 0
+}
+
+func (x *FleetNode) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *FleetNode) GetReady() bool {
+	if x != nil {
+		return x.Ready
+	}
+	return false
+}
+
 // Device is the result of an O_RDWR open test.
 type Device struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -288,7 +462,7 @@ type Device struct {
 
 func (x *Device) Reset() {
 	*x = Device{}
-	mi := &file_vmmanager_hypervisor_v1_host_proto_msgTypes[1]
+	mi := &file_vmmanager_hypervisor_v1_host_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -300,7 +474,7 @@ func (x *Device) String() string {
 func (*Device) ProtoMessage() {}
 
 func (x *Device) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_host_proto_msgTypes[1]
+	mi := &file_vmmanager_hypervisor_v1_host_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -313,7 +487,7 @@ func (x *Device) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Device.ProtoReflect.Descriptor instead.
 func (*Device) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_host_proto_rawDescGZIP(), []int{1}
+	return file_vmmanager_hypervisor_v1_host_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Device) GetPath() string {
@@ -350,7 +524,7 @@ type Tool struct {
 
 func (x *Tool) Reset() {
 	*x = Tool{}
-	mi := &file_vmmanager_hypervisor_v1_host_proto_msgTypes[2]
+	mi := &file_vmmanager_hypervisor_v1_host_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -362,7 +536,7 @@ func (x *Tool) String() string {
 func (*Tool) ProtoMessage() {}
 
 func (x *Tool) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_host_proto_msgTypes[2]
+	mi := &file_vmmanager_hypervisor_v1_host_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -375,7 +549,7 @@ func (x *Tool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tool.ProtoReflect.Descriptor instead.
 func (*Tool) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_host_proto_rawDescGZIP(), []int{2}
+	return file_vmmanager_hypervisor_v1_host_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Tool) GetFound() bool {
@@ -421,7 +595,7 @@ type Firmware struct {
 
 func (x *Firmware) Reset() {
 	*x = Firmware{}
-	mi := &file_vmmanager_hypervisor_v1_host_proto_msgTypes[3]
+	mi := &file_vmmanager_hypervisor_v1_host_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -433,7 +607,7 @@ func (x *Firmware) String() string {
 func (*Firmware) ProtoMessage() {}
 
 func (x *Firmware) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_host_proto_msgTypes[3]
+	mi := &file_vmmanager_hypervisor_v1_host_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -446,7 +620,7 @@ func (x *Firmware) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Firmware.ProtoReflect.Descriptor instead.
 func (*Firmware) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_host_proto_rawDescGZIP(), []int{3}
+	return file_vmmanager_hypervisor_v1_host_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Firmware) GetSha256() string {
@@ -481,7 +655,7 @@ var File_vmmanager_hypervisor_v1_host_proto protoreflect.FileDescriptor
 
 const file_vmmanager_hypervisor_v1_host_proto_rawDesc = "" +
 	"\n" +
-	"\"vmmanager/hypervisor/v1/host.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/api/field_behavior.proto\"\xa2\a\n" +
+	"\"vmmanager/hypervisor/v1/host.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/api/field_behavior.proto\"\xda\t\n" +
 	"\x04Host\x12\"\n" +
 	"\bhostname\x18\x01 \x01(\tB\x06\xe0A\x02\xe0A\x03R\bhostname\x12\x1e\n" +
 	"\x06kernel\x18\x02 \x01(\tB\x06\xe0A\x02\xe0A\x03R\x06kernel\x12\x1a\n" +
@@ -503,7 +677,35 @@ const file_vmmanager_hypervisor_v1_host_proto_rawDesc = "" +
 	"\x05ready\x18\x10 \x01(\bB\x06\xe0A\x02\xe0A\x03R\x05ready\x12\x1d\n" +
 	"\amissing\x18\x11 \x03(\tB\x03\xe0A\x03R\amissing\x12\x1f\n" +
 	"\bwarnings\x18\x12 \x03(\tB\x03\xe0A\x03R\bwarnings\x123\n" +
-	"\x13vtpm_ca_certificate\x18\x13 \x01(\tB\x03\xe0A\x03R\x11vtpmCaCertificate\"g\n" +
+	"\x13vtpm_ca_certificate\x18\x13 \x01(\tB\x03\xe0A\x03R\x11vtpmCaCertificate\x12 \n" +
+	"\tnode_name\x18\x14 \x01(\tB\x03\xe0A\x03R\bnodeName\x12'\n" +
+	"\n" +
+	"node_index\x18\x15 \x01(\x05B\x03\xe0A\x03H\x00R\tnodeIndex\x88\x01\x01\x12S\n" +
+	"\vnode_labels\x18\x16 \x03(\v2-.vmmanager.hypervisor.v1.Host.NodeLabelsEntryB\x03\xe0A\x03R\n" +
+	"nodeLabels\x12H\n" +
+	"\vfleet_nodes\x18\x17 \x03(\v2\".vmmanager.hypervisor.v1.FleetNodeB\x03\xe0A\x03R\n" +
+	"fleetNodes\x1a=\n" +
+	"\x0fNodeLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\r\n" +
+	"\v_node_index\"\x80\x04\n" +
+	"\tFleetNode\x12\x17\n" +
+	"\x04name\x18\x01 \x01(\tB\x03\xe0A\x03R\x04name\x12\x19\n" +
+	"\x05index\x18\x02 \x01(\x05B\x03\xe0A\x03R\x05index\x12!\n" +
+	"\tavailable\x18\x03 \x01(\bB\x03\xe0A\x03R\tavailable\x12\x19\n" +
+	"\x05error\x18\x04 \x01(\tB\x03\xe0A\x03R\x05error\x12\x1f\n" +
+	"\bhostname\x18\x05 \x01(\tB\x03\xe0A\x03R\bhostname\x12\x17\n" +
+	"\x04cpus\x18\x06 \x01(\x05B\x03\xe0A\x03R\x04cpus\x12&\n" +
+	"\fmemory_bytes\x18\a \x01(\x03B\x03\xe0A\x03R\vmemoryBytes\x12\x15\n" +
+	"\x03vms\x18\b \x01(\x05B\x03\xe0A\x03R\x03vms\x12*\n" +
+	"\x0eallocated_cpus\x18\t \x01(\x05B\x03\xe0A\x03R\rallocatedCpus\x129\n" +
+	"\x16allocated_memory_bytes\x18\n" +
+	" \x01(\x03B\x03\xe0A\x03R\x14allocatedMemoryBytes\x12K\n" +
+	"\x06labels\x18\v \x03(\v2..vmmanager.hypervisor.v1.FleetNode.LabelsEntryB\x03\xe0A\x03R\x06labels\x12\x19\n" +
+	"\x05ready\x18\f \x01(\bB\x03\xe0A\x03R\x05ready\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"g\n" +
 	"\x06Device\x12\x1a\n" +
 	"\x04path\x18\x01 \x01(\tB\x06\xe0A\x02\xe0A\x03R\x04path\x12&\n" +
 	"\n" +
@@ -538,27 +740,33 @@ func file_vmmanager_hypervisor_v1_host_proto_rawDescGZIP() []byte {
 }
 
 var file_vmmanager_hypervisor_v1_host_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_vmmanager_hypervisor_v1_host_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_vmmanager_hypervisor_v1_host_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_vmmanager_hypervisor_v1_host_proto_goTypes = []any{
-	(Accelerator)(0), // 0: vmmanager.hypervisor.v1.Accelerator
-	(*Host)(nil),     // 1: vmmanager.hypervisor.v1.Host
-	(*Device)(nil),   // 2: vmmanager.hypervisor.v1.Device
-	(*Tool)(nil),     // 3: vmmanager.hypervisor.v1.Tool
-	(*Firmware)(nil), // 4: vmmanager.hypervisor.v1.Firmware
+	(Accelerator)(0),  // 0: vmmanager.hypervisor.v1.Accelerator
+	(*Host)(nil),      // 1: vmmanager.hypervisor.v1.Host
+	(*FleetNode)(nil), // 2: vmmanager.hypervisor.v1.FleetNode
+	(*Device)(nil),    // 3: vmmanager.hypervisor.v1.Device
+	(*Tool)(nil),      // 4: vmmanager.hypervisor.v1.Tool
+	(*Firmware)(nil),  // 5: vmmanager.hypervisor.v1.Firmware
+	nil,               // 6: vmmanager.hypervisor.v1.Host.NodeLabelsEntry
+	nil,               // 7: vmmanager.hypervisor.v1.FleetNode.LabelsEntry
 }
 var file_vmmanager_hypervisor_v1_host_proto_depIdxs = []int32{
-	2, // 0: vmmanager.hypervisor.v1.Host.kvm:type_name -> vmmanager.hypervisor.v1.Device
-	2, // 1: vmmanager.hypervisor.v1.Host.vhost_vsock:type_name -> vmmanager.hypervisor.v1.Device
-	3, // 2: vmmanager.hypervisor.v1.Host.qemu:type_name -> vmmanager.hypervisor.v1.Tool
-	3, // 3: vmmanager.hypervisor.v1.Host.swtpm:type_name -> vmmanager.hypervisor.v1.Tool
-	3, // 4: vmmanager.hypervisor.v1.Host.systemd:type_name -> vmmanager.hypervisor.v1.Tool
-	4, // 5: vmmanager.hypervisor.v1.Host.firmware:type_name -> vmmanager.hypervisor.v1.Firmware
-	0, // 6: vmmanager.hypervisor.v1.Host.accelerator:type_name -> vmmanager.hypervisor.v1.Accelerator
-	7, // [7:7] is the sub-list for method output_type
-	7, // [7:7] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	3,  // 0: vmmanager.hypervisor.v1.Host.kvm:type_name -> vmmanager.hypervisor.v1.Device
+	3,  // 1: vmmanager.hypervisor.v1.Host.vhost_vsock:type_name -> vmmanager.hypervisor.v1.Device
+	4,  // 2: vmmanager.hypervisor.v1.Host.qemu:type_name -> vmmanager.hypervisor.v1.Tool
+	4,  // 3: vmmanager.hypervisor.v1.Host.swtpm:type_name -> vmmanager.hypervisor.v1.Tool
+	4,  // 4: vmmanager.hypervisor.v1.Host.systemd:type_name -> vmmanager.hypervisor.v1.Tool
+	5,  // 5: vmmanager.hypervisor.v1.Host.firmware:type_name -> vmmanager.hypervisor.v1.Firmware
+	0,  // 6: vmmanager.hypervisor.v1.Host.accelerator:type_name -> vmmanager.hypervisor.v1.Accelerator
+	6,  // 7: vmmanager.hypervisor.v1.Host.node_labels:type_name -> vmmanager.hypervisor.v1.Host.NodeLabelsEntry
+	2,  // 8: vmmanager.hypervisor.v1.Host.fleet_nodes:type_name -> vmmanager.hypervisor.v1.FleetNode
+	7,  // 9: vmmanager.hypervisor.v1.FleetNode.labels:type_name -> vmmanager.hypervisor.v1.FleetNode.LabelsEntry
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_vmmanager_hypervisor_v1_host_proto_init() }
@@ -566,13 +774,14 @@ func file_vmmanager_hypervisor_v1_host_proto_init() {
 	if File_vmmanager_hypervisor_v1_host_proto != nil {
 		return
 	}
+	file_vmmanager_hypervisor_v1_host_proto_msgTypes[0].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vmmanager_hypervisor_v1_host_proto_rawDesc), len(file_vmmanager_hypervisor_v1_host_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   4,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

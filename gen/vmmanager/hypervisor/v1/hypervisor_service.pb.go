@@ -146,7 +146,9 @@ func (AttestationState) EnumDescriptor() ([]byte, []int) {
 }
 
 type GetHostRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Fleet gateway only: this node's report instead of the fleet summary.
+	Node          string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -181,8 +183,17 @@ func (*GetHostRequest) Descriptor() ([]byte, []int) {
 	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{0}
 }
 
+func (x *GetHostRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
 type ListImagesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Fleet gateway only: only this node's catalog (docs/fleet.md); ignored by a node.
+	Node          string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -217,9 +228,19 @@ func (*ListImagesRequest) Descriptor() ([]byte, []int) {
 	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{1}
 }
 
+func (x *ListImagesRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
 type ListImagesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Images        []*Image               `protobuf:"bytes,1,rep,name=images,proto3" json:"images,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Images []*Image               `protobuf:"bytes,1,rep,name=images,proto3" json:"images,omitempty"`
+	// Fleet gateway only: the nodes that did not answer, so the list is
+	// partial (REST: a Warning header per node).
+	Warnings      []string `protobuf:"bytes,2,rep,name=warnings,proto3" json:"warnings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -261,10 +282,19 @@ func (x *ListImagesResponse) GetImages() []*Image {
 	return nil
 }
 
+func (x *ListImagesResponse) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
+}
+
 type GetImageRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// <id>_<version>, or the bare id for its newest version.
-	Ref           string `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	Ref string `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	// Fleet gateway only: the node to ask (docs/fleet.md); ignored by a node.
+	Node          string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -306,8 +336,17 @@ func (x *GetImageRequest) GetRef() string {
 	return ""
 }
 
+func (x *GetImageRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
 type ListNetworksRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Fleet gateway only: only this node's networks (docs/fleet.md); ignored by a node.
+	Node          string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -342,9 +381,19 @@ func (*ListNetworksRequest) Descriptor() ([]byte, []int) {
 	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{4}
 }
 
+func (x *ListNetworksRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
 type ListNetworksResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Networks      []*Network             `protobuf:"bytes,1,rep,name=networks,proto3" json:"networks,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Networks []*Network             `protobuf:"bytes,1,rep,name=networks,proto3" json:"networks,omitempty"`
+	// Fleet gateway only: the nodes that did not answer, so the list is
+	// partial (REST: a Warning header per node).
+	Warnings      []string `protobuf:"bytes,2,rep,name=warnings,proto3" json:"warnings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -386,9 +435,18 @@ func (x *ListNetworksResponse) GetNetworks() []*Network {
 	return nil
 }
 
+func (x *ListNetworksResponse) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
+}
+
 type GetNetworkRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Fleet gateway only: the node to ask (docs/fleet.md); ignored by a node.
+	Node          string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -430,6 +488,13 @@ func (x *GetNetworkRequest) GetName() string {
 	return ""
 }
 
+func (x *GetNetworkRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
 type CreateNetworkRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// A DNS label, at most 63 characters.
@@ -448,7 +513,9 @@ type CreateNetworkRequest struct {
 	// A records the network's DNS answers itself (at most 64).
 	DnsRecords []*DnsRecord `protobuf:"bytes,5,rep,name=dns_records,json=dnsRecords,proto3" json:"dns_records,omitempty"`
 	// Which names the network's DNS resolves; default open.
-	DnsPolicy     DnsPolicy `protobuf:"varint,6,opt,name=dns_policy,json=dnsPolicy,proto3,enum=vmmanager.hypervisor.v1.DnsPolicy" json:"dns_policy,omitempty"`
+	DnsPolicy DnsPolicy `protobuf:"varint,6,opt,name=dns_policy,json=dnsPolicy,proto3,enum=vmmanager.hypervisor.v1.DnsPolicy" json:"dns_policy,omitempty"`
+	// Fleet gateway only: create on this node; without it, on every node.
+	Node          string `protobuf:"bytes,7,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -525,9 +592,18 @@ func (x *CreateNetworkRequest) GetDnsPolicy() DnsPolicy {
 	return DnsPolicy_DNS_POLICY_UNSPECIFIED
 }
 
+func (x *CreateNetworkRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
 type DeleteNetworkRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Fleet gateway only: delete on this node; without it, on every node.
+	Node          string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -565,6 +641,13 @@ func (*DeleteNetworkRequest) Descriptor() ([]byte, []int) {
 func (x *DeleteNetworkRequest) GetName() string {
 	if x != nil {
 		return x.Name
+	}
+	return ""
+}
+
+func (x *DeleteNetworkRequest) GetNode() string {
+	if x != nil {
+		return x.Node
 	}
 	return ""
 }
@@ -622,7 +705,9 @@ func (x *DeleteNetworkResponse) GetDeleted() bool {
 }
 
 type ListVirtualMachinesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Fleet gateway only: only this node's VMs (docs/fleet.md); ignored by a node.
+	Node          string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -657,9 +742,19 @@ func (*ListVirtualMachinesRequest) Descriptor() ([]byte, []int) {
 	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{10}
 }
 
+func (x *ListVirtualMachinesRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
 type ListVirtualMachinesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Vms           []*VirtualMachine      `protobuf:"bytes,1,rep,name=vms,proto3" json:"vms,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Vms   []*VirtualMachine      `protobuf:"bytes,1,rep,name=vms,proto3" json:"vms,omitempty"`
+	// Fleet gateway only: the nodes that did not answer, so the list is
+	// partial (REST: a Warning header per node).
+	Warnings      []string `protobuf:"bytes,2,rep,name=warnings,proto3" json:"warnings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -697,6 +792,13 @@ func (*ListVirtualMachinesResponse) Descriptor() ([]byte, []int) {
 func (x *ListVirtualMachinesResponse) GetVms() []*VirtualMachine {
 	if x != nil {
 		return x.Vms
+	}
+	return nil
+}
+
+func (x *ListVirtualMachinesResponse) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
 	}
 	return nil
 }
@@ -784,7 +886,12 @@ type CreateVirtualMachineRequest struct {
 	// forward or IMDS traffic; default: none.
 	IdleTimeout string `protobuf:"bytes,17,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
 	// stop (the default).
-	OnIdle        OnIdle `protobuf:"varint,18,opt,name=on_idle,json=onIdle,proto3,enum=vmmanager.hypervisor.v1.OnIdle" json:"on_idle,omitempty"`
+	OnIdle OnIdle `protobuf:"varint,18,opt,name=on_idle,json=onIdle,proto3,enum=vmmanager.hypervisor.v1.OnIdle" json:"on_idle,omitempty"`
+	// Fleet gateway only (docs/fleet.md): the node to create on; without it,
+	// the node with the most free cpus and memory among those whose labels
+	// match node_selector (k=v,..., all must match). A node ignores both.
+	Node          string `protobuf:"bytes,19,opt,name=node,proto3" json:"node,omitempty"`
+	NodeSelector  string `protobuf:"bytes,20,opt,name=node_selector,json=nodeSelector,proto3" json:"node_selector,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -943,6 +1050,20 @@ func (x *CreateVirtualMachineRequest) GetOnIdle() OnIdle {
 		return x.OnIdle
 	}
 	return OnIdle_ON_IDLE_UNSPECIFIED
+}
+
+func (x *CreateVirtualMachineRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *CreateVirtualMachineRequest) GetNodeSelector() string {
+	if x != nil {
+		return x.NodeSelector
+	}
+	return ""
 }
 
 type DeleteVirtualMachineRequest struct {
@@ -1753,8 +1874,11 @@ type HostMetrics struct {
 	InstallSeconds     *float64               `protobuf:"fixed64,7,opt,name=install_seconds,proto3,oneof" json:"install_seconds,omitempty"`
 	BootToReadySeconds *float64               `protobuf:"fixed64,8,opt,name=boot_to_ready_seconds,proto3,oneof" json:"boot_to_ready_seconds,omitempty"`
 	Network            *NetworkMetrics        `protobuf:"bytes,9,opt,name=network,proto3" json:"network,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Where the seconds of the last installed boot's launch went; absent
+	// before the first one (docs/performance.md#create-to-ready).
+	BootPhases    *BootPhases `protobuf:"bytes,10,opt,name=boot_phases,proto3,oneof" json:"boot_phases,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HostMetrics) Reset() {
@@ -1850,6 +1974,128 @@ func (x *HostMetrics) GetNetwork() *NetworkMetrics {
 	return nil
 }
 
+func (x *HostMetrics) GetBootPhases() *BootPhases {
+	if x != nil {
+		return x.BootPhases
+	}
+	return nil
+}
+
+// BootPhases splits one launch of an installed boot, from the hypervisor's
+// start of it until READY=1. The host's phases are timed on the host's
+// clock; the guest's come from the guest's serial console (its kernel's
+// printk times and vm-agent's uptime at ready) and are absent until READY=1,
+// or when the console does not say.
+type BootPhases struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Provisioning the vTPM (a swtpm of the host's own: EK, AK, certificate).
+	ProvisionSeconds float64 `protobuf:"fixed64,1,opt,name=provision_seconds,proto3" json:"provision_seconds,omitempty"`
+	// Registering the boot with attestation.
+	RegisterSeconds float64 `protobuf:"fixed64,2,opt,name=register_seconds,proto3" json:"register_seconds,omitempty"`
+	// swtpm spawned until its control channel answers.
+	SwtpmSeconds float64 `protobuf:"fixed64,3,opt,name=swtpm_seconds,proto3" json:"swtpm_seconds,omitempty"`
+	// QEMU spawned until QMP answers (the vCPUs run from then on).
+	QemuSeconds float64 `protobuf:"fixed64,4,opt,name=qemu_seconds,proto3" json:"qemu_seconds,omitempty"`
+	// QMP answered until the kernel started (READY=1's arrival minus the
+	// guest's uptime then): the firmware, the boot loader, the kernel's
+	// decompression.
+	FirmwareSeconds *float64 `protobuf:"fixed64,5,opt,name=firmware_seconds,proto3,oneof" json:"firmware_seconds,omitempty"`
+	// The kernel's start until it ran /init (its printk time of "Run /init").
+	KernelSeconds *float64 `protobuf:"fixed64,6,opt,name=kernel_seconds,proto3,oneof" json:"kernel_seconds,omitempty"`
+	// /init (vm-agent) until READY=1: modules, network, IMDS, attestation.
+	AgentSeconds *float64 `protobuf:"fixed64,7,opt,name=agent_seconds,proto3,oneof" json:"agent_seconds,omitempty"`
+	// The launch's start until READY=1 arrived.
+	TotalSeconds  *float64 `protobuf:"fixed64,8,opt,name=total_seconds,proto3,oneof" json:"total_seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BootPhases) Reset() {
+	*x = BootPhases{}
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BootPhases) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BootPhases) ProtoMessage() {}
+
+func (x *BootPhases) ProtoReflect() protoreflect.Message {
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BootPhases.ProtoReflect.Descriptor instead.
+func (*BootPhases) Descriptor() ([]byte, []int) {
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *BootPhases) GetProvisionSeconds() float64 {
+	if x != nil {
+		return x.ProvisionSeconds
+	}
+	return 0
+}
+
+func (x *BootPhases) GetRegisterSeconds() float64 {
+	if x != nil {
+		return x.RegisterSeconds
+	}
+	return 0
+}
+
+func (x *BootPhases) GetSwtpmSeconds() float64 {
+	if x != nil {
+		return x.SwtpmSeconds
+	}
+	return 0
+}
+
+func (x *BootPhases) GetQemuSeconds() float64 {
+	if x != nil {
+		return x.QemuSeconds
+	}
+	return 0
+}
+
+func (x *BootPhases) GetFirmwareSeconds() float64 {
+	if x != nil && x.FirmwareSeconds != nil {
+		return *x.FirmwareSeconds
+	}
+	return 0
+}
+
+func (x *BootPhases) GetKernelSeconds() float64 {
+	if x != nil && x.KernelSeconds != nil {
+		return *x.KernelSeconds
+	}
+	return 0
+}
+
+func (x *BootPhases) GetAgentSeconds() float64 {
+	if x != nil && x.AgentSeconds != nil {
+		return *x.AgentSeconds
+	}
+	return 0
+}
+
+func (x *BootPhases) GetTotalSeconds() float64 {
+	if x != nil && x.TotalSeconds != nil {
+		return *x.TotalSeconds
+	}
+	return 0
+}
+
 type NetworkMetrics struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -1890,7 +2136,7 @@ type NetworkMetrics struct {
 
 func (x *NetworkMetrics) Reset() {
 	*x = NetworkMetrics{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[30]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1902,7 +2148,7 @@ func (x *NetworkMetrics) String() string {
 func (*NetworkMetrics) ProtoMessage() {}
 
 func (x *NetworkMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[30]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1915,7 +2161,7 @@ func (x *NetworkMetrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkMetrics.ProtoReflect.Descriptor instead.
 func (*NetworkMetrics) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{30}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *NetworkMetrics) GetName() string {
@@ -2032,7 +2278,7 @@ type GuestMetrics struct {
 
 func (x *GuestMetrics) Reset() {
 	*x = GuestMetrics{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[31]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2044,7 +2290,7 @@ func (x *GuestMetrics) String() string {
 func (*GuestMetrics) ProtoMessage() {}
 
 func (x *GuestMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[31]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2057,7 +2303,7 @@ func (x *GuestMetrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GuestMetrics.ProtoReflect.Descriptor instead.
 func (*GuestMetrics) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{31}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GuestMetrics) GetReceivedAt() *timestamppb.Timestamp {
@@ -2128,7 +2374,7 @@ type MetricSample struct {
 
 func (x *MetricSample) Reset() {
 	*x = MetricSample{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[32]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2140,7 +2386,7 @@ func (x *MetricSample) String() string {
 func (*MetricSample) ProtoMessage() {}
 
 func (x *MetricSample) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[32]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2153,7 +2399,7 @@ func (x *MetricSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricSample.ProtoReflect.Descriptor instead.
 func (*MetricSample) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{32}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *MetricSample) GetName() string {
@@ -2188,18 +2434,25 @@ var File_vmmanager_hypervisor_v1_hypervisor_service_proto protoreflect.FileDescr
 
 const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\n" +
-	"0vmmanager/hypervisor/v1/hypervisor_service.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a)vmmanager/hypervisor/v1/exec_stream.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a#vmmanager/hypervisor/v1/image.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\x1a%vmmanager/hypervisor/v1/network.proto\x1a%vmmanager/hypervisor/v1/suspend.proto\x1a-vmmanager/hypervisor/v1/virtual_machine.proto\x1a#vmmanager/hypervisor/v1/watch.proto\"\x10\n" +
-	"\x0eGetHostRequest\"\x13\n" +
-	"\x11ListImagesRequest\"L\n" +
+	"0vmmanager/hypervisor/v1/hypervisor_service.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a)vmmanager/hypervisor/v1/exec_stream.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a#vmmanager/hypervisor/v1/image.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\x1a%vmmanager/hypervisor/v1/network.proto\x1a%vmmanager/hypervisor/v1/suspend.proto\x1a-vmmanager/hypervisor/v1/virtual_machine.proto\x1a#vmmanager/hypervisor/v1/watch.proto\")\n" +
+	"\x0eGetHostRequest\x12\x17\n" +
+	"\x04node\x18\x01 \x01(\tB\x03\xe0A\x01R\x04node\",\n" +
+	"\x11ListImagesRequest\x12\x17\n" +
+	"\x04node\x18\x01 \x01(\tB\x03\xe0A\x01R\x04node\"m\n" +
 	"\x12ListImagesResponse\x126\n" +
-	"\x06images\x18\x01 \x03(\v2\x1e.vmmanager.hypervisor.v1.ImageR\x06images\"(\n" +
+	"\x06images\x18\x01 \x03(\v2\x1e.vmmanager.hypervisor.v1.ImageR\x06images\x12\x1f\n" +
+	"\bwarnings\x18\x02 \x03(\tB\x03\xe0A\x03R\bwarnings\"A\n" +
 	"\x0fGetImageRequest\x12\x15\n" +
-	"\x03ref\x18\x01 \x01(\tB\x03\xe0A\x02R\x03ref\"\x15\n" +
-	"\x13ListNetworksRequest\"T\n" +
+	"\x03ref\x18\x01 \x01(\tB\x03\xe0A\x02R\x03ref\x12\x17\n" +
+	"\x04node\x18\x02 \x01(\tB\x03\xe0A\x01R\x04node\".\n" +
+	"\x13ListNetworksRequest\x12\x17\n" +
+	"\x04node\x18\x01 \x01(\tB\x03\xe0A\x01R\x04node\"u\n" +
 	"\x14ListNetworksResponse\x12<\n" +
-	"\bnetworks\x18\x01 \x03(\v2 .vmmanager.hypervisor.v1.NetworkR\bnetworks\",\n" +
+	"\bnetworks\x18\x01 \x03(\v2 .vmmanager.hypervisor.v1.NetworkR\bnetworks\x12\x1f\n" +
+	"\bwarnings\x18\x02 \x03(\tB\x03\xe0A\x03R\bwarnings\"E\n" +
 	"\x11GetNetworkRequest\x12\x17\n" +
-	"\x04name\x18\x01 \x01(\tB\x03\xe0A\x02R\x04name\"\xcd\x02\n" +
+	"\x04name\x18\x01 \x01(\tB\x03\xe0A\x02R\x04name\x12\x17\n" +
+	"\x04node\x18\x02 \x01(\tB\x03\xe0A\x01R\x04node\"\xe6\x02\n" +
 	"\x14CreateNetworkRequest\x12\x17\n" +
 	"\x04name\x18\x01 \x01(\tB\x03\xe0A\x02R\x04name\x12\x17\n" +
 	"\x04cidr\x18\x02 \x01(\tB\x03\xe0A\x02R\x04cidr\x12/\n" +
@@ -2208,17 +2461,21 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\vdns_records\x18\x05 \x03(\v2\".vmmanager.hypervisor.v1.DnsRecordB\x03\xe0A\x01R\n" +
 	"dnsRecords\x12F\n" +
 	"\n" +
-	"dns_policy\x18\x06 \x01(\x0e2\".vmmanager.hypervisor.v1.DnsPolicyB\x03\xe0A\x01R\tdnsPolicy\"/\n" +
+	"dns_policy\x18\x06 \x01(\x0e2\".vmmanager.hypervisor.v1.DnsPolicyB\x03\xe0A\x01R\tdnsPolicy\x12\x17\n" +
+	"\x04node\x18\a \x01(\tB\x03\xe0A\x01R\x04node\"H\n" +
 	"\x14DeleteNetworkRequest\x12\x17\n" +
-	"\x04name\x18\x01 \x01(\tB\x03\xe0A\x02R\x04name\"E\n" +
+	"\x04name\x18\x01 \x01(\tB\x03\xe0A\x02R\x04name\x12\x17\n" +
+	"\x04node\x18\x02 \x01(\tB\x03\xe0A\x01R\x04node\"E\n" +
 	"\x15DeleteNetworkResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
-	"\adeleted\x18\x02 \x01(\bR\adeleted\"\x1c\n" +
-	"\x1aListVirtualMachinesRequest\"X\n" +
+	"\adeleted\x18\x02 \x01(\bR\adeleted\"5\n" +
+	"\x1aListVirtualMachinesRequest\x12\x17\n" +
+	"\x04node\x18\x01 \x01(\tB\x03\xe0A\x01R\x04node\"y\n" +
 	"\x1bListVirtualMachinesResponse\x129\n" +
-	"\x03vms\x18\x01 \x03(\v2'.vmmanager.hypervisor.v1.VirtualMachineR\x03vms\"/\n" +
+	"\x03vms\x18\x01 \x03(\v2'.vmmanager.hypervisor.v1.VirtualMachineR\x03vms\x12\x1f\n" +
+	"\bwarnings\x18\x02 \x03(\tB\x03\xe0A\x03R\bwarnings\"/\n" +
 	"\x18GetVirtualMachineRequest\x12\x13\n" +
-	"\x02id\x18\x01 \x01(\tB\x03\xe0A\x02R\x02id\"\xe5\a\n" +
+	"\x02id\x18\x01 \x01(\tB\x03\xe0A\x02R\x02id\"\xa8\b\n" +
 	"\x1bCreateVirtualMachineRequest\x12\x17\n" +
 	"\x04name\x18\x01 \x01(\tB\x03\xe0A\x02R\x04name\x12\x19\n" +
 	"\x05image\x18\x02 \x01(\tB\x03\xe0A\x01R\x05image\x122\n" +
@@ -2239,7 +2496,9 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\texpire_at\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampB\x03\xe0A\x01R\bexpireAt\x12C\n" +
 	"\ton_expire\x18\x10 \x01(\x0e2!.vmmanager.hypervisor.v1.OnExpireB\x03\xe0A\x01R\bonExpire\x12&\n" +
 	"\fidle_timeout\x18\x11 \x01(\tB\x03\xe0A\x01R\vidleTimeout\x12=\n" +
-	"\aon_idle\x18\x12 \x01(\x0e2\x1f.vmmanager.hypervisor.v1.OnIdleB\x03\xe0A\x01R\x06onIdle\x1a;\n" +
+	"\aon_idle\x18\x12 \x01(\x0e2\x1f.vmmanager.hypervisor.v1.OnIdleB\x03\xe0A\x01R\x06onIdle\x12\x17\n" +
+	"\x04node\x18\x13 \x01(\tB\x03\xe0A\x01R\x04node\x12(\n" +
+	"\rnode_selector\x18\x14 \x01(\tB\x03\xe0A\x01R\fnodeSelector\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\a\n" +
@@ -2294,7 +2553,7 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\x05guest\x18\x03 \x01(\v2%.vmmanager.hypervisor.v1.GuestMetricsB\x03\xe0A\x02H\x00R\x05guest\x88\x01\x01\x12&\n" +
 	"\x0eraw_report_url\x18\x04 \x01(\tR\x0eraw_report_url\x12\x12\n" +
 	"\x04note\x18\x05 \x01(\tR\x04noteB\b\n" +
-	"\x06_guest\"\xbb\x04\n" +
+	"\x06_guest\"\x97\x05\n" +
 	"\vHostMetrics\x129\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x1e.vmmanager.hypervisor.v1.StateB\x03\xe0A\x02R\x05state\x12P\n" +
 	"\vattestation\x18\x02 \x01(\x0e2).vmmanager.hypervisor.v1.AttestationStateB\x03\xe0A\x02R\vattestation\x12\x15\n" +
@@ -2306,12 +2565,29 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"disk_bytes\x12-\n" +
 	"\x0finstall_seconds\x18\a \x01(\x01H\x03R\x0finstall_seconds\x88\x01\x01\x129\n" +
 	"\x15boot_to_ready_seconds\x18\b \x01(\x01H\x04R\x15boot_to_ready_seconds\x88\x01\x01\x12F\n" +
-	"\anetwork\x18\t \x01(\v2'.vmmanager.hypervisor.v1.NetworkMetricsB\x03\xe0A\x02R\anetworkB\x06\n" +
+	"\anetwork\x18\t \x01(\v2'.vmmanager.hypervisor.v1.NetworkMetricsB\x03\xe0A\x02R\anetwork\x12J\n" +
+	"\vboot_phases\x18\n" +
+	" \x01(\v2#.vmmanager.hypervisor.v1.BootPhasesH\x05R\vboot_phases\x88\x01\x01B\x06\n" +
 	"\x04_pidB\x0e\n" +
 	"\f_cpu_secondsB\x13\n" +
 	"\x11_memory_rss_bytesB\x12\n" +
 	"\x10_install_secondsB\x18\n" +
-	"\x16_boot_to_ready_seconds\"\xda\a\n" +
+	"\x16_boot_to_ready_secondsB\x0e\n" +
+	"\f_boot_phases\"\xb0\x03\n" +
+	"\n" +
+	"BootPhases\x12,\n" +
+	"\x11provision_seconds\x18\x01 \x01(\x01R\x11provision_seconds\x12*\n" +
+	"\x10register_seconds\x18\x02 \x01(\x01R\x10register_seconds\x12$\n" +
+	"\rswtpm_seconds\x18\x03 \x01(\x01R\rswtpm_seconds\x12\"\n" +
+	"\fqemu_seconds\x18\x04 \x01(\x01R\fqemu_seconds\x12/\n" +
+	"\x10firmware_seconds\x18\x05 \x01(\x01H\x00R\x10firmware_seconds\x88\x01\x01\x12+\n" +
+	"\x0ekernel_seconds\x18\x06 \x01(\x01H\x01R\x0ekernel_seconds\x88\x01\x01\x12)\n" +
+	"\ragent_seconds\x18\a \x01(\x01H\x02R\ragent_seconds\x88\x01\x01\x12)\n" +
+	"\rtotal_seconds\x18\b \x01(\x01H\x03R\rtotal_seconds\x88\x01\x01B\x13\n" +
+	"\x11_firmware_secondsB\x11\n" +
+	"\x0f_kernel_secondsB\x10\n" +
+	"\x0e_agent_secondsB\x10\n" +
+	"\x0e_total_seconds\"\xda\a\n" +
 	"\x0eNetworkMetrics\x12\x17\n" +
 	"\x04name\x18\x01 \x01(\tB\x03\xe0A\x02R\x04name\x12#\n" +
 	"\n" +
@@ -2409,7 +2685,7 @@ func file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP() []byte 
 }
 
 var file_vmmanager_hypervisor_v1_hypervisor_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_vmmanager_hypervisor_v1_hypervisor_service_proto_goTypes = []any{
 	(WaitFor)(0),                                // 0: vmmanager.hypervisor.v1.WaitFor
 	(AttestationState)(0),                       // 1: vmmanager.hypervisor.v1.AttestationState
@@ -2443,114 +2719,116 @@ var file_vmmanager_hypervisor_v1_hypervisor_service_proto_goTypes = []any{
 	(*GetVirtualMachineReportResponse)(nil),     // 29: vmmanager.hypervisor.v1.GetVirtualMachineReportResponse
 	(*VirtualMachineMetrics)(nil),               // 30: vmmanager.hypervisor.v1.VirtualMachineMetrics
 	(*HostMetrics)(nil),                         // 31: vmmanager.hypervisor.v1.HostMetrics
-	(*NetworkMetrics)(nil),                      // 32: vmmanager.hypervisor.v1.NetworkMetrics
-	(*GuestMetrics)(nil),                        // 33: vmmanager.hypervisor.v1.GuestMetrics
-	(*MetricSample)(nil),                        // 34: vmmanager.hypervisor.v1.MetricSample
-	nil,                                         // 35: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.MetadataEntry
-	nil,                                         // 36: vmmanager.hypervisor.v1.NetworkMetrics.EgressDroppedByReasonEntry
-	nil,                                         // 37: vmmanager.hypervisor.v1.NetworkMetrics.NatRefusedEntry
-	nil,                                         // 38: vmmanager.hypervisor.v1.NetworkMetrics.DnsRefusedEntry
-	nil,                                         // 39: vmmanager.hypervisor.v1.MetricSample.FieldsEntry
-	(*Image)(nil),                               // 40: vmmanager.hypervisor.v1.Image
-	(*Network)(nil),                             // 41: vmmanager.hypervisor.v1.Network
-	(*EgressRule)(nil),                          // 42: vmmanager.hypervisor.v1.EgressRule
-	(*DnsRecord)(nil),                           // 43: vmmanager.hypervisor.v1.DnsRecord
-	(DnsPolicy)(0),                              // 44: vmmanager.hypervisor.v1.DnsPolicy
-	(*VirtualMachine)(nil),                      // 45: vmmanager.hypervisor.v1.VirtualMachine
-	(*timestamppb.Timestamp)(nil),               // 46: google.protobuf.Timestamp
-	(OnExpire)(0),                               // 47: vmmanager.hypervisor.v1.OnExpire
-	(OnIdle)(0),                                 // 48: vmmanager.hypervisor.v1.OnIdle
-	(*structpb.Value)(nil),                      // 49: google.protobuf.Value
-	(State)(0),                                  // 50: vmmanager.hypervisor.v1.State
-	(*UpdateVirtualMachineLifetimeRequest)(nil), // 51: vmmanager.hypervisor.v1.UpdateVirtualMachineLifetimeRequest
-	(*WatchVirtualMachinesRequest)(nil),         // 52: vmmanager.hypervisor.v1.WatchVirtualMachinesRequest
-	(*ExecVirtualMachineStreamRequest)(nil),     // 53: vmmanager.hypervisor.v1.ExecVirtualMachineStreamRequest
-	(*SuspendVirtualMachineRequest)(nil),        // 54: vmmanager.hypervisor.v1.SuspendVirtualMachineRequest
-	(*ResumeVirtualMachineRequest)(nil),         // 55: vmmanager.hypervisor.v1.ResumeVirtualMachineRequest
-	(*Host)(nil),                                // 56: vmmanager.hypervisor.v1.Host
-	(*WatchVirtualMachinesResponse)(nil),        // 57: vmmanager.hypervisor.v1.WatchVirtualMachinesResponse
-	(*ExecVirtualMachineStreamResponse)(nil),    // 58: vmmanager.hypervisor.v1.ExecVirtualMachineStreamResponse
+	(*BootPhases)(nil),                          // 32: vmmanager.hypervisor.v1.BootPhases
+	(*NetworkMetrics)(nil),                      // 33: vmmanager.hypervisor.v1.NetworkMetrics
+	(*GuestMetrics)(nil),                        // 34: vmmanager.hypervisor.v1.GuestMetrics
+	(*MetricSample)(nil),                        // 35: vmmanager.hypervisor.v1.MetricSample
+	nil,                                         // 36: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.MetadataEntry
+	nil,                                         // 37: vmmanager.hypervisor.v1.NetworkMetrics.EgressDroppedByReasonEntry
+	nil,                                         // 38: vmmanager.hypervisor.v1.NetworkMetrics.NatRefusedEntry
+	nil,                                         // 39: vmmanager.hypervisor.v1.NetworkMetrics.DnsRefusedEntry
+	nil,                                         // 40: vmmanager.hypervisor.v1.MetricSample.FieldsEntry
+	(*Image)(nil),                               // 41: vmmanager.hypervisor.v1.Image
+	(*Network)(nil),                             // 42: vmmanager.hypervisor.v1.Network
+	(*EgressRule)(nil),                          // 43: vmmanager.hypervisor.v1.EgressRule
+	(*DnsRecord)(nil),                           // 44: vmmanager.hypervisor.v1.DnsRecord
+	(DnsPolicy)(0),                              // 45: vmmanager.hypervisor.v1.DnsPolicy
+	(*VirtualMachine)(nil),                      // 46: vmmanager.hypervisor.v1.VirtualMachine
+	(*timestamppb.Timestamp)(nil),               // 47: google.protobuf.Timestamp
+	(OnExpire)(0),                               // 48: vmmanager.hypervisor.v1.OnExpire
+	(OnIdle)(0),                                 // 49: vmmanager.hypervisor.v1.OnIdle
+	(*structpb.Value)(nil),                      // 50: google.protobuf.Value
+	(State)(0),                                  // 51: vmmanager.hypervisor.v1.State
+	(*UpdateVirtualMachineLifetimeRequest)(nil), // 52: vmmanager.hypervisor.v1.UpdateVirtualMachineLifetimeRequest
+	(*WatchVirtualMachinesRequest)(nil),         // 53: vmmanager.hypervisor.v1.WatchVirtualMachinesRequest
+	(*ExecVirtualMachineStreamRequest)(nil),     // 54: vmmanager.hypervisor.v1.ExecVirtualMachineStreamRequest
+	(*SuspendVirtualMachineRequest)(nil),        // 55: vmmanager.hypervisor.v1.SuspendVirtualMachineRequest
+	(*ResumeVirtualMachineRequest)(nil),         // 56: vmmanager.hypervisor.v1.ResumeVirtualMachineRequest
+	(*Host)(nil),                                // 57: vmmanager.hypervisor.v1.Host
+	(*WatchVirtualMachinesResponse)(nil),        // 58: vmmanager.hypervisor.v1.WatchVirtualMachinesResponse
+	(*ExecVirtualMachineStreamResponse)(nil),    // 59: vmmanager.hypervisor.v1.ExecVirtualMachineStreamResponse
 }
 var file_vmmanager_hypervisor_v1_hypervisor_service_proto_depIdxs = []int32{
-	40, // 0: vmmanager.hypervisor.v1.ListImagesResponse.images:type_name -> vmmanager.hypervisor.v1.Image
-	41, // 1: vmmanager.hypervisor.v1.ListNetworksResponse.networks:type_name -> vmmanager.hypervisor.v1.Network
-	42, // 2: vmmanager.hypervisor.v1.CreateNetworkRequest.egress:type_name -> vmmanager.hypervisor.v1.EgressRule
-	43, // 3: vmmanager.hypervisor.v1.CreateNetworkRequest.dns_records:type_name -> vmmanager.hypervisor.v1.DnsRecord
-	44, // 4: vmmanager.hypervisor.v1.CreateNetworkRequest.dns_policy:type_name -> vmmanager.hypervisor.v1.DnsPolicy
-	45, // 5: vmmanager.hypervisor.v1.ListVirtualMachinesResponse.vms:type_name -> vmmanager.hypervisor.v1.VirtualMachine
-	35, // 6: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.metadata:type_name -> vmmanager.hypervisor.v1.CreateVirtualMachineRequest.MetadataEntry
+	41, // 0: vmmanager.hypervisor.v1.ListImagesResponse.images:type_name -> vmmanager.hypervisor.v1.Image
+	42, // 1: vmmanager.hypervisor.v1.ListNetworksResponse.networks:type_name -> vmmanager.hypervisor.v1.Network
+	43, // 2: vmmanager.hypervisor.v1.CreateNetworkRequest.egress:type_name -> vmmanager.hypervisor.v1.EgressRule
+	44, // 3: vmmanager.hypervisor.v1.CreateNetworkRequest.dns_records:type_name -> vmmanager.hypervisor.v1.DnsRecord
+	45, // 4: vmmanager.hypervisor.v1.CreateNetworkRequest.dns_policy:type_name -> vmmanager.hypervisor.v1.DnsPolicy
+	46, // 5: vmmanager.hypervisor.v1.ListVirtualMachinesResponse.vms:type_name -> vmmanager.hypervisor.v1.VirtualMachine
+	36, // 6: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.metadata:type_name -> vmmanager.hypervisor.v1.CreateVirtualMachineRequest.MetadataEntry
 	0,  // 7: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.wait_for:type_name -> vmmanager.hypervisor.v1.WaitFor
-	46, // 8: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.expire_at:type_name -> google.protobuf.Timestamp
-	47, // 9: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.on_expire:type_name -> vmmanager.hypervisor.v1.OnExpire
-	48, // 10: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.on_idle:type_name -> vmmanager.hypervisor.v1.OnIdle
-	49, // 11: vmmanager.hypervisor.v1.GetVirtualMachineReportResponse.report:type_name -> google.protobuf.Value
-	46, // 12: vmmanager.hypervisor.v1.GetVirtualMachineReportResponse.received_at:type_name -> google.protobuf.Timestamp
+	47, // 8: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.expire_at:type_name -> google.protobuf.Timestamp
+	48, // 9: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.on_expire:type_name -> vmmanager.hypervisor.v1.OnExpire
+	49, // 10: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.on_idle:type_name -> vmmanager.hypervisor.v1.OnIdle
+	50, // 11: vmmanager.hypervisor.v1.GetVirtualMachineReportResponse.report:type_name -> google.protobuf.Value
+	47, // 12: vmmanager.hypervisor.v1.GetVirtualMachineReportResponse.received_at:type_name -> google.protobuf.Timestamp
 	31, // 13: vmmanager.hypervisor.v1.VirtualMachineMetrics.host:type_name -> vmmanager.hypervisor.v1.HostMetrics
-	33, // 14: vmmanager.hypervisor.v1.VirtualMachineMetrics.guest:type_name -> vmmanager.hypervisor.v1.GuestMetrics
-	50, // 15: vmmanager.hypervisor.v1.HostMetrics.state:type_name -> vmmanager.hypervisor.v1.State
+	34, // 14: vmmanager.hypervisor.v1.VirtualMachineMetrics.guest:type_name -> vmmanager.hypervisor.v1.GuestMetrics
+	51, // 15: vmmanager.hypervisor.v1.HostMetrics.state:type_name -> vmmanager.hypervisor.v1.State
 	1,  // 16: vmmanager.hypervisor.v1.HostMetrics.attestation:type_name -> vmmanager.hypervisor.v1.AttestationState
-	32, // 17: vmmanager.hypervisor.v1.HostMetrics.network:type_name -> vmmanager.hypervisor.v1.NetworkMetrics
-	36, // 18: vmmanager.hypervisor.v1.NetworkMetrics.egress_dropped_by_reason:type_name -> vmmanager.hypervisor.v1.NetworkMetrics.EgressDroppedByReasonEntry
-	37, // 19: vmmanager.hypervisor.v1.NetworkMetrics.nat_refused:type_name -> vmmanager.hypervisor.v1.NetworkMetrics.NatRefusedEntry
-	38, // 20: vmmanager.hypervisor.v1.NetworkMetrics.dns_refused:type_name -> vmmanager.hypervisor.v1.NetworkMetrics.DnsRefusedEntry
-	46, // 21: vmmanager.hypervisor.v1.GuestMetrics.received_at:type_name -> google.protobuf.Timestamp
-	46, // 22: vmmanager.hypervisor.v1.GuestMetrics.generated_at:type_name -> google.protobuf.Timestamp
-	34, // 23: vmmanager.hypervisor.v1.GuestMetrics.sample:type_name -> vmmanager.hypervisor.v1.MetricSample
-	39, // 24: vmmanager.hypervisor.v1.MetricSample.fields:type_name -> vmmanager.hypervisor.v1.MetricSample.FieldsEntry
-	49, // 25: vmmanager.hypervisor.v1.MetricSample.value:type_name -> google.protobuf.Value
-	2,  // 26: vmmanager.hypervisor.v1.HypervisorService.GetHost:input_type -> vmmanager.hypervisor.v1.GetHostRequest
-	3,  // 27: vmmanager.hypervisor.v1.HypervisorService.ListImages:input_type -> vmmanager.hypervisor.v1.ListImagesRequest
-	5,  // 28: vmmanager.hypervisor.v1.HypervisorService.GetImage:input_type -> vmmanager.hypervisor.v1.GetImageRequest
-	6,  // 29: vmmanager.hypervisor.v1.HypervisorService.ListNetworks:input_type -> vmmanager.hypervisor.v1.ListNetworksRequest
-	8,  // 30: vmmanager.hypervisor.v1.HypervisorService.GetNetwork:input_type -> vmmanager.hypervisor.v1.GetNetworkRequest
-	9,  // 31: vmmanager.hypervisor.v1.HypervisorService.CreateNetwork:input_type -> vmmanager.hypervisor.v1.CreateNetworkRequest
-	10, // 32: vmmanager.hypervisor.v1.HypervisorService.DeleteNetwork:input_type -> vmmanager.hypervisor.v1.DeleteNetworkRequest
-	12, // 33: vmmanager.hypervisor.v1.HypervisorService.ListVirtualMachines:input_type -> vmmanager.hypervisor.v1.ListVirtualMachinesRequest
-	14, // 34: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachine:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineRequest
-	15, // 35: vmmanager.hypervisor.v1.HypervisorService.CreateVirtualMachine:input_type -> vmmanager.hypervisor.v1.CreateVirtualMachineRequest
-	16, // 36: vmmanager.hypervisor.v1.HypervisorService.DeleteVirtualMachine:input_type -> vmmanager.hypervisor.v1.DeleteVirtualMachineRequest
-	18, // 37: vmmanager.hypervisor.v1.HypervisorService.StartVirtualMachine:input_type -> vmmanager.hypervisor.v1.StartVirtualMachineRequest
-	19, // 38: vmmanager.hypervisor.v1.HypervisorService.StopVirtualMachine:input_type -> vmmanager.hypervisor.v1.StopVirtualMachineRequest
-	20, // 39: vmmanager.hypervisor.v1.HypervisorService.RebootVirtualMachine:input_type -> vmmanager.hypervisor.v1.RebootVirtualMachineRequest
-	21, // 40: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachine:input_type -> vmmanager.hypervisor.v1.ExecVirtualMachineRequest
-	23, // 41: vmmanager.hypervisor.v1.HypervisorService.ForwardVirtualMachinePort:input_type -> vmmanager.hypervisor.v1.ForwardVirtualMachinePortRequest
-	25, // 42: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineConsole:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineConsoleRequest
-	27, // 43: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineMetrics:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
-	28, // 44: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineReport:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineReportRequest
-	51, // 45: vmmanager.hypervisor.v1.HypervisorService.UpdateVirtualMachineLifetime:input_type -> vmmanager.hypervisor.v1.UpdateVirtualMachineLifetimeRequest
-	52, // 46: vmmanager.hypervisor.v1.HypervisorService.WatchVirtualMachines:input_type -> vmmanager.hypervisor.v1.WatchVirtualMachinesRequest
-	53, // 47: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachineStream:input_type -> vmmanager.hypervisor.v1.ExecVirtualMachineStreamRequest
-	54, // 48: vmmanager.hypervisor.v1.HypervisorService.SuspendVirtualMachine:input_type -> vmmanager.hypervisor.v1.SuspendVirtualMachineRequest
-	55, // 49: vmmanager.hypervisor.v1.HypervisorService.ResumeVirtualMachine:input_type -> vmmanager.hypervisor.v1.ResumeVirtualMachineRequest
-	56, // 50: vmmanager.hypervisor.v1.HypervisorService.GetHost:output_type -> vmmanager.hypervisor.v1.Host
-	4,  // 51: vmmanager.hypervisor.v1.HypervisorService.ListImages:output_type -> vmmanager.hypervisor.v1.ListImagesResponse
-	40, // 52: vmmanager.hypervisor.v1.HypervisorService.GetImage:output_type -> vmmanager.hypervisor.v1.Image
-	7,  // 53: vmmanager.hypervisor.v1.HypervisorService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
-	41, // 54: vmmanager.hypervisor.v1.HypervisorService.GetNetwork:output_type -> vmmanager.hypervisor.v1.Network
-	41, // 55: vmmanager.hypervisor.v1.HypervisorService.CreateNetwork:output_type -> vmmanager.hypervisor.v1.Network
-	11, // 56: vmmanager.hypervisor.v1.HypervisorService.DeleteNetwork:output_type -> vmmanager.hypervisor.v1.DeleteNetworkResponse
-	13, // 57: vmmanager.hypervisor.v1.HypervisorService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
-	45, // 58: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	45, // 59: vmmanager.hypervisor.v1.HypervisorService.CreateVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	17, // 60: vmmanager.hypervisor.v1.HypervisorService.DeleteVirtualMachine:output_type -> vmmanager.hypervisor.v1.DeleteVirtualMachineResponse
-	45, // 61: vmmanager.hypervisor.v1.HypervisorService.StartVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	45, // 62: vmmanager.hypervisor.v1.HypervisorService.StopVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	45, // 63: vmmanager.hypervisor.v1.HypervisorService.RebootVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	22, // 64: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachine:output_type -> vmmanager.hypervisor.v1.ExecVirtualMachineResponse
-	24, // 65: vmmanager.hypervisor.v1.HypervisorService.ForwardVirtualMachinePort:output_type -> vmmanager.hypervisor.v1.ForwardVirtualMachinePortResponse
-	26, // 66: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineConsole:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineConsoleResponse
-	30, // 67: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
-	29, // 68: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineReport:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineReportResponse
-	45, // 69: vmmanager.hypervisor.v1.HypervisorService.UpdateVirtualMachineLifetime:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	57, // 70: vmmanager.hypervisor.v1.HypervisorService.WatchVirtualMachines:output_type -> vmmanager.hypervisor.v1.WatchVirtualMachinesResponse
-	58, // 71: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachineStream:output_type -> vmmanager.hypervisor.v1.ExecVirtualMachineStreamResponse
-	45, // 72: vmmanager.hypervisor.v1.HypervisorService.SuspendVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	45, // 73: vmmanager.hypervisor.v1.HypervisorService.ResumeVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	50, // [50:74] is the sub-list for method output_type
-	26, // [26:50] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	33, // 17: vmmanager.hypervisor.v1.HostMetrics.network:type_name -> vmmanager.hypervisor.v1.NetworkMetrics
+	32, // 18: vmmanager.hypervisor.v1.HostMetrics.boot_phases:type_name -> vmmanager.hypervisor.v1.BootPhases
+	37, // 19: vmmanager.hypervisor.v1.NetworkMetrics.egress_dropped_by_reason:type_name -> vmmanager.hypervisor.v1.NetworkMetrics.EgressDroppedByReasonEntry
+	38, // 20: vmmanager.hypervisor.v1.NetworkMetrics.nat_refused:type_name -> vmmanager.hypervisor.v1.NetworkMetrics.NatRefusedEntry
+	39, // 21: vmmanager.hypervisor.v1.NetworkMetrics.dns_refused:type_name -> vmmanager.hypervisor.v1.NetworkMetrics.DnsRefusedEntry
+	47, // 22: vmmanager.hypervisor.v1.GuestMetrics.received_at:type_name -> google.protobuf.Timestamp
+	47, // 23: vmmanager.hypervisor.v1.GuestMetrics.generated_at:type_name -> google.protobuf.Timestamp
+	35, // 24: vmmanager.hypervisor.v1.GuestMetrics.sample:type_name -> vmmanager.hypervisor.v1.MetricSample
+	40, // 25: vmmanager.hypervisor.v1.MetricSample.fields:type_name -> vmmanager.hypervisor.v1.MetricSample.FieldsEntry
+	50, // 26: vmmanager.hypervisor.v1.MetricSample.value:type_name -> google.protobuf.Value
+	2,  // 27: vmmanager.hypervisor.v1.HypervisorService.GetHost:input_type -> vmmanager.hypervisor.v1.GetHostRequest
+	3,  // 28: vmmanager.hypervisor.v1.HypervisorService.ListImages:input_type -> vmmanager.hypervisor.v1.ListImagesRequest
+	5,  // 29: vmmanager.hypervisor.v1.HypervisorService.GetImage:input_type -> vmmanager.hypervisor.v1.GetImageRequest
+	6,  // 30: vmmanager.hypervisor.v1.HypervisorService.ListNetworks:input_type -> vmmanager.hypervisor.v1.ListNetworksRequest
+	8,  // 31: vmmanager.hypervisor.v1.HypervisorService.GetNetwork:input_type -> vmmanager.hypervisor.v1.GetNetworkRequest
+	9,  // 32: vmmanager.hypervisor.v1.HypervisorService.CreateNetwork:input_type -> vmmanager.hypervisor.v1.CreateNetworkRequest
+	10, // 33: vmmanager.hypervisor.v1.HypervisorService.DeleteNetwork:input_type -> vmmanager.hypervisor.v1.DeleteNetworkRequest
+	12, // 34: vmmanager.hypervisor.v1.HypervisorService.ListVirtualMachines:input_type -> vmmanager.hypervisor.v1.ListVirtualMachinesRequest
+	14, // 35: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachine:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineRequest
+	15, // 36: vmmanager.hypervisor.v1.HypervisorService.CreateVirtualMachine:input_type -> vmmanager.hypervisor.v1.CreateVirtualMachineRequest
+	16, // 37: vmmanager.hypervisor.v1.HypervisorService.DeleteVirtualMachine:input_type -> vmmanager.hypervisor.v1.DeleteVirtualMachineRequest
+	18, // 38: vmmanager.hypervisor.v1.HypervisorService.StartVirtualMachine:input_type -> vmmanager.hypervisor.v1.StartVirtualMachineRequest
+	19, // 39: vmmanager.hypervisor.v1.HypervisorService.StopVirtualMachine:input_type -> vmmanager.hypervisor.v1.StopVirtualMachineRequest
+	20, // 40: vmmanager.hypervisor.v1.HypervisorService.RebootVirtualMachine:input_type -> vmmanager.hypervisor.v1.RebootVirtualMachineRequest
+	21, // 41: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachine:input_type -> vmmanager.hypervisor.v1.ExecVirtualMachineRequest
+	23, // 42: vmmanager.hypervisor.v1.HypervisorService.ForwardVirtualMachinePort:input_type -> vmmanager.hypervisor.v1.ForwardVirtualMachinePortRequest
+	25, // 43: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineConsole:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineConsoleRequest
+	27, // 44: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineMetrics:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
+	28, // 45: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineReport:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineReportRequest
+	52, // 46: vmmanager.hypervisor.v1.HypervisorService.UpdateVirtualMachineLifetime:input_type -> vmmanager.hypervisor.v1.UpdateVirtualMachineLifetimeRequest
+	53, // 47: vmmanager.hypervisor.v1.HypervisorService.WatchVirtualMachines:input_type -> vmmanager.hypervisor.v1.WatchVirtualMachinesRequest
+	54, // 48: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachineStream:input_type -> vmmanager.hypervisor.v1.ExecVirtualMachineStreamRequest
+	55, // 49: vmmanager.hypervisor.v1.HypervisorService.SuspendVirtualMachine:input_type -> vmmanager.hypervisor.v1.SuspendVirtualMachineRequest
+	56, // 50: vmmanager.hypervisor.v1.HypervisorService.ResumeVirtualMachine:input_type -> vmmanager.hypervisor.v1.ResumeVirtualMachineRequest
+	57, // 51: vmmanager.hypervisor.v1.HypervisorService.GetHost:output_type -> vmmanager.hypervisor.v1.Host
+	4,  // 52: vmmanager.hypervisor.v1.HypervisorService.ListImages:output_type -> vmmanager.hypervisor.v1.ListImagesResponse
+	41, // 53: vmmanager.hypervisor.v1.HypervisorService.GetImage:output_type -> vmmanager.hypervisor.v1.Image
+	7,  // 54: vmmanager.hypervisor.v1.HypervisorService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
+	42, // 55: vmmanager.hypervisor.v1.HypervisorService.GetNetwork:output_type -> vmmanager.hypervisor.v1.Network
+	42, // 56: vmmanager.hypervisor.v1.HypervisorService.CreateNetwork:output_type -> vmmanager.hypervisor.v1.Network
+	11, // 57: vmmanager.hypervisor.v1.HypervisorService.DeleteNetwork:output_type -> vmmanager.hypervisor.v1.DeleteNetworkResponse
+	13, // 58: vmmanager.hypervisor.v1.HypervisorService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
+	46, // 59: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	46, // 60: vmmanager.hypervisor.v1.HypervisorService.CreateVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	17, // 61: vmmanager.hypervisor.v1.HypervisorService.DeleteVirtualMachine:output_type -> vmmanager.hypervisor.v1.DeleteVirtualMachineResponse
+	46, // 62: vmmanager.hypervisor.v1.HypervisorService.StartVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	46, // 63: vmmanager.hypervisor.v1.HypervisorService.StopVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	46, // 64: vmmanager.hypervisor.v1.HypervisorService.RebootVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	22, // 65: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachine:output_type -> vmmanager.hypervisor.v1.ExecVirtualMachineResponse
+	24, // 66: vmmanager.hypervisor.v1.HypervisorService.ForwardVirtualMachinePort:output_type -> vmmanager.hypervisor.v1.ForwardVirtualMachinePortResponse
+	26, // 67: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineConsole:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineConsoleResponse
+	30, // 68: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
+	29, // 69: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineReport:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineReportResponse
+	46, // 70: vmmanager.hypervisor.v1.HypervisorService.UpdateVirtualMachineLifetime:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	58, // 71: vmmanager.hypervisor.v1.HypervisorService.WatchVirtualMachines:output_type -> vmmanager.hypervisor.v1.WatchVirtualMachinesResponse
+	59, // 72: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachineStream:output_type -> vmmanager.hypervisor.v1.ExecVirtualMachineStreamResponse
+	46, // 73: vmmanager.hypervisor.v1.HypervisorService.SuspendVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	46, // 74: vmmanager.hypervisor.v1.HypervisorService.ResumeVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	51, // [51:75] is the sub-list for method output_type
+	27, // [27:51] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_vmmanager_hypervisor_v1_hypervisor_service_proto_init() }
@@ -2569,13 +2847,14 @@ func file_vmmanager_hypervisor_v1_hypervisor_service_proto_init() {
 	file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[13].OneofWrappers = []any{}
 	file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[28].OneofWrappers = []any{}
 	file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[29].OneofWrappers = []any{}
+	file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[30].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc), len(file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   38,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -101,7 +101,9 @@ type Image struct {
 	// Kubernetes versions the image offers, newest first.
 	KubernetesVersions []string `protobuf:"bytes,11,rep,name=kubernetes_versions,json=kubernetesVersions,proto3" json:"kubernetes_versions,omitempty"`
 	// The image's policy.json as found in the catalog.
-	Policy        *structpb.Struct `protobuf:"bytes,12,opt,name=policy,proto3" json:"policy,omitempty"`
+	Policy *structpb.Struct `protobuf:"bytes,12,opt,name=policy,proto3" json:"policy,omitempty"`
+	// The fleet node whose catalog holds it; set by a fleet gateway.
+	Node          string `protobuf:"bytes,13,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -220,11 +222,18 @@ func (x *Image) GetPolicy() *structpb.Struct {
 	return nil
 }
 
+func (x *Image) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
 var File_vmmanager_hypervisor_v1_image_proto protoreflect.FileDescriptor
 
 const file_vmmanager_hypervisor_v1_image_proto_rawDesc = "" +
 	"\n" +
-	"#vmmanager/hypervisor/v1/image.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1cgoogle/protobuf/struct.proto\"\xfe\x03\n" +
+	"#vmmanager/hypervisor/v1/image.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1cgoogle/protobuf/struct.proto\"\x97\x04\n" +
 	"\x05Image\x12\x16\n" +
 	"\x02id\x18\x01 \x01(\tB\x06\xe0A\x02\xe0A\x03R\x02id\x12 \n" +
 	"\aversion\x18\x02 \x01(\tB\x06\xe0A\x02\xe0A\x03R\aversion\x12\x15\n" +
@@ -238,7 +247,8 @@ const file_vmmanager_hypervisor_v1_image_proto_rawDesc = "" +
 	"\rsysupdate_dir\x18\n" +
 	" \x01(\tB\x03\xe0A\x03R\fsysupdateDir\x124\n" +
 	"\x13kubernetes_versions\x18\v \x03(\tB\x03\xe0A\x03R\x12kubernetesVersions\x124\n" +
-	"\x06policy\x18\f \x01(\v2\x17.google.protobuf.StructB\x03\xe0A\x03R\x06policy:B\xeaA?\n" +
+	"\x06policy\x18\f \x01(\v2\x17.google.protobuf.StructB\x03\xe0A\x03R\x06policy\x12\x17\n" +
+	"\x04node\x18\r \x01(\tB\x03\xe0A\x03R\x04node:B\xeaA?\n" +
 	"\x1evm-manager.giantswarm.io/Image\x12\x0eimages/{image}*\x06images2\x05image*R\n" +
 	"\tImageKind\x12\x1a\n" +
 	"\x16IMAGE_KIND_UNSPECIFIED\x10\x00\x12\x12\n" +

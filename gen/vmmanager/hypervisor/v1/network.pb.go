@@ -85,7 +85,9 @@ type Network struct {
 	// Addresses held by VMs, sorted by IP.
 	Leases []*Lease `protobuf:"bytes,3,rep,name=leases,proto3" json:"leases,omitempty"`
 	// The caller who created the network.
-	CreatedBy     string `protobuf:"bytes,4,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
+	CreatedBy string `protobuf:"bytes,4,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
+	// The fleet node it is on; set by a fleet gateway.
+	Node          string `protobuf:"bytes,5,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -144,6 +146,13 @@ func (x *Network) GetLeases() []*Lease {
 func (x *Network) GetCreatedBy() string {
 	if x != nil {
 		return x.CreatedBy
+	}
+	return ""
+}
+
+func (x *Network) GetNode() string {
+	if x != nil {
+		return x.Node
 	}
 	return ""
 }
@@ -454,13 +463,14 @@ var File_vmmanager_hypervisor_v1_network_proto protoreflect.FileDescriptor
 
 const file_vmmanager_hypervisor_v1_network_proto_rawDesc = "" +
 	"\n" +
-	"%vmmanager/hypervisor/v1/network.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\"\x9f\x02\n" +
+	"%vmmanager/hypervisor/v1/network.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\"\xb8\x02\n" +
 	"\aNetwork\x12@\n" +
 	"\x04spec\x18\x01 \x01(\v2$.vmmanager.hypervisor.v1.NetworkSpecB\x06\xe0A\x02\xe0A\x03R\x04spec\x12 \n" +
 	"\agateway\x18\x02 \x01(\tB\x06\xe0A\x02\xe0A\x03R\agateway\x12>\n" +
 	"\x06leases\x18\x03 \x03(\v2\x1e.vmmanager.hypervisor.v1.LeaseB\x06\xe0A\x02\xe0A\x03R\x06leases\x12\"\n" +
 	"\n" +
-	"created_by\x18\x04 \x01(\tB\x03\xe0A\x03R\tcreatedBy:L\xeaAI\n" +
+	"created_by\x18\x04 \x01(\tB\x03\xe0A\x03R\tcreatedBy\x12\x17\n" +
+	"\x04node\x18\x05 \x01(\tB\x03\xe0A\x03R\x04node:L\xeaAI\n" +
 	" vm-manager.giantswarm.io/Network\x12\x12networks/{network}*\bnetworks2\anetwork\"\xc8\x03\n" +
 	"\vNetworkSpec\x12\x1a\n" +
 	"\x04name\x18\x01 \x01(\tB\x06\xe0A\x02\xe0A\x03R\x04name\x12\x1a\n" +

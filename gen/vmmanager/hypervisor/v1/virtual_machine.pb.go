@@ -233,7 +233,9 @@ type VirtualMachine struct {
 	BootCount uint32 `protobuf:"varint,36,opt,name=boot_count,json=bootCount,proto3" json:"boot_count,omitempty"`
 	// When the VM ends by itself (ttl, expire_at, idle_timeout); absent when
 	// it has no lifetime.
-	Lifetime      *Lifetime `protobuf:"bytes,37,opt,name=lifetime,proto3" json:"lifetime,omitempty"`
+	Lifetime *Lifetime `protobuf:"bytes,37,opt,name=lifetime,proto3" json:"lifetime,omitempty"`
+	// The fleet node the VM runs on; set by a fleet gateway (docs/fleet.md).
+	Node          string `protobuf:"bytes,38,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -525,6 +527,13 @@ func (x *VirtualMachine) GetLifetime() *Lifetime {
 		return x.Lifetime
 	}
 	return nil
+}
+
+func (x *VirtualMachine) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
 }
 
 // TpmIdentity is a VM's vTPM identity, in the manner of a cloud's shielded-VM
@@ -954,7 +963,7 @@ var File_vmmanager_hypervisor_v1_virtual_machine_proto protoreflect.FileDescript
 
 const file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDesc = "" +
 	"\n" +
-	"-vmmanager/hypervisor/v1/virtual_machine.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\"\xfa\x0e\n" +
+	"-vmmanager/hypervisor/v1/virtual_machine.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\"\x93\x0f\n" +
 	"\x0eVirtualMachine\x12\x16\n" +
 	"\x02id\x18\x01 \x01(\tB\x06\xe0A\x02\xe0A\bR\x02id\x12\x1a\n" +
 	"\x04name\x18\x02 \x01(\tB\x06\xe0A\x02\xe0A\x03R\x04name\x12\x1c\n" +
@@ -999,7 +1008,8 @@ const file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDesc = "" +
 	"\x03tpm\x18# \x01(\v2$.vmmanager.hypervisor.v1.TpmIdentityB\x03\xe0A\x03R\x03tpm\x12\"\n" +
 	"\n" +
 	"boot_count\x18$ \x01(\rB\x03\xe0A\x03R\tbootCount\x12B\n" +
-	"\blifetime\x18% \x01(\v2!.vmmanager.hypervisor.v1.LifetimeB\x03\xe0A\x03R\blifetime\x1a;\n" +
+	"\blifetime\x18% \x01(\v2!.vmmanager.hypervisor.v1.LifetimeB\x03\xe0A\x03R\blifetime\x12\x17\n" +
+	"\x04node\x18& \x01(\tB\x03\xe0A\x03R\x04node\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01:W\xeaAT\n" +

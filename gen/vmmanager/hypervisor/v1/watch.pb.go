@@ -38,6 +38,9 @@ const (
 	// Nothing matching happened up to revision; sent now and then (and on a
 	// quiet stream), so a client resumes from a recent revision.
 	WatchEventType_WATCH_EVENT_TYPE_BOOKMARK WatchEventType = 5
+	// Fleet gateway only: a node's stream ended or came back (warning says
+	// which and why); no vm. Its VMs' events are missing until it is back.
+	WatchEventType_WATCH_EVENT_TYPE_WARNING WatchEventType = 6
 )
 
 // Enum value maps for WatchEventType.
@@ -49,6 +52,7 @@ var (
 		3: "WATCH_EVENT_TYPE_CHANGED",
 		4: "WATCH_EVENT_TYPE_DELETED",
 		5: "WATCH_EVENT_TYPE_BOOKMARK",
+		6: "WATCH_EVENT_TYPE_WARNING",
 	}
 	WatchEventType_value = map[string]int32{
 		"WATCH_EVENT_TYPE_UNSPECIFIED": 0,
@@ -57,6 +61,7 @@ var (
 		"WATCH_EVENT_TYPE_CHANGED":     3,
 		"WATCH_EVENT_TYPE_DELETED":     4,
 		"WATCH_EVENT_TYPE_BOOKMARK":    5,
+		"WATCH_EVENT_TYPE_WARNING":     6,
 	}
 )
 
@@ -166,6 +171,8 @@ type WatchVirtualMachinesResponse struct {
 	Vm *VirtualMachine `protobuf:"bytes,3,opt,name=vm,proto3" json:"vm,omitempty"`
 	// The state before the change (CHANGED, DELETED); unspecified on create.
 	PreviousState State `protobuf:"varint,4,opt,name=previous_state,json=previousState,proto3,enum=vmmanager.hypervisor.v1.State" json:"previous_state,omitempty"`
+	// WARNING: what happened to which node.
+	Warning       string `protobuf:"bytes,5,opt,name=warning,proto3" json:"warning,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -228,6 +235,13 @@ func (x *WatchVirtualMachinesResponse) GetPreviousState() State {
 	return State_STATE_UNSPECIFIED
 }
 
+func (x *WatchVirtualMachinesResponse) GetWarning() string {
+	if x != nil {
+		return x.Warning
+	}
+	return ""
+}
+
 var File_vmmanager_hypervisor_v1_watch_proto protoreflect.FileDescriptor
 
 const file_vmmanager_hypervisor_v1_watch_proto_rawDesc = "" +
@@ -236,19 +250,21 @@ const file_vmmanager_hypervisor_v1_watch_proto_rawDesc = "" +
 	"\x1bWatchVirtualMachinesRequest\x12\x13\n" +
 	"\x02id\x18\x01 \x01(\tB\x03\xe0A\x01R\x02id\x12\x17\n" +
 	"\x04name\x18\x02 \x01(\tB\x03\xe0A\x01R\x04name\x12*\n" +
-	"\x0esince_revision\x18\x03 \x01(\x04B\x03\xe0A\x01R\rsinceRevision\"\x81\x02\n" +
+	"\x0esince_revision\x18\x03 \x01(\x04B\x03\xe0A\x01R\rsinceRevision\"\x9b\x02\n" +
 	"\x1cWatchVirtualMachinesResponse\x12@\n" +
 	"\x04type\x18\x01 \x01(\x0e2'.vmmanager.hypervisor.v1.WatchEventTypeB\x03\xe0A\x02R\x04type\x12\x1f\n" +
 	"\brevision\x18\x02 \x01(\x04B\x03\xe0A\x02R\brevision\x127\n" +
 	"\x02vm\x18\x03 \x01(\v2'.vmmanager.hypervisor.v1.VirtualMachineR\x02vm\x12E\n" +
-	"\x0eprevious_state\x18\x04 \x01(\x0e2\x1e.vmmanager.hypervisor.v1.StateR\rpreviousState*\xc9\x01\n" +
+	"\x0eprevious_state\x18\x04 \x01(\x0e2\x1e.vmmanager.hypervisor.v1.StateR\rpreviousState\x12\x18\n" +
+	"\awarning\x18\x05 \x01(\tR\awarning*\xe7\x01\n" +
 	"\x0eWatchEventType\x12 \n" +
 	"\x1cWATCH_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19WATCH_EVENT_TYPE_SNAPSHOT\x10\x01\x12\x1b\n" +
 	"\x17WATCH_EVENT_TYPE_SYNCED\x10\x02\x12\x1c\n" +
 	"\x18WATCH_EVENT_TYPE_CHANGED\x10\x03\x12\x1c\n" +
 	"\x18WATCH_EVENT_TYPE_DELETED\x10\x04\x12\x1d\n" +
-	"\x19WATCH_EVENT_TYPE_BOOKMARK\x10\x05BKZIgithub.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1;hypervisorv1b\x06proto3"
+	"\x19WATCH_EVENT_TYPE_BOOKMARK\x10\x05\x12\x1c\n" +
+	"\x18WATCH_EVENT_TYPE_WARNING\x10\x06BKZIgithub.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1;hypervisorv1b\x06proto3"
 
 var (
 	file_vmmanager_hypervisor_v1_watch_proto_rawDescOnce sync.Once

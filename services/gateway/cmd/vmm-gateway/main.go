@@ -6,9 +6,6 @@ package main
 import (
 	"cmp"
 	"context"
-	"errors"
-	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 
@@ -17,8 +14,6 @@ import (
 	"github.com/giantswarm/vm-manager/pkg/logging"
 	"github.com/giantswarm/vm-manager/pkg/mesh"
 	"github.com/giantswarm/vm-manager/pkg/tracing"
-	"github.com/giantswarm/vm-manager/services/gateway/internal/fleet"
-	"github.com/giantswarm/vm-manager/services/gateway/internal/fleet/kube"
 	"github.com/giantswarm/vm-manager/services/gateway/server"
 )
 
@@ -35,11 +30,12 @@ func main() {
 			allowedHosts := fs.StringList("allowed-hosts", "VM_MANAGER_ALLOWED_HOSTS", nil, "names (any port) or name:port the anonymous API answers besides its listen address and localhost with its port, comma-separated; other Host and Origin headers are refused (DNS rebinding, cross-site pages)")
 			oidc := identity.Flags(fs)
 			resource := identity.ResourceFlags(fs)
+			tlsCert := fs.String("tls-cert-file", "VM_MANAGER_TLS_CERT_FILE", "", "serve gRPC, REST and MCP over TLS on --listen with this certificate (PEM; with --tls-key-file)")
+			tlsKey := fs.String("tls-key-file", "VM_MANAGER_TLS_KEY_FILE", "", "the private key (PEM) of --tls-cert-file")
+			fleetMode := fleetFlags(fs)
 			metricsOn := fs.Bool("metrics-enabled", "VM_MANAGER_METRICS_ENABLED", false, "serve Prometheus metrics at /metrics (VMs, networks, requests per surface)")
 			logger := logging.Flags(fs, "info", "gateway")
 			tracer := tracing.Flags(fs)
-			fleetDiscovery := fs.String("fleet-discovery", "VM_MANAGER_FLEET_DISCOVERY", "static", "how the fleet gateway finds its nodes: static (--fleet-nodes) or kubernetes (the EndpointSlices of --fleet-service)")
-			kubeFleet := kube.Flags(fs)
 			return func(ctx context.Context) error {
 				log, err := logger()
 				if err != nil {
@@ -50,13 +46,9 @@ func main() {
 					return err
 				}
 				defer stopTracing()
-				disc, err := discovery(*fleetDiscovery, kubeFleet, log)
+				disc, caFile, err := fleetMode(log)
 				if err != nil {
 					return err
-				}
-				if disc != nil {
-					// The router (package fleet) takes the Discovery here.
-					return errors.New("fleet mode: this gateway has no fleet router yet")
 				}
 				cfg := server.Config{
 					Listen:            *listen,
@@ -67,21 +59,36 @@ func main() {
 					Identity:          oidc(),
 					Resource:          resource(),
 					MetricsEnabled:    *metricsOn,
+					TLSCertFile:       *tlsCert,
+					TLSKeyFile:        *tlsKey,
 				}
-				return server.Run(ctx, cfg, log)
+				if disc == nil {
+					return server.Run(ctx, cfg, log)
+				}
+				// Fleet mode: the ordinary gateway over the fleet router,
+				// which stands in for both backends.
+				ctx, cancel := context.WithCancel(ctx)
+				defer cancel()
+				router, sock, fleetErr, err := startFleet(ctx, disc, caFile, *runDir, log)
+				if err != nil {
+					return err
+				}
+				cfg.HypervisorSocket, cfg.AttestationSocket, cfg.Fleet, cfg.Readiness = sock, sock, true, router.Healthy
+				done := make(chan error, 1)
+				go func() { done <- server.Run(ctx, cfg, log) }()
+				select {
+				case err := <-done:
+					return err
+				case err := <-fleetErr:
+					// The router ends early only on an error (a socket in
+					// use); with ctx it ends as the gateway drains.
+					cancel()
+					if serr := <-done; err == nil {
+						return serr
+					}
+					return err
+				}
 			}
 		},
 	}))
-}
-
-// discovery is the fleet's Discovery the flags ask for, nil when the gateway
-// is a node's own (not a fleet gateway).
-func discovery(kind string, kubeFleet func() kube.Config, log *slog.Logger) (fleet.Discovery, error) {
-	switch kind {
-	case "static":
-		return nil, nil
-	case "kubernetes":
-		return kube.NewInCluster(kubeFleet(), log)
-	}
-	return nil, fmt.Errorf("--fleet-discovery %q: want static or kubernetes", kind)
 }

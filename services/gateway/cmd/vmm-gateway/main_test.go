@@ -6,31 +6,33 @@ import (
 	"testing"
 
 	"github.com/giantswarm/vm-manager/pkg/cli"
-	"github.com/giantswarm/vm-manager/services/gateway/internal/fleet/kube"
+	"github.com/giantswarm/vm-manager/services/gateway/internal/fleet"
 )
 
-// --fleet-discovery: static leaves the choice to --fleet-nodes, kubernetes
-// outside a cluster says why it cannot start, anything else is refused.
-func TestDiscoveryFlag(t *testing.T) {
-	fs := cli.New("vmm-gateway serve", "")
-	cfg := kube.Flags(fs)
-	if err := fs.Parse([]string{"--fleet-service=vmm-nodes"}, func(env string) string {
-		return map[string]string{"VM_MANAGER_FLEET_NAMESPACE": "vmm", "VM_MANAGER_FLEET_PORT_NAME": "api"}[env]
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if c := cfg(); c.Namespace != "vmm" || c.Service != "vmm-nodes" || c.PortName != "api" || c.ServerNameSuffix != "" {
-		t.Errorf("config %+v", c)
-	}
+// --fleet-discovery: static is fleet mode only with --fleet-nodes,
+// kubernetes outside a cluster says why it cannot start, anything else is
+// refused.
+func TestFleetDiscoveryFlag(t *testing.T) {
 	log := slog.New(slog.DiscardHandler)
-	if d, err := discovery("static", cfg, log); d != nil || err != nil {
-		t.Errorf("static: %v, %v", d, err)
+	parse := func(args ...string) func(*slog.Logger) (fleet.Discovery, string, error) {
+		fs := cli.New("vmm-gateway serve", "")
+		mode := fleetFlags(fs)
+		if err := fs.Parse(args, func(string) string { return "" }); err != nil {
+			t.Fatal(err)
+		}
+		return mode
+	}
+	if d, _, err := parse()(log); d != nil || err != nil {
+		t.Errorf("no fleet flags: %v, %v", d, err)
+	}
+	if d, ca, err := parse("--fleet-nodes=n0=0@127.0.0.1:1", "--fleet-ca-file=/ca.crt")(log); err != nil || len(d.(fleet.Static)) != 1 || ca != "/ca.crt" {
+		t.Errorf("static: %v, %q, %v", d, ca, err)
 	}
 	t.Setenv("KUBERNETES_SERVICE_HOST", "")
-	if _, err := discovery("kubernetes", cfg, log); err == nil || !strings.Contains(err.Error(), "kubernetes discovery") {
+	if _, _, err := parse("--fleet-discovery=kubernetes", "--fleet-service=vmm-nodes")(log); err == nil || !strings.Contains(err.Error(), "kubernetes discovery") {
 		t.Errorf("kubernetes outside a cluster: %v", err)
 	}
-	if _, err := discovery("consul", cfg, log); err == nil || !strings.Contains(err.Error(), "want static or kubernetes") {
+	if _, _, err := parse("--fleet-discovery=consul")(log); err == nil || !strings.Contains(err.Error(), "want static or kubernetes") {
 		t.Errorf("consul: %v", err)
 	}
 }

@@ -297,16 +297,30 @@ func (t *tools) result(name string, out output, res any, err error, d time.Durat
 		}
 		return errorResult(err)
 	}
+	var warnings []string
+	if l, ok := res.(listed); ok {
+		res, warnings = l.items, l.warnings
+	}
 	body, err := restjson.Marshaler{}.Marshal(res)
 	if err != nil {
 		t.log.Error("mcp tool result not encodable", "tool", name, "error", err)
 		return errorResult(apierr.Errorf(apierr.Internal, "encoding the result: %w", err))
 	}
 	t.log.Debug("mcp tool call", "tool", name, "duration", d)
-	return &mcp.CallToolResult{
+	result := &mcp.CallToolResult{
 		Content:           []mcp.Content{&mcp.TextContent{Text: string(body)}},
 		StructuredContent: out.structured(body),
 	}
+	if len(warnings) > 0 {
+		// A fleet's partial list: said in the text and the structure.
+		for _, w := range warnings {
+			result.Content = append(result.Content, &mcp.TextContent{Text: "warning: " + w})
+		}
+		if m, ok := result.StructuredContent.(map[string]json.RawMessage); ok {
+			m["warnings"], _ = json.Marshal(warnings)
+		}
+	}
+	return result
 }
 
 // errorResult is the tool result of a failure, "<code>: <message>".

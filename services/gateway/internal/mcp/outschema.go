@@ -29,6 +29,14 @@ func (o output) structured(body []byte) any {
 	return map[string]json.RawMessage{o.key: body}
 }
 
+// listed is a list tool's result: the items, and a fleet gateway's
+// warnings when some nodes did not answer (the result then says so in its
+// text and in structuredContent's "warnings": never a silent gap).
+type listed struct {
+	items    any
+	warnings []string
+}
+
 // outputOf is the output of a tool whose result is an Out: a proto message
 // (the schema of what restjson writes for it) or a plain Go value
 // (jsonschema.For, as encoding/json writes it).
@@ -54,6 +62,9 @@ func listOutput(resp protoreflect.MessageDescriptor) (output, error) {
 	fields := resp.Fields()
 	for i := 0; i < fields.Len(); i++ {
 		if fd := fields.Get(i); fd.IsList() {
+			if fd.Name() == "warnings" { // a fleet's partial list (listed)
+				continue
+			}
 			if list != nil {
 				return output{}, fmt.Errorf("%s has more than one list", resp.FullName())
 			}
@@ -64,10 +75,17 @@ func listOutput(resp protoreflect.MessageDescriptor) (output, error) {
 		return output{}, fmt.Errorf("%s has no list", resp.FullName())
 	}
 	key := list.JSONName()
+	props := map[string]*jsonschema.Schema{key: fieldSchema(list, nil)}
+	order := []string{key}
+	if w := fields.ByName("warnings"); w != nil {
+		props["warnings"] = fieldSchema(w, nil)
+		props["warnings"].Description = "a fleet gateway's nodes that did not answer: the list is partial"
+		order = append(order, "warnings")
+	}
 	return output{key: key, schema: &jsonschema.Schema{
 		Type:          "object",
-		Properties:    map[string]*jsonschema.Schema{key: fieldSchema(list, nil)},
-		PropertyOrder: []string{key},
+		Properties:    props,
+		PropertyOrder: order,
 		Required:      []string{key},
 	}}, nil
 }

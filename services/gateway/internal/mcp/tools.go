@@ -37,6 +37,10 @@ type tools struct {
 type (
 	noArgs struct{}
 
+	hostArgs struct {
+		Node string `json:"node,omitempty" jsonschema:"fleet gateway only: this node's report; without it a fleet answers its summary (totals and fleetNodes, a line per node)"`
+	}
+
 	imageArgs struct {
 		Ref string `json:"ref" jsonschema:"the image: \"<id>_<version>\", or the bare id for its newest version"`
 	}
@@ -88,6 +92,8 @@ type (
 		Metadata           map[string]string `json:"metadata,omitempty" jsonschema:"served by the IMDS as /metadata/<key>; keys must be non-empty and contain no '/', space, tab or newline"`
 		RequireAttestation *bool             `json:"require_attestation,omitempty" jsonschema:"hold user_data back until the guest's initrd quote is verified (default true)" schema:"default=true"`
 		WaitFor            string            `json:"wait_for,omitempty" jsonschema:"what to block for: none (the installer started), installed, attested (user_data released) or ready (READY=1, the default, also for \"\")" schema:"enum=none|installed|attested|ready,default=\"ready\",zero"`
+		Node               string            `json:"node,omitempty" jsonschema:"fleet gateway only: the node to create on (get_host lists them); default: placement by free memory and CPUs"`
+		NodeSelector       string            `json:"node_selector,omitempty" jsonschema:"fleet gateway only: place among nodes whose labels match all of k=v,..."`
 		lifetimeArgs
 	}
 
@@ -134,7 +140,7 @@ var toolDefs = []toolDef{
 	{"get_info", hintRead, `Read-only. This server's build: {version, commit, built, tools[]}; version is "dev" for a local build.`,
 		run(func(*tools, context.Context, *mcp.CallToolRequest, *noArgs) (Info, error) { return BuildInfo(), nil })},
 	{"get_host", hintRead, "Read-only. Host capabilities: hostname, kernel, CPUs, memory, /dev/kvm and /dev/vhost-vsock access, QEMU, swtpm and systemd versions, the OVMF firmware, storage providers, whether the host is ready and what is missing. Call it before creating VMs.",
-		call(hv, hvc.GetHost, none[hypervisorv1.GetHostRequest])},
+		call(hv, hvc.GetHost, func(in *hostArgs) *hypervisorv1.GetHostRequest { return &hypervisorv1.GetHostRequest{Node: in.Node} })},
 	{"list_images", hintRead, "Read-only. The image catalog, sorted by id, newest version first, each with its Kubernetes versions. Empty means no image was built or --image-dir is wrong; create_vm needs at least one.",
 		list(hv, hvc.ListImages, none[hypervisorv1.ListImagesRequest], (*hypervisorv1.ListImagesResponse).GetImages)},
 	{"get_image", hintRead, "Read-only. Describe one image: UKI, disk, Kubernetes versions (newest first) and its attestation policy. Call list_images first.",
@@ -237,12 +243,16 @@ func list[C, In, Req any, Resp proto.Message, Item any](client func(*tools) C, m
 		if err != nil {
 			panic(fmt.Sprintf("mcp: tool %s: %v", d.name, err))
 		}
-		register(func(t *tools, ctx context.Context, _ *mcp.CallToolRequest, in *In) ([]Item, error) {
+		register(func(t *tools, ctx context.Context, _ *mcp.CallToolRequest, in *In) (listed, error) {
 			resp, err := method(client(t), ctx, req(in))
 			if err != nil {
-				return nil, err
+				return listed{}, err
 			}
-			return nonNil(items(resp)), nil
+			var warnings []string
+			if w, ok := any(resp).(interface{ GetWarnings() []string }); ok {
+				warnings = w.GetWarnings()
+			}
+			return listed{items: nonNil(items(resp)), warnings: warnings}, nil
 		}, out)(s, t, d)
 	}
 }
@@ -298,6 +308,8 @@ func (t *tools) createVM(ctx context.Context, req *mcp.CallToolRequest, in *crea
 		Metadata:           in.Metadata,
 		RequireAttestation: in.RequireAttestation,
 		WaitFor:            wf,
+		Node:               in.Node,
+		NodeSelector:       in.NodeSelector,
 	}
 	if err := in.lifetimeArgs.apply(creq); err != nil {
 		return nil, err

@@ -69,6 +69,7 @@ type hostCollector struct {
 
 	install      prometheus.Histogram
 	bootToReady  prometheus.Histogram
+	bootPhases   *prometheus.HistogramVec
 	scrapeErrors *prometheus.CounterVec
 
 	// mu serialises scrapes and guards observed and wasUp.
@@ -79,7 +80,7 @@ type hostCollector struct {
 	wasUp    *bool
 }
 
-type observedKeys struct{ install, bootToReady string }
+type observedKeys struct{ install, bootToReady, bootPhases string }
 
 func newHostCollector(hv Source, log *slog.Logger, timeout time.Duration) *hostCollector {
 	return &hostCollector{
@@ -96,6 +97,7 @@ func newHostCollector(hv Source, log *slog.Logger, timeout time.Duration) *hostC
 			Help:    "Boot-to-ready durations, each boot's once.",
 			Buckets: bootToReadyBuckets,
 		}),
+		bootPhases: newBootPhaseHistogram(),
 		scrapeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "vm_manager_scrape_errors_total",
 			Help: "Backend calls that failed while collecting metrics.",
@@ -109,6 +111,7 @@ func (c *hostCollector) Describe(ch chan<- *prometheus.Desc) {
 		descVMState, descVMAttestation, descVMInfo, descVMCreated, descVMInstall, descVMBootToReady,
 		descVMCPU, descVMRSS, descVMDisk, descVMs, descNetBytes, descNetLeases, descNetDropped,
 		descBackendUp, descEgressDropped, descNATFlows, descNATRefused, descDNSRefused, descIMDSConns, descIMDSDropped,
+		descVMBootPhase,
 	} {
 		ch <- d
 	}
@@ -117,6 +120,7 @@ func (c *hostCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 	c.install.Describe(ch)
 	c.bootToReady.Describe(ch)
+	c.bootPhases.Describe(ch)
 	c.scrapeErrors.Describe(ch)
 }
 
@@ -214,6 +218,7 @@ func (c *hostCollector) Collect(ch chan<- prometheus.Metric) {
 
 	c.install.Collect(ch)
 	c.bootToReady.Collect(ch)
+	c.bootPhases.Collect(ch)
 	c.scrapeErrors.Collect(ch)
 }
 
@@ -263,6 +268,7 @@ func (c *hostCollector) collectVMs(ch chan<- prometheus.Metric, s *snapshot) {
 		if h.BootToReadySeconds != nil {
 			ch <- gauge(descVMBootToReady, h.GetBootToReadySeconds(), id, name)
 		}
+		collectBootPhases(ch, h, id, name)
 		if h.CpuSeconds != nil {
 			ch <- counter(descVMCPU, h.GetCpuSeconds(), id, name)
 		}
@@ -310,6 +316,9 @@ func (c *hostCollector) observeDurations(vm *hypervisorv1.VirtualMachine, h *hyp
 			c.bootToReady.Observe(h.GetBootToReadySeconds())
 			keys.bootToReady = k
 		}
+	}
+	if h.GetBootPhases() != nil {
+		c.observeBootPhases(h, tsKey(vm.GetBootedAt())+"/"+tsKey(vm.GetReadyAt()), &keys)
 	}
 	if keys != (observedKeys{}) {
 		c.observed[id] = keys

@@ -64,6 +64,14 @@ func TestHostCollector(t *testing.T) {
 	if n := len(f.find("vm_manager_vm_boot_to_ready_seconds", "vm", "bbbb0002")); n != 0 {
 		t.Errorf("beta never booted but has %d boot_to_ready series", n)
 	}
+	f.want(t, 3, "vm_manager_vm_boot_phase_seconds", "vm", "aaaa0001", "phase", "firmware")
+	f.want(t, 0.25, "vm_manager_vm_boot_phase_seconds", "vm", "aaaa0001", "phase", "qemu")
+	if n := len(f.find("vm_manager_vm_boot_phase_seconds", "vm", "aaaa0001")); n != 7 {
+		t.Errorf("alpha has %d boot phase series, want 7", n)
+	}
+	if n := len(f.find("vm_manager_vm_boot_phase_seconds", "vm", "bbbb0002")); n != 0 {
+		t.Errorf("beta never booted but has %d boot phase series", n)
+	}
 	f.wantType(t, "vm_manager_vm_cpu_seconds_total", dto.MetricType_COUNTER)
 	f.want(t, 12.5, "vm_manager_vm_cpu_seconds_total", "vm", "aaaa0001", "name", "alpha")
 	if n := len(f.find("vm_manager_vm_cpu_seconds_total", "vm", "bbbb0002")); n != 0 {
@@ -150,6 +158,16 @@ func TestHostCollector(t *testing.T) {
 	}
 	checkHist(f, "vm_manager_vm_install_duration_seconds", 2, 67)
 	checkHist(f, "vm_manager_vm_boot_to_ready_duration_seconds", 1, 7)
+	// The phase histogram: one series per phase, each boot's once.
+	checkPhase := func(f families, phase string, wantCount uint64, wantSum float64) {
+		t.Helper()
+		h := f.find("vm_manager_vm_boot_phase_duration_seconds", "phase", phase)
+		if len(h) != 1 || h[0].GetHistogram().GetSampleCount() != wantCount || h[0].GetHistogram().GetSampleSum() != wantSum {
+			t.Errorf("boot phase %s: %v, want count %d sum %v", phase, h, wantCount, wantSum)
+		}
+	}
+	checkPhase(f, "firmware", 1, 3)
+	checkPhase(f, "provision", 1, 0.5)
 	var bounds []float64
 	for _, b := range f.one(t, "vm_manager_vm_install_duration_seconds").GetHistogram().GetBucket() {
 		if !math.IsInf(b.GetUpperBound(), 1) {
@@ -164,6 +182,7 @@ func TestHostCollector(t *testing.T) {
 	f = scrape(t, m)
 	checkHist(f, "vm_manager_vm_install_duration_seconds", 2, 67)
 	checkHist(f, "vm_manager_vm_boot_to_ready_duration_seconds", 1, 7)
+	checkPhase(f, "firmware", 1, 3)
 
 	// A reboot (new booted/ready times) counts once more; beta's delete
 	// drops its key.
@@ -178,6 +197,7 @@ func TestHostCollector(t *testing.T) {
 	f = scrape(t, m)
 	checkHist(f, "vm_manager_vm_install_duration_seconds", 2, 67)
 	checkHist(f, "vm_manager_vm_boot_to_ready_duration_seconds", 2, 16)
+	checkPhase(f, "firmware", 2, 6)
 	f.want(t, 0, "vm_manager_vms", "state", "stopped")
 	if n := len(f.find("vm_manager_vm_state", "vm", "bbbb0002")); n != 0 {
 		t.Errorf("deleted VM still has %d state series", n)

@@ -125,6 +125,8 @@ func newFake() *fakeHV {
 				State: hypervisorv1.State_STATE_READY, Attestation: hypervisorv1.AttestationState_ATTESTATION_STATE_RELEASED,
 				Pid: proto.Int32(4242), CpuSeconds: proto.Float64(12.5), MemoryRssBytes: proto.Int64(1 << 30), DiskBytes: 5 << 30,
 				InstallSeconds: proto.Float64(42), BootToReadySeconds: proto.Float64(7), Network: net(3),
+				BootPhases: &hypervisorv1.BootPhases{ProvisionSeconds: 0.5, RegisterSeconds: 0.01, SwtpmSeconds: 0.02, QemuSeconds: 0.25,
+					FirmwareSeconds: proto.Float64(3), KernelSeconds: proto.Float64(2), AgentSeconds: proto.Float64(1.5), TotalSeconds: proto.Float64(7.5)},
 			}, Guest: &hypervisorv1.GuestMetrics{ReportAgeSeconds: 4.5, Series: 17}},
 			"bbbb0002": {Id: "bbbb0002", Host: &hypervisorv1.HostMetrics{
 				State: hypervisorv1.State_STATE_STOPPED, Attestation: hypervisorv1.AttestationState_ATTESTATION_STATE_DISABLED,

@@ -37,6 +37,7 @@ func NewMux(log *slog.Logger) *runtime.ServeMux {
 		runtime.WithRoutingErrorHandler(func(_ context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, r *http.Request, _ int) {
 			NotFound(w, r)
 		}),
+		runtime.WithForwardResponseOption(setWarnings),
 		runtime.WithForwardResponseOption(setStatus),
 	)
 }

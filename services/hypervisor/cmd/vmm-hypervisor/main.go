@@ -14,6 +14,7 @@ import (
 
 	"github.com/giantswarm/vm-manager/pkg/cli"
 	"github.com/giantswarm/vm-manager/pkg/identity"
+	"github.com/giantswarm/vm-manager/pkg/labels"
 	"github.com/giantswarm/vm-manager/pkg/logging"
 	"github.com/giantswarm/vm-manager/pkg/mesh"
 	"github.com/giantswarm/vm-manager/pkg/statedir"
@@ -86,6 +87,9 @@ func serveCommand() cli.Command {
 			maxExec := fs.Int("max-exec-sessions", "VM_MANAGER_MAX_EXEC_SESSIONS", execstream.DefaultMaxSessions, "streamed exec sessions open on this host at once; more are refused (resource_exhausted) and counted")
 			execIdle := fs.Duration("exec-idle-timeout", "VM_MANAGER_EXEC_IDLE_TIMEOUT", execstream.DefaultIdleTimeout, "a streamed exec session without input or output for this long is ended")
 			execMax := fs.Duration("exec-max-duration", "VM_MANAGER_EXEC_MAX_DURATION", execstream.DefaultMaxDuration, "the longest a streamed exec session may run")
+			nodeIndex := fs.Int("node-index", "VM_MANAGER_NODE_INDEX", -1, "this node's index in a fleet, 0..4095: VM ids start with it as 3 hex characters, so the fleet gateway routes by id (-1: no fleet, fully random ids)")
+			nodeName := fs.String("node-name", "VM_MANAGER_NODE_NAME", "", "this node's name in a fleet, reported in the host report")
+			nodeLabels := fs.String("node-labels", "VM_MANAGER_NODE_LABELS", "", "this node's labels in a fleet, k=v,...: reported in the host report, matched by a create's node_selector")
 			oidc := identity.Flags(fs)
 			logger := logging.Flags(fs, "info", "hypervisor")
 			tracer := tracing.Flags(fs)
@@ -141,6 +145,11 @@ func serveCommand() cli.Command {
 				if *maxTTL < time.Second || *defaultTTL < 0 || *defaultTTL > *maxTTL {
 					return fmt.Errorf("--max-vm-ttl=%s, --default-vm-ttl=%s: want max at least 1s and default within 0..max", *maxTTL, *defaultTTL)
 				}
+				node, err := fleetNode(*nodeIndex, *nodeName, *nodeLabels)
+				if err != nil {
+					return err
+				}
+				hostCfg := host.Config{QEMUBinary: *qemu, SwtpmBinary: *swtpm, OVMFCode: *ovmfCode, OVMFVars: *ovmfVars, ForceTCG: *accel == "tcg", Node: node}
 				return server.Run(ctx, server.Config{
 					StateDir:         *stateDir,
 					ImageDir:         *imageDir,
@@ -166,7 +175,7 @@ func serveCommand() cli.Command {
 					MaxIMDSConnections: *imdsConns,
 					IMDSReadTimeout:    *imdsRead,
 					IMDSIdleTimeout:    *imdsIdle,
-					Host:               host.Config{QEMUBinary: *qemu, SwtpmBinary: *swtpm, OVMFCode: *ovmfCode, OVMFVars: *ovmfVars, ForceTCG: *accel == "tcg"},
+					Host:               hostCfg,
 					Identity:           oidc(),
 					Lifetimes:          vm.Lifetimes{DefaultTTL: *defaultTTL, MaxTTL: *maxTTL},
 					Watch:              vm.WatchLimits{MaxWatchers: *maxWatchers, Buffer: *watchBuffer, Retain: *watchRetain},
@@ -175,4 +184,22 @@ func serveCommand() cli.Command {
 			}
 		},
 	}
+}
+
+// fleetNode checks the fleet flags: an index within what a VM id's 3 hex
+// characters hold, or -1 for none.
+func fleetNode(index int, name, labelList string) (host.Node, error) {
+	if index < -1 || index > 0xfff {
+		return host.Node{}, fmt.Errorf("--node-index=%d: want -1 (no fleet) or 0..4095", index)
+	}
+	l, err := labels.Parse(labelList)
+	if err != nil {
+		return host.Node{}, fmt.Errorf("--node-labels: %w", err)
+	}
+	n := host.Node{Name: name, Labels: l}
+	if index >= 0 {
+		i := int32(index)
+		n.Index = &i
+	}
+	return n, nil
 }

@@ -67,3 +67,34 @@ func TestNetworkBoundsRefused(t *testing.T) {
 		}
 	}
 }
+
+// The fleet flags are checked at start: an index a VM id's 3 hex characters
+// cannot hold, or labels that do not parse, are refused before anything is
+// opened.
+func TestFleetFlagsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{args: []string{"serve", "--node-index=4096"}, want: "--node-index=4096: want -1 (no fleet) or 0..4095"},
+		{args: []string{"serve", "--node-index=-2"}, want: "--node-index=-2"},
+		{args: []string{"serve", "--node-labels=zone"}, want: "--node-labels: label \"zone\": want key=value"},
+	} {
+		state := t.TempDir()
+		t.Setenv("VM_MANAGER_STATE_DIR", state)
+		var stderr bytes.Buffer
+		if code := run(tc.args, io.Discard, &stderr); code == 0 || !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("%v: exit %d, stderr %q", tc.args, code, stderr.String())
+		}
+		if ents, _ := os.ReadDir(state); len(ents) != 0 {
+			t.Errorf("%v: the refused start wrote %d entries into the state directory", tc.args, len(ents))
+		}
+	}
+	n, err := fleetNode(7, "node-7", "zone=a,gpu=")
+	if err != nil || n.Name != "node-7" || n.Index == nil || *n.Index != 7 || n.Labels["zone"] != "a" || len(n.Labels) != 2 {
+		t.Errorf("fleetNode: %+v %v", n, err)
+	}
+	if n, _ := fleetNode(-1, "", ""); n.Index != nil {
+		t.Errorf("no fleet: index %v", *n.Index)
+	}
+}

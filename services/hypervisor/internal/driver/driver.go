@@ -17,6 +17,7 @@ import (
 	"time"
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/bootphase"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/logtail"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/proc"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
@@ -131,10 +132,13 @@ func (d *Driver) Provision(ctx context.Context, rec *storepb.VirtualMachine) (*s
 func (d *Driver) Launch(ctx context.Context, l vm.Launch) (vm.Run, error) {
 	rec := l.Record
 	p := rec.GetPaths()
+	var marks bootphase.Processes
+	marks.SwtpmStarted = time.Now()
 	tpm, err := swtpm.Start(ctx, swtpm.Config{Binary: d.cfg.SwtpmBinary, StateDir: p.GetTpmState()})
 	if err != nil {
 		return nil, err
 	}
+	marks.SwtpmReady = time.Now()
 	spec := d.spec(rec, l.Image, l.Phase)
 	if d.cfg.NotifyVsockPort != 0 {
 		spec.NotifySocket = ""
@@ -147,9 +151,11 @@ func (d *Driver) Launch(ctx context.Context, l vm.Launch) (vm.Run, error) {
 			tpm.Terminate(d.cfg.KillGrace)
 			return nil, err
 		}
+		marks.QEMUStarted = time.Now()
 		qp, mon, err := d.startQEMU(ctx, p, args)
 		if err == nil {
-			return &run{qemu: qp, tpm: tpm, mon: mon, cid: spec.VsockCID, grace: d.cfg.KillGrace}, nil
+			marks.QEMUReady = time.Now()
+			return &run{qemu: qp, tpm: tpm, mon: mon, cid: spec.VsockCID, grace: d.cfg.KillGrace, marks: marks}, nil
 		}
 		// QEMU refuses a vsock CID another VM on the host holds: take the next.
 		if spec.VsockCID == 0 || attempt >= 16 || !strings.Contains(err.Error(), "guest cid") {

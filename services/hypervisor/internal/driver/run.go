@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/bootphase"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/proc"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
@@ -22,6 +23,7 @@ type run struct {
 	mon   *qemu.Monitor // nil only in tests
 	cid   uint32
 	grace time.Duration
+	marks bootphase.Processes // zero for adopted runs
 
 	once      sync.Once
 	shutdowns chan vm.Shutdown
@@ -35,6 +37,9 @@ func (r *run) Processes() *storepb.Processes {
 }
 
 func (r *run) CID() uint32 { return r.cid }
+
+// Launched says when the launch's processes started and answered.
+func (r *run) Launched() bootphase.Processes { return r.marks }
 
 // Shutdowns turns QMP's SHUTDOWN events into the manager's; a reset is
 // reason guest-reset (QEMU runs installed boots with -action

@@ -42,7 +42,14 @@ type OVMFPair struct {
 	Vars string
 }
 
-// DefaultOVMFPairs are probed in this order when Config.OVMFCode is empty.
+// DefaultOVMFPairs are probed in this order when Config.OVMFCode is empty:
+// the contract's order. Debian 12's 2 MiB build (OVMF_CODE.fd) reaches the
+// kernel ~4 s sooner under TCG and measures the boot the same way, but it is
+// not the default: an image's golden values name the firmware build they were
+// recorded on (golden_firmware), so changing the default would make every
+// image measured before the upgrade fail attestation, and Debian 13 ships
+// only the 4 MiB build. Operators opt in with --ovmf-code/--ovmf-vars
+// (docs/performance.md#create-to-ready).
 var DefaultOVMFPairs = []OVMFPair{
 	{"/usr/share/edk2/x64/OVMF_CODE.4m.fd", "/usr/share/edk2/x64/OVMF_VARS.4m.fd"},
 	{"/usr/share/OVMF/OVMF_CODE_4M.fd", "/usr/share/OVMF/OVMF_VARS_4M.fd"},
@@ -73,6 +80,8 @@ type Config struct {
 	// ForceTCG makes VMs use TCG even where /dev/kvm works (--accelerator=tcg),
 	// e.g. to reproduce CI's timing on a KVM host.
 	ForceTCG bool
+	// Node is this host's place in a fleet, reported as is (docs/fleet.md).
+	Node Node
 	// VTPMCACertificate is the PEM of the CA that signs the vTPMs' EK
 	// certificates, reported as is.
 	VTPMCACertificate string
@@ -128,6 +137,15 @@ func New(cfg Config) *Prober {
 		cfg.LookPath = exec.LookPath
 	}
 	return &Prober{cfg: cfg, hashes: map[string]hashEntry{}, outputs: map[string]outputEntry{}}
+}
+
+// Node is a fleet node's identity: the fleet gateway routes by Index (the
+// prefix of the node's VM ids) and places VMs by Labels.
+type Node struct {
+	Name string
+	// Index is nil outside a fleet.
+	Index  *int32
+	Labels map[string]string
 }
 
 // Report measures the host now. It never fails: what cannot be measured is
@@ -207,6 +225,7 @@ func (p *Prober) Report(ctx context.Context) *hypervisorv1.Host {
 		h.Missing = append(h.Missing, "OVMF code image "+want)
 	}
 	h.Ready = len(h.Missing) == 0
+	h.NodeName, h.NodeIndex, h.NodeLabels = p.cfg.Node.Name, p.cfg.Node.Index, p.cfg.Node.Labels
 	h.Warnings = warnings
 	h.VtpmCaCertificate = p.cfg.VTPMCACertificate
 	return h

@@ -110,3 +110,19 @@ func TestToolVersionFailure(t *testing.T) {
 		t.Errorf("swtpm = %v", h.Swtpm)
 	}
 }
+
+// A fleet node's identity is reported as configured; outside a fleet no
+// index is.
+func TestReportNode(t *testing.T) {
+	f := newFakeHost(t)
+	cfg := f.config()
+	i := int32(3)
+	cfg.Node = Node{Name: "node-3", Index: &i, Labels: map[string]string{"zone": "a"}}
+	h := New(cfg).Report(context.Background())
+	if h.GetNodeName() != "node-3" || h.NodeIndex == nil || h.GetNodeIndex() != 3 || h.GetNodeLabels()["zone"] != "a" {
+		t.Errorf("node fields: %q %v %v", h.GetNodeName(), h.NodeIndex, h.GetNodeLabels())
+	}
+	if h := New(f.config()).Report(context.Background()); h.NodeIndex != nil || h.GetNodeName() != "" {
+		t.Errorf("outside a fleet: %v %q", h.NodeIndex, h.GetNodeName())
+	}
+}

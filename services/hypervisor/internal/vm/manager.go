@@ -85,6 +85,9 @@ type Config struct {
 	Lifetimes Lifetimes
 	// Watch bounds the watch streams (watch.go).
 	Watch WatchLimits
+	// IDPrefix, in a fleet, is the node index as 3 hex characters: every VM
+	// id starts with it, so the fleet gateway routes a call by the id alone.
+	IDPrefix string
 }
 
 func (c *Config) defaults() {
@@ -206,6 +209,9 @@ func New(cfg Config, log *slog.Logger, st Store, images ImageResolver, verifier 
 	m := &Manager{cfg: cfg, log: log, store: st, images: images, verifier: verifier, router: router, driver: driver, ctx: ctx, cancel: cancel,
 		machines: map[string]*machine{}, leases: map[lease]*machine{}, newID: newID, started: time.Now()}
 	m.watchers.ended = make(chan struct{})
+	if p := cfg.IDPrefix; p != "" {
+		m.newID = func() string { return p + newID()[len(p):] }
+	}
 	var err error
 	if m.events, err = newEvents(st, cfg.Watch.Retain); err != nil {
 		cancel()

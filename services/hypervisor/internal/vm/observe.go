@@ -67,6 +67,7 @@ func (m *Manager) Metrics(id string) (*hypervisorv1.VirtualMachineMetrics, error
 	if ready, booted := rec.GetReadyAt(), rec.GetBootedAt(); ready != nil && booted != nil {
 		h.BootToReadySeconds = proto.Float64(ready.AsTime().Sub(booted.AsTime()).Seconds())
 	}
+	h.BootPhases = rec.GetBootPhases()
 	out := &hypervisorv1.VirtualMachineMetrics{Id: id, Host: h, RawReportUrl: "/api/v1/vms/" + id + "/report"}
 	out.Guest, out.Note = m.guest.Summary(rec)
 	return out, nil

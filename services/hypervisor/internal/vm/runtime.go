@@ -9,6 +9,7 @@ import (
 
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/bootphase"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guest"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/logtail"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
@@ -30,10 +31,22 @@ type runtime struct {
 
 	cancel  context.CancelFunc // ends readiness and the supervisor (detach)
 	settled chan struct{}      // closed once the record reflects the exit
+
+	// marks time an installed boot's launch (zero for adopted runs): its
+	// phases go into the record at launch and at READY=1.
+	marks bootphase.Marks
 }
+
+// launchTimed is a Run that knows when its processes started and answered
+// (the driver's launches; not adoptions).
+type launchTimed interface{ Launched() bootphase.Processes }
 
 // consoleTailLines is how much console goes into lastError.
 const consoleTailLines = 40
+
+// consolePhaseLines is how much console the boot phases are looked for in:
+// a verbose kernel's boot and vm-agent's lines, with room to spare.
+const consolePhaseLines = 4000
 
 // launch provisions the vTPM, registers an installed boot with attestation,
 // starts swtpm, then QEMU, for one phase, and the supervisor. Called with
@@ -48,10 +61,12 @@ func (m *Manager) launch(mc *machine, phase hypervisorv1.Phase) error {
 	defer cancel()
 	ctx, span := m.startLaunch(ctx, mc, phase)
 	defer span.End()
+	marks := bootphase.Marks{Start: time.Now()}
 	identity, err := m.provisionTPM(ctx, rec)
 	if err != nil {
 		return err
 	}
+	marks.Provisioned = time.Now()
 	rec = m.update(mc, func(r *storepb.VirtualMachine) {
 		r.Tpm = identity
 		if phase == hypervisorv1.Phase_PHASE_BOOT {
@@ -64,11 +79,19 @@ func (m *Manager) launch(mc *machine, phase hypervisorv1.Phase) error {
 		att = m.beginBoot(ctx, rec)
 		m.update(mc, func(r *storepb.VirtualMachine) { r.Attestation = att })
 	}
+	marks.Registered = time.Now()
 	run, err := m.driver.Launch(ctx, Launch{Record: rec, Image: img, Phase: phase, CIDTaken: m.cidTaken(mc.id)})
 	if err != nil {
 		return err
 	}
 	rt := &runtime{phase: phase, proc: run, settled: make(chan struct{})}
+	var phases *hypervisorv1.BootPhases
+	if t, ok := run.(launchTimed); ok && phase == hypervisorv1.Phase_PHASE_BOOT {
+		marks.Processes = t.Launched()
+		if phases = bootphase.Host(marks); phases != nil {
+			rt.marks = marks
+		}
+	}
 	m.update(mc, func(r *storepb.VirtualMachine) {
 		r.Phase = phase
 		r.Cid = run.CID()
@@ -81,6 +104,7 @@ func (m *Manager) launch(mc *machine, phase hypervisorv1.Phase) error {
 			r.State = hypervisorv1.State_STATE_BOOTING
 			r.BootedAt = timestamppb.Now()
 			r.BootCount++
+			r.BootPhases = phases
 		}
 		mc.run = rt
 	})
@@ -182,6 +206,14 @@ func (m *Manager) onNotify(mc *machine, rt *runtime, ready bool, status string) 
 	if rt.phase != hypervisorv1.Phase_PHASE_BOOT {
 		return // only the installed boot reports readiness
 	}
+	now := time.Now()
+	var guestPhases *bootphase.Guest
+	if rec, _ := mc.snapshot(); ready && rec.GetReadyAt() == nil && !rt.marks.Start.IsZero() {
+		// The guest printed its ready line before it sent READY=1.
+		if g, ok := bootphase.ParseConsole(logtail.Lines(rec.GetPaths().GetConsole(), consolePhaseLines)); ok {
+			guestPhases = &g
+		}
+	}
 	m.update(mc, func(r *storepb.VirtualMachine) {
 		if status != "" {
 			r.Status = status
@@ -192,8 +224,17 @@ func (m *Manager) onNotify(mc *machine, rt *runtime, ready bool, status string) 
 		switch r.GetState() {
 		case hypervisorv1.State_STATE_BOOTING, hypervisorv1.State_STATE_ATTESTING, hypervisorv1.State_STATE_RUNNING:
 			r.State = hypervisorv1.State_STATE_READY
-			r.ReadyAt = timestamppb.Now()
+			r.ReadyAt = timestamppb.New(now)
 			r.Booted = true
+			if r.GetBootPhases() != nil {
+				var g bootphase.Guest
+				if guestPhases != nil {
+					g = *guestPhases
+				} else {
+					g.Ready = -1 // no guest phases, only the total
+				}
+				r.BootPhases = bootphase.WithGuest(r.GetBootPhases(), g, rt.marks.Start, rt.marks.QEMUReady, now)
+			}
 			// READY=1 keeps an attestation rejection: the guest is up, not trusted.
 			if !strings.HasPrefix(r.GetLastError(), guest.RejectedPrefix) {
 				r.LastError = ""

@@ -123,3 +123,32 @@ func TestFreeIDAvoidsTakenIDs(t *testing.T) {
 		t.Errorf("freeIDLocked = %s, want 0f0f0f0f", got)
 	}
 }
+
+// In a fleet every id starts with the node's index (Config.IDPrefix), the
+// rest random: the fleet gateway routes by it.
+func TestIDPrefix(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.Open(filepath.Join(dir, "hypervisor.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	m, err := New(Config{StateDir: dir, ImageDir: dir, IDPrefix: "02a"}, slog.New(slog.DiscardHandler), st, images2{}, nil, notify.NewRouter(), newFakeDriver())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	seen := map[string]bool{}
+	for range 20 {
+		m.mu.Lock()
+		id := m.freeIDLocked()
+		m.mu.Unlock()
+		if len(id) != 8 || id[:3] != "02a" {
+			t.Fatalf("id %q: want 02a and 5 hex characters", id)
+		}
+		seen[id] = true
+	}
+	if len(seen) < 2 {
+		t.Errorf("ids not random: %v", seen)
+	}
+}

@@ -81,6 +81,9 @@ type VirtualMachine struct {
 	// versions, which never suspended.
 	SuspendedFrom v1.State               `protobuf:"varint,60,opt,name=suspended_from,json=suspendedFrom,proto3,enum=vmmanager.hypervisor.v1.State" json:"suspended_from,omitempty"`
 	SuspendedAt   *timestamppb.Timestamp `protobuf:"bytes,61,opt,name=suspended_at,json=suspendedAt,proto3" json:"suspended_at,omitempty"`
+	// The last installed boot's phases (internal/bootphase); the guest's are
+	// filled in at READY=1.
+	BootPhases    *v1.BootPhases `protobuf:"bytes,70,opt,name=boot_phases,json=bootPhases,proto3" json:"boot_phases,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -388,6 +391,13 @@ func (x *VirtualMachine) GetSuspendedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *VirtualMachine) GetBootPhases() *v1.BootPhases {
+	if x != nil {
+		return x.BootPhases
+	}
+	return nil
+}
+
 // Processes are what a restarted hypervisor re-adopts.
 type Processes struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -598,7 +608,7 @@ var File_vmmanager_hypervisor_store_v1_record_proto protoreflect.FileDescriptor
 
 const file_vmmanager_hypervisor_store_v1_record_proto_rawDesc = "" +
 	"\n" +
-	"*vmmanager/hypervisor/store/v1/record.proto\x12\x1dvmmanager.hypervisor.store.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\x1a-vmmanager/hypervisor/v1/virtual_machine.proto\"\xcc\r\n" +
+	"*vmmanager/hypervisor/store/v1/record.proto\x12\x1dvmmanager.hypervisor.store.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a0vmmanager/hypervisor/v1/hypervisor_service.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\x1a-vmmanager/hypervisor/v1/virtual_machine.proto\"\x92\x0e\n" +
 	"\x0eVirtualMachine\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
@@ -645,7 +655,9 @@ const file_vmmanager_hypervisor_store_v1_record_proto_rawDesc = "" +
 	"boot_count\x18$ \x01(\rR\tbootCount\x12=\n" +
 	"\blifetime\x18% \x01(\v2!.vmmanager.hypervisor.v1.LifetimeR\blifetime\x12E\n" +
 	"\x0esuspended_from\x18< \x01(\x0e2\x1e.vmmanager.hypervisor.v1.StateR\rsuspendedFrom\x12=\n" +
-	"\fsuspended_at\x18= \x01(\v2\x1a.google.protobuf.TimestampR\vsuspendedAt\x1a;\n" +
+	"\fsuspended_at\x18= \x01(\v2\x1a.google.protobuf.TimestampR\vsuspendedAt\x12D\n" +
+	"\vboot_phases\x18F \x01(\v2#.vmmanager.hypervisor.v1.BootPhasesR\n" +
+	"bootPhases\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x81\x01\n" +
@@ -694,6 +706,7 @@ var file_vmmanager_hypervisor_store_v1_record_proto_goTypes = []any{
 	(*v1.Paths)(nil),              // 10: vmmanager.hypervisor.v1.Paths
 	(*v1.PortForward)(nil),        // 11: vmmanager.hypervisor.v1.PortForward
 	(*v1.Lifetime)(nil),           // 12: vmmanager.hypervisor.v1.Lifetime
+	(*v1.BootPhases)(nil),         // 13: vmmanager.hypervisor.v1.BootPhases
 }
 var file_vmmanager_hypervisor_store_v1_record_proto_depIdxs = []int32{
 	4,  // 0: vmmanager.hypervisor.store.v1.VirtualMachine.metadata:type_name -> vmmanager.hypervisor.store.v1.VirtualMachine.MetadataEntry
@@ -712,15 +725,16 @@ var file_vmmanager_hypervisor_store_v1_record_proto_depIdxs = []int32{
 	12, // 13: vmmanager.hypervisor.store.v1.VirtualMachine.lifetime:type_name -> vmmanager.hypervisor.v1.Lifetime
 	5,  // 14: vmmanager.hypervisor.store.v1.VirtualMachine.suspended_from:type_name -> vmmanager.hypervisor.v1.State
 	9,  // 15: vmmanager.hypervisor.store.v1.VirtualMachine.suspended_at:type_name -> google.protobuf.Timestamp
-	2,  // 16: vmmanager.hypervisor.store.v1.Processes.qemu:type_name -> vmmanager.hypervisor.store.v1.Process
-	2,  // 17: vmmanager.hypervisor.store.v1.Processes.tpm:type_name -> vmmanager.hypervisor.store.v1.Process
-	9,  // 18: vmmanager.hypervisor.store.v1.TpmKeys.provision_time:type_name -> google.protobuf.Timestamp
-	9,  // 19: vmmanager.hypervisor.store.v1.TpmKeys.update_time:type_name -> google.protobuf.Timestamp
-	20, // [20:20] is the sub-list for method output_type
-	20, // [20:20] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	13, // 16: vmmanager.hypervisor.store.v1.VirtualMachine.boot_phases:type_name -> vmmanager.hypervisor.v1.BootPhases
+	2,  // 17: vmmanager.hypervisor.store.v1.Processes.qemu:type_name -> vmmanager.hypervisor.store.v1.Process
+	2,  // 18: vmmanager.hypervisor.store.v1.Processes.tpm:type_name -> vmmanager.hypervisor.store.v1.Process
+	9,  // 19: vmmanager.hypervisor.store.v1.TpmKeys.provision_time:type_name -> google.protobuf.Timestamp
+	9,  // 20: vmmanager.hypervisor.store.v1.TpmKeys.update_time:type_name -> google.protobuf.Timestamp
+	21, // [21:21] is the sub-list for method output_type
+	21, // [21:21] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_vmmanager_hypervisor_store_v1_record_proto_init() }
