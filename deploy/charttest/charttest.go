@@ -19,6 +19,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 )
@@ -99,6 +100,30 @@ type MCPServer struct {
 	} `json:"spec"`
 }
 
+// Certificate is cert-manager.io/v1 Certificate as far as the chart renders
+// it; decoding rejects any other field.
+type Certificate struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		SecretName  string   `json:"secretName"`
+		DNSNames    []string `json:"dnsNames"`
+		Duration    string   `json:"duration"`
+		RenewBefore string   `json:"renewBefore"`
+		PrivateKey  struct {
+			Algorithm      string `json:"algorithm"`
+			Size           int    `json:"size"`
+			RotationPolicy string `json:"rotationPolicy"`
+		} `json:"privateKey"`
+		Usages    []string `json:"usages"`
+		IssuerRef struct {
+			Name  string `json:"name"`
+			Kind  string `json:"kind"`
+			Group string `json:"group"`
+		} `json:"issuerRef"`
+	} `json:"spec"`
+}
+
 // Manifest is a rendered release, decoded.
 type Manifest struct {
 	Docs []Doc
@@ -119,6 +144,14 @@ func newObject(apiVersion, kind string) (any, error) {
 		return &appsv1.Deployment{}, nil
 	case "apps/v1/DaemonSet":
 		return &appsv1.DaemonSet{}, nil
+	case "apps/v1/StatefulSet":
+		return &appsv1.StatefulSet{}, nil
+	case "rbac.authorization.k8s.io/v1/Role":
+		return &rbacv1.Role{}, nil
+	case "rbac.authorization.k8s.io/v1/RoleBinding":
+		return &rbacv1.RoleBinding{}, nil
+	case "cert-manager.io/v1/Certificate":
+		return &Certificate{}, nil
 	case "v1/Service":
 		return &corev1.Service{}, nil
 	case "v1/ServiceAccount":
@@ -230,9 +263,17 @@ func One[T any](m *Manifest) *T {
 	return all[0]
 }
 
-// PodSpec returns the pod template of the Deployment or DaemonSet.
+// PodSpec returns the pod template of the Deployment or DaemonSet, or in
+// fleet mode the node pods' (the StatefulSet's; see FleetGateway for the
+// fleet gateway's Deployment).
 func (m *Manifest) PodSpec() (*corev1.PodTemplateSpec, error) {
 	deps, dss := All[appsv1.Deployment](m), All[appsv1.DaemonSet](m)
+	if sts := All[appsv1.StatefulSet](m); len(sts) > 0 {
+		if len(sts) != 1 || len(dss) != 0 || len(deps) != 1 {
+			return nil, fmt.Errorf("fleet: want one StatefulSet and one Deployment, got %d, %d (and %d DaemonSets)", len(sts), len(deps), len(dss))
+		}
+		return &sts[0].Spec.Template, nil
+	}
 	switch {
 	case len(deps) == 1 && len(dss) == 0:
 		return &deps[0].Spec.Template, nil
@@ -240,6 +281,16 @@ func (m *Manifest) PodSpec() (*corev1.PodTemplateSpec, error) {
 		return &dss[0].Spec.Template, nil
 	}
 	return nil, fmt.Errorf("want one Deployment or one DaemonSet, got %d and %d", len(deps), len(dss))
+}
+
+// Service returns the Service of that name, or nil.
+func (m *Manifest) Service(name string) *corev1.Service {
+	for _, s := range All[corev1.Service](m) {
+		if s.Name == name {
+			return s
+		}
+	}
+	return nil
 }
 
 // Container returns the container (or init container) of a pod by name.

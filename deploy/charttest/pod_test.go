@@ -34,11 +34,12 @@ gateway: {allowAnonymousNonLoopback: true}
 // made to the rendered commands and environments.
 type rewriter struct {
 	binDir, state, run, listen string
-	port                       int32 // the gateway's container port
+	port                       int32       // the gateway's container port
+	more                       [][2]string // other mounts: pod path, local path
 }
 
 func (r rewriter) path(v string) string {
-	for _, p := range [][2]string{{stateDir, r.state}, {runDir, r.run}} {
+	for _, p := range append([][2]string{{stateDir, r.state}, {runDir, r.run}}, r.more...) {
 		if v == p[0] || strings.HasPrefix(v, p[0]+"/") {
 			return p[1] + v[len(p[0]):]
 		}

@@ -150,7 +150,7 @@ func checkPod(t testing.TB, m *Manifest, manifest string) *corev1.PodTemplateSpe
 	if mnt := MountFor(gw, stateDir); mnt != nil {
 		t.Errorf("the gateway mounts the state: %+v", mnt)
 	}
-	if svc := One[corev1.Service](m); svc == nil || svc.Spec.Type != corev1.ServiceTypeClusterIP || len(svc.Spec.Ports) != 1 ||
+	if svc := m.Service(ReleaseName); svc == nil || svc.Spec.Type != corev1.ServiceTypeClusterIP || len(svc.Spec.Ports) != 1 ||
 		svc.Spec.Ports[0].Name != "http" || svc.Spec.Ports[0].TargetPort.String() != "http" {
 		t.Errorf("service: %+v", svc)
 	}
@@ -478,7 +478,7 @@ networkPolicy: {enabled: true, ingressNamespaces: [muster, monitoring]}
 		{"an unknown value", anonymous + "replicaCount: 2\n", "additional properties 'replicaCount' not allowed"},
 		{"an unknown nested value", anonymous + "vm: {bogus: true}\n", "at '/vm': additional properties 'bogus' not allowed"},
 		{"an unknown value deep down", anonymous + "muster: {mcpServer: {auth: {type: none}}}\n", "at '/muster/mcpServer/auth': additional properties 'type' not allowed"},
-		{"a bad mode", anonymous + "mode: statefulset\n", "at '/mode': value must be one of 'deployment', 'daemonset'"},
+		{"a bad mode", anonymous + "mode: statefulset\n", "at '/mode': value must be one of 'deployment', 'daemonset', 'fleet'"},
 		{"a bad attestation mode", anonymous + "vm: {attestation: maybe}\n", "at '/vm/attestation': value must be one of 'verify', 'noop'"},
 		{"a bad duration", anonymous + "vm: {bootTimeout: 4 minutes}\n", "at '/vm/bootTimeout'"},
 		{"a bad CIDR", anonymous + "vm: {networkSubnet: 192.168.127.0}\n", "at '/vm/networkSubnet'"},

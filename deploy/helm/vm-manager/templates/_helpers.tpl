@@ -6,6 +6,8 @@
 {{- define "vm-manager.runMount" -}}/run{{- end }}
 {{- define "vm-manager.caDir" -}}/etc/vm-manager/oidc-ca{{- end }}
 {{- define "vm-manager.dockerConfigDir" -}}/etc/vm-manager/registry{{- end }}
+{{- define "vm-manager.tlsDir" -}}/etc/vm-manager/tls{{- end }}
+{{- define "vm-manager.fleetCADir" -}}/etc/vm-manager/fleet-ca{{- end }}
 
 {{- define "vm-manager.name" -}}
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
@@ -22,6 +24,28 @@
 {{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
 {{- end }}
 {{- end }}
+{{- end }}
+
+{{/* mode=fleet: the node pods' StatefulSet and headless Service, the fleet gateway's
+Deployment and ServiceAccount, and the node gateways' TLS Secret. */}}
+{{- define "vm-manager.nodesName" -}}{{ printf "%s-node" (include "vm-manager.fullname" .) | trunc 52 | trimSuffix "-" }}{{- end }}
+{{- define "vm-manager.nodesService" -}}{{ printf "%s-nodes" (include "vm-manager.fullname" .) | trunc 63 | trimSuffix "-" }}{{- end }}
+{{- define "vm-manager.fleetName" -}}{{ printf "%s-fleet" (include "vm-manager.fullname" .) | trunc 63 | trimSuffix "-" }}{{- end }}
+{{- define "vm-manager.tlsSecret" -}}{{ default (printf "%s-nodes-tls" (include "vm-manager.fullname" .)) .Values.fleet.tls.secretName }}{{- end }}
+{{- define "vm-manager.nodesDomain" -}}{{ printf "%s.%s.svc" (include "vm-manager.nodesService" .) .Release.Namespace }}{{- end }}
+
+{{/* Pod labels: in fleet mode the node pods and the fleet gateway's are told apart by
+component (the other modes' selectors stay as they were: they are immutable). */}}
+{{- define "vm-manager.nodeSelectorLabels" -}}
+{{ include "vm-manager.selectorLabels" . }}
+{{- if eq .Values.mode "fleet" }}
+app.kubernetes.io/component: node
+{{- end }}
+{{- end }}
+
+{{- define "vm-manager.fleetSelectorLabels" -}}
+{{ include "vm-manager.selectorLabels" . }}
+app.kubernetes.io/component: fleet-gateway
 {{- end }}
 
 {{- define "vm-manager.chart" -}}
@@ -99,6 +123,15 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if and (eq $v.mode "daemonset") (or $v.persistence.create $v.persistence.existingClaim) }}
 {{- fail "vm-manager: mode=daemonset keeps each node's state in an emptyDir (a claim cannot be shared by the pods of a DaemonSet, and nothing is mounted from the node); unset persistence.create and persistence.existingClaim, or use mode=deployment." }}
 {{- end }}
+{{- if and (eq $v.mode "fleet") (or $v.persistence.create $v.persistence.existingClaim) }}
+{{- fail "vm-manager: mode=fleet gives each node pod its own claim from fleet.storage (a volumeClaimTemplate); unset persistence.create and persistence.existingClaim." }}
+{{- end }}
+{{- if and (eq $v.mode "fleet") (not $v.fleet.tls.secretName) (not $v.fleet.tls.certManager.enabled) }}
+{{- fail "vm-manager: mode=fleet needs the node gateways' TLS: set fleet.tls.secretName (a Secret with tls.crt, tls.key and ca.crt for *.<release>-nodes.<namespace>.svc) or fleet.tls.certManager.enabled with fleet.tls.certManager.issuerRef.name." }}
+{{- end }}
+{{- if and (eq $v.mode "fleet") $v.fleet.tls.certManager.enabled (not $v.fleet.tls.certManager.issuerRef.name) }}
+{{- fail "vm-manager: fleet.tls.certManager.enabled needs fleet.tls.certManager.issuerRef.name (the cert-manager Issuer or ClusterIssuer that signs the node gateways' certificates)." }}
+{{- end }}
 {{- if and (not $v.hypervisor.privileged) (not $v.hypervisor.deviceResources) }}
 {{- fail "vm-manager: hypervisor.privileged=false needs hypervisor.deviceResources (the device plugin resources that hand the container /dev/kvm, /dev/vhost-vsock and /dev/net/tun)." }}
 {{- end }}
@@ -149,11 +182,20 @@ seccompProfile:
   type: RuntimeDefault
 {{- end }}
 
+{{/* The anonymous API answers only the Hosts it knows (DNS rebinding): the Service's
+names, and the operator's. */}}
+{{- define "vm-manager.allowedHostsArg" -}}
+{{- $svc := include "vm-manager.fullname" . }}
+{{- $hosts := list $svc (printf "%s.%s" $svc .Release.Namespace) (printf "%s.%s.svc" $svc .Release.Namespace) (printf "%s.%s.svc.cluster.local" $svc .Release.Namespace) }}
+{{- printf "--allowed-hosts=%s" (join "," (concat $hosts .Values.gateway.allowedHosts)) | quote }}
+{{- end }}
+
 {{- define "vm-manager.podTemplate" -}}
 {{- $v := .Values -}}
+{{- $fleet := eq $v.mode "fleet" -}}
 metadata:
   labels:
-    {{- include "vm-manager.selectorLabels" . | nindent 4 }}
+    {{- include "vm-manager.nodeSelectorLabels" . | nindent 4 }}
     {{- with $v.podLabels }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
@@ -190,6 +232,8 @@ spec:
   {{- $nodeSelector := $v.nodeSelector }}
   {{- if eq $v.mode "daemonset" }}
   {{- $nodeSelector = merge (deepCopy $v.nodeSelector) $v.daemonset.nodeSelector }}
+  {{- else if $fleet }}
+  {{- $nodeSelector = merge (deepCopy $v.nodeSelector) $v.fleet.nodeSelector }}
   {{- end }}
   {{- with $nodeSelector }}
   nodeSelector:
@@ -198,6 +242,17 @@ spec:
   {{- with $v.tolerations }}
   tolerations:
     {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- if $fleet }}
+  affinity:
+    podAntiAffinity:
+      # One node pod per KVM node: a second would fight the first for the node's
+      # CPUs and memory that placement counts, and its VMs would share the failure.
+      requiredDuringSchedulingIgnoredDuringExecution:
+        - topologyKey: kubernetes.io/hostname
+          labelSelector:
+            matchLabels:
+              {{- include "vm-manager.nodeSelectorLabels" . | nindent 14 }}
   {{- end }}
   {{- if $v.guestImage.enabled }}
   initContainers:
@@ -272,6 +327,17 @@ spec:
           value: {{ include "vm-manager.stateDir" . }}
         - name: VM_MANAGER_IMAGE_DIR
           value: {{ include "vm-manager.imageDir" . }}
+        {{- if $fleet }}
+        # The pod's StatefulSet ordinal is its node index, the prefix of its VM ids.
+        - name: VM_MANAGER_NODE_INDEX
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.labels['apps.kubernetes.io/pod-index']
+        - name: VM_MANAGER_NODE_NAME
+          valueFrom:
+            fieldRef:
+              fieldPath: spec.nodeName
+        {{- end }}
         {{- include "vm-manager.commonEnv" . | nindent 8 }}
         {{- with $v.hypervisor.extraEnv }}
         {{- toYaml . | nindent 8 }}
@@ -337,10 +403,11 @@ spec:
         - {{ printf "--metrics-enabled=%t" $v.metrics.enabled | quote }}
         {{- if not $v.oidc.issuer }}
         - --allow-anonymous-non-loopback
-        {{- $svc := include "vm-manager.fullname" . }}
-        {{- $hosts := list $svc (printf "%s.%s" $svc .Release.Namespace) (printf "%s.%s.svc" $svc .Release.Namespace) (printf "%s.%s.svc.cluster.local" $svc .Release.Namespace) }}
-        {{- /* the anonymous API answers only the Hosts it knows (DNS rebinding): the Service's names, and the operator's */}}
-        - {{ printf "--allowed-hosts=%s" (join "," (concat $hosts $v.gateway.allowedHosts)) | quote }}
+        - {{ include "vm-manager.allowedHostsArg" . }}
+        {{- end }}
+        {{- if $fleet }}
+        - {{ printf "--tls-cert-file=%s/tls.crt" (include "vm-manager.tlsDir" .) | quote }}
+        - {{ printf "--tls-key-file=%s/tls.key" (include "vm-manager.tlsDir" .) | quote }}
         {{- end }}
         {{- range $v.gateway.extraArgs }}
         - {{ . | quote }}
@@ -358,6 +425,9 @@ spec:
         httpGet:
           path: /healthz
           port: http
+          {{- if $fleet }}
+          scheme: HTTPS
+          {{- end }}
         periodSeconds: 10
         timeoutSeconds: 5
         failureThreshold: 6
@@ -365,6 +435,9 @@ spec:
         httpGet:
           path: /readyz
           port: http
+          {{- if $fleet }}
+          scheme: HTTPS
+          {{- end }}
         periodSeconds: 5
         timeoutSeconds: 5
         failureThreshold: 3
@@ -376,7 +449,24 @@ spec:
       {{- end }}
       volumeMounts:
         {{- include "vm-manager.commonMounts" . | nindent 8 }}
+        {{- if $fleet }}
+        - name: tls
+          mountPath: {{ include "vm-manager.tlsDir" . }}
+          readOnly: true
+        {{- end }}
   volumes:
+    {{- if $fleet }}
+    # state: the StatefulSet's volumeClaimTemplate.
+    - name: tls
+      secret:
+        secretName: {{ include "vm-manager.tlsSecret" . }}
+        defaultMode: 0440
+        items:
+          - key: tls.crt
+            path: tls.crt
+          - key: tls.key
+            path: tls.key
+    {{- else }}
     - name: state
       {{- if or $v.persistence.create $v.persistence.existingClaim }}
       persistentVolumeClaim:
@@ -384,6 +474,7 @@ spec:
       {{- else }}
       emptyDir: {}
       {{- end }}
+    {{- end }}
     - name: run
       emptyDir:
         medium: Memory

@@ -46,7 +46,7 @@ func main() {
 					return err
 				}
 				defer stopTracing()
-				disc, caFile, err := fleetMode()
+				disc, caFile, err := fleetMode(log)
 				if err != nil {
 					return err
 				}
