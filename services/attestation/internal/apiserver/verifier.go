@@ -58,6 +58,7 @@ func (s *Server) VerifyQuote(_ context.Context, req *attestationv1.VerifyQuoteRe
 	if stage != attestationv1.Stage_STAGE_INITRD && stage != attestationv1.Stage_STAGE_READY {
 		return nil, apierr.Invalidf("stage", "stage must be initrd or ready")
 	}
+	defer s.vms.lock(req.GetVmId())()
 	vm, att, err := s.store.GetVM(req.GetVmId())
 	if err != nil {
 		return nil, err
@@ -99,6 +100,7 @@ func (s *Server) VerifyQuote(_ context.Context, req *attestationv1.VerifyQuoteRe
 	res, err := verify.Check(verify.Quote{
 		Stage: stage, AKPub: req.GetAkPub(), Attest: req.GetQuote(), Signature: req.GetSignature(),
 		PCRs: req.GetPcrs(), EventLog: req.GetEventLog(), UserspaceLog: req.GetUserspaceLog(),
+		Key: s.aks.key(vm),
 	}, req.GetNonce())
 	if err != nil {
 		return reject(err.Error())
