@@ -86,7 +86,7 @@ func (s *Server) VerifyQuote(_ context.Context, req *attestationv1.VerifyQuoteRe
 	}
 	// 3. The image's policy. Learn mode judges an image without one as if
 	// its policy were empty: every golden PCR is learned.
-	pol, err := s.store.GetPolicy(vm.Image)
+	pol, err := s.store.SharedPolicy(vm.Image) // read only
 	if apierr.CodeOf(err) == apierr.NotFound && s.opts.LearnGolden {
 		pol, err = &attestationv1.ImagePolicy{}, nil
 	}

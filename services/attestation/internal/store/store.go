@@ -157,8 +157,9 @@ type Firmware struct {
 
 // Store is the attestation service's persistent state.
 type Store struct {
-	db  *bolt.DB
-	vmw *committer // VM records: group commit
+	db       *bolt.DB
+	vmw      *committer // VM records: group commit
+	policies policyCache
 }
 
 // Open opens (and migrates) the database at path.
@@ -191,6 +192,9 @@ func (s *Store) GetPolicy(image string) (*attestationv1.ImagePolicy, error) {
 // new one and writes it, in one transaction.
 func (s *Store) UpdatePolicy(image string, fn func(old *attestationv1.ImagePolicy) (*attestationv1.ImagePolicy, error)) (*attestationv1.ImagePolicy, error) {
 	var out *attestationv1.ImagePolicy
+	// Dropped before and after: no read between the two keeps its result.
+	s.policies.drop(image)
+	defer s.policies.drop(image)
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketPolicies)
 		var old *attestationv1.ImagePolicy
