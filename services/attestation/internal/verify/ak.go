@@ -193,9 +193,12 @@ type signature struct {
 }
 
 func parseSignature(b []byte, ak *akKey) (*signature, *Rejection) {
-	ts, err := tpm2.Unmarshal[tpm2.TPMTSignature](b)
-	if err != nil {
-		return nil, reject("signature does not parse: %v", err)
+	ts, fast := fastSignature(b)
+	var err error
+	if !fast {
+		if ts, err = tpm2.Unmarshal[tpm2.TPMTSignature](b); err != nil {
+			return nil, reject("signature does not parse: %v", err)
+		}
 	}
 	// A restricted key signs only with its own scheme.
 	if ts.SigAlg != ak.scheme {
@@ -231,7 +234,7 @@ func parseSignature(b []byte, ak *akKey) (*signature, *Rejection) {
 		return nil, reject("signature hash %s does not suit the ak, whose scheme signs with %s", algName(hash), algName(ak.hash))
 	}
 	sig.hash, _ = sigHash(hash)
-	if !bytes.Equal(tpm2.Marshal(*ts), b) {
+	if !fast && !bytes.Equal(tpm2.Marshal(*ts), b) {
 		return nil, reject("signature is not a canonical TPMT_SIGNATURE (trailing or truncated bytes)")
 	}
 	return &sig, nil

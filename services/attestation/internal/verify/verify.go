@@ -220,6 +220,9 @@ func parseAttest(b []byte) (*tpm2.TPMSAttest, *tpm2.TPMSPCRSelection, *tpm2.TPMS
 	if t := binary.BigEndian.Uint16(b[4:]); t != stAttestQuote {
 		return nil, nil, nil, reject("attest type is 0x%04x, not ATTEST_QUOTE", t)
 	}
+	if att, sel, info, ok := fastAttest(b); ok {
+		return att, sel, info, nil
+	}
 	att, err := tpm2.Unmarshal[tpm2.TPMSAttest](b)
 	if err != nil {
 		return nil, nil, nil, reject("attest does not parse: %v", err)
