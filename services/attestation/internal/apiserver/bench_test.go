@@ -1,16 +1,20 @@
 package apiserver
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/sha256"
 	"fmt"
+	"log/slog"
 	"math/big"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
+	"github.com/giantswarm/vm-manager/pkg/mesh"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/store"
 	"github.com/google/go-tpm/tpm2"
 )
@@ -23,9 +27,21 @@ import (
 // quotes. For a profile: go test -run XXX -bench VerifyQuoteInProcess
 // -benchtime 2000x -cpuprofile cpu.out.
 func BenchmarkVerifyQuoteInProcess(b *testing.B) {
-	for _, callers := range []int{1, 8} {
-		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
+	for _, c := range []struct {
+		callers int
+		grpc    bool
+	}{{1, false}, {8, false}, {1, true}, {16, true}} {
+		name := fmt.Sprintf("callers=%d", c.callers)
+		if c.grpc {
+			name = "grpc/" + name
+		}
+		callers := c.callers
+		b.Run(name, func(b *testing.B) {
 			s, reqs := benchServer(b, b.N)
+			verify := s.VerifyQuote
+			if c.grpc {
+				verify = grpcVerifier(b, s)
+			}
 			b.ResetTimer()
 			start := time.Now()
 			next := make(chan *attestationv1.VerifyQuoteRequest, len(reqs))
@@ -37,7 +53,7 @@ func BenchmarkVerifyQuoteInProcess(b *testing.B) {
 			for range callers {
 				wg.Go(func() {
 					for r := range next {
-						resp, err := s.VerifyQuote(ctx, r)
+						resp, err := verify(ctx, r)
 						if err != nil || !resp.GetVerified() {
 							b.Errorf("VerifyQuote: %v %q", err, resp.GetMessage())
 							return
@@ -62,6 +78,30 @@ func BenchmarkVerifyQuoteInProcess(b *testing.B) {
 			cs := s.store.CommitStats()
 			b.ReportMetric(float64(cs.Writes)/float64(cs.Commits), "writes/commit")
 		})
+	}
+}
+
+// grpcVerifier serves s's VerifierService as the service does (pkg/mesh,
+// a unix socket) and returns a client's VerifyQuote: the in-process bench
+// with gRPC's cost, client and server in one profile.
+func grpcVerifier(b *testing.B, s *Server) func(context.Context, *attestationv1.VerifyQuoteRequest) (*attestationv1.VerifyQuoteResponse, error) {
+	srv := mesh.NewServer(slog.New(slog.DiscardHandler))
+	attestationv1.RegisterVerifierServiceServer(srv, s)
+	path := filepath.Join(b.TempDir(), "verifier.sock")
+	ln, err := mesh.Listen(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	go srv.Serve(ln)
+	b.Cleanup(srv.Stop)
+	conn, err := mesh.Dial(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { conn.Close() })
+	client := attestationv1.NewVerifierServiceClient(conn)
+	return func(ctx context.Context, r *attestationv1.VerifyQuoteRequest) (*attestationv1.VerifyQuoteResponse, error) {
+		return client.VerifyQuote(ctx, r)
 	}
 }
 
