@@ -1,7 +1,6 @@
 package apiserver
 
 import (
-	"hash/maphash"
 	"sync"
 
 	"github.com/giantswarm/vm-manager/services/attestation/internal/store"
@@ -11,18 +10,41 @@ import (
 // vmLocks serialize the read-modify-write of one VM's record (a verdict, a
 // new boot, forgetting it): with group commit a write waits for the commit
 // in progress, and two verdicts of one VM read in that window would each
-// drop the other's. Striped, so the set is fixed whatever the VMs.
+// drop the other's. One lock per VM with a caller, not stripes: a stripe
+// shared by two VMs would make one wait out the other's commit, and the
+// commits would carry fewer verdicts. An entry lives while a caller holds
+// or waits for it, so there are at most as many as calls in flight.
 type vmLocks struct {
-	seed  maphash.Seed
-	locks [64]sync.Mutex
+	mu    sync.Mutex
+	locks map[string]*vmLock
 }
 
-func newVMLocks() *vmLocks { return &vmLocks{seed: maphash.MakeSeed()} }
+type vmLock struct {
+	sync.Mutex
+	refs int // callers holding or waiting; guarded by vmLocks.mu
+}
 
+func newVMLocks() *vmLocks { return &vmLocks{locks: map[string]*vmLock{}} }
+
+// lock locks the VM's record and returns the unlock.
 func (l *vmLocks) lock(id string) func() {
-	m := &l.locks[maphash.String(l.seed, id)%uint64(len(l.locks))]
+	l.mu.Lock()
+	m := l.locks[id]
+	if m == nil {
+		m = &vmLock{}
+		l.locks[id] = m
+	}
+	m.refs++
+	l.mu.Unlock()
 	m.Lock()
-	return m.Unlock
+	return func() {
+		m.Unlock()
+		l.mu.Lock()
+		if m.refs--; m.refs == 0 {
+			delete(l.locks, id)
+		}
+		l.mu.Unlock()
+	}
 }
 
 // maxCachedAKs bounds the parsed keys kept; past it, one is dropped per new
