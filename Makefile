@@ -140,6 +140,7 @@ FUZZTIME ?= 15s
 fuzz: ## the fuzz targets, each for $(FUZZTIME) (bounded, run by make test)
 	cd services/attestation && go test -run '^$$' -fuzz '^FuzzCheck$$' -fuzztime $(FUZZTIME) ./internal/verify/
 	cd services/attestation && go test -run '^$$' -fuzz '^FuzzEventLog$$' -fuzztime $(FUZZTIME) ./internal/verify/
+	cd services/attestation && go test -run '^$$' -fuzz '^FuzzFastParsers$$' -fuzztime $(FUZZTIME) ./internal/verify/
 	cd services/hypervisor && go test -run '^$$' -fuzz '^FuzzIMDS$$' -fuzztime $(FUZZTIME) ./internal/imds/
 	cd services/hypervisor && go test -run '^$$' -fuzz '^FuzzNotify$$' -fuzztime $(FUZZTIME) ./internal/notify/
 	cd services/hypervisor && go test -run '^$$' -fuzz '^FuzzGuestReport$$' -fuzztime $(FUZZTIME) ./internal/guest/
@@ -157,7 +158,8 @@ BENCH_OTHER_OVMF ?= $(shell test -f /usr/share/OVMF/OVMF_CODE.fd && echo /usr/sh
 bench: build guest-image ## benchmarks; ratios are printed side by side
 	cd tests && VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) VMM_BENCH_BASELINE_OVMF=$(BENCH_OTHER_OVMF) go test -run '^$$' -bench CreateToReady -benchtime 5x .
 	cd tests && VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -run '^$$' -bench SuspendResume -benchtime 3x .
-	cd tests && go test -run '^$$' -bench VerifyQuote -benchtime 200x .
+	cd tests && go test -run '^$$' -bench VerifyQuote -benchtime 500x .
+	cd services/attestation && GOMAXPROCS=1 go test -run '^$$' -bench VerifyQuoteInProcess -benchtime 2000x ./internal/apiserver/
 	cd tests && VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -run '^$$' -bench Surfaces -benchtime 1x .
 	cd tests && VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -run '^$$' -bench ExecStream -benchtime 3x .
 	cd services/attestation && go test -run '^$$' -bench . ./internal/verify/

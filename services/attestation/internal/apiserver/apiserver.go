@@ -44,6 +44,8 @@ type Server struct {
 	// forget keeps a nonce from being issued to a VM being forgotten (its
 	// entry in nonces would outlive it): IssueNonce holds it shared.
 	forget sync.RWMutex
+	vms    *vmLocks
+	aks    *akCache
 	opts   Options
 	log    *slog.Logger
 	now    func() time.Time
@@ -55,7 +57,7 @@ func New(st *store.Store, opts Options) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{store: st, opts: opts, log: log, now: time.Now}
+	s := &Server{store: st, vms: newVMLocks(), aks: newAKCache(), opts: opts, log: log, now: time.Now}
 	if err := s.resetNonces(); err != nil {
 		return nil, err
 	}
@@ -226,14 +228,14 @@ func (s *Server) BeginBoot(_ context.Context, req *attestationv1.BeginBootReques
 	if err := checkImage(req.GetImage()); err != nil {
 		return nil, err
 	}
-	var akPub []byte
-	var akFP string
+	var ak *verify.AK
 	if len(req.GetAkPublic()) > 0 {
 		var err error
-		if akPub, akFP, err = verify.CheckAK(req.GetAkPublic()); err != nil {
+		if ak, err = verify.ParseAK(req.GetAkPublic()); err != nil {
 			return nil, apierr.Invalidf("ak_public", "%v", err)
 		}
 	}
+	defer s.vms.lock(req.GetVmId())()
 	vm, att, err := s.store.GetVM(req.GetVmId())
 	if apierr.CodeOf(err) == apierr.NotFound {
 		vm, att, err = &store.VM{ID: req.GetVmId()}, &attestationv1.Attestation{}, nil
@@ -245,15 +247,19 @@ func (s *Server) BeginBoot(_ context.Context, req *attestationv1.BeginBootReques
 	if fw := req.GetFirmware(); fw.GetSha256() != "" {
 		vm.Firmware = &store.Firmware{SHA256: fw.GetSha256(), Package: fw.GetPackage(), Version: fw.GetVersion()}
 	}
-	if akPub != nil {
-		if vm.AKFingerprint != akFP {
-			s.log.Info("attestation key registered", "vm", vm.ID, "ak", short(akFP), "replaces", short(vm.AKFingerprint), "replaced_origin", vm.AKOrigin)
+	if ak != nil {
+		if vm.AKFingerprint != ak.Fingerprint() {
+			s.log.Info("attestation key registered", "vm", vm.ID, "ak", short(ak.Fingerprint()), "replaces", short(vm.AKFingerprint), "replaced_origin", vm.AKOrigin)
 		}
-		vm.AKPub, vm.AKFingerprint, vm.AKOrigin, vm.EKPub = akPub, akFP, store.OriginHost, req.GetEkPublic()
+		vm.AKPub, vm.AKFingerprint, vm.AKOrigin, vm.EKPub = ak.Public(), ak.Fingerprint(), store.OriginHost, req.GetEkPublic()
 	}
 	next := &attestationv1.Attestation{Required: req.GetRequired(), UserDataReleased: !req.GetRequired(), Boot: att.GetBoot() + 1}
+	s.aks.forget(vm.ID)
 	if err := s.store.PutVM(vm, next); err != nil {
 		return nil, err
+	}
+	if ak != nil {
+		s.aks.put(vm.ID, ak) // the boot's quotes need not parse it again
 	}
 	_, next, err = s.store.GetVM(vm.ID) // with the key's summary
 	return next, err
@@ -262,6 +268,8 @@ func (s *Server) BeginBoot(_ context.Context, req *attestationv1.BeginBootReques
 func (s *Server) ForgetVirtualMachine(_ context.Context, req *attestationv1.ForgetVirtualMachineRequest) (*attestationv1.ForgetVirtualMachineResponse, error) {
 	s.forget.Lock()
 	defer s.forget.Unlock()
+	defer s.vms.lock(req.GetVmId())()
+	s.aks.forget(req.GetVmId())
 	if err := s.store.DeleteVM(req.GetVmId()); err != nil {
 		return nil, err
 	}

@@ -74,7 +74,7 @@ func mustNew(t *testing.T, st *store.Store, opts Options) *Server {
 	return s
 }
 
-func tempDB(t *testing.T) string { return filepath.Join(t.TempDir(), "attestation.db") }
+func tempDB(t testing.TB) string { return filepath.Join(t.TempDir(), "attestation.db") }
 
 func wantCode(t *testing.T, err error, code apierr.Code) {
 	t.Helper()

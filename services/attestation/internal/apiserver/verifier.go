@@ -58,15 +58,26 @@ func (s *Server) VerifyQuote(_ context.Context, req *attestationv1.VerifyQuoteRe
 	if stage != attestationv1.Stage_STAGE_INITRD && stage != attestationv1.Stage_STAGE_READY {
 		return nil, apierr.Invalidf("stage", "stage must be initrd or ready")
 	}
+	defer s.vms.lock(req.GetVmId())()
+	// After the VM's lock: a caller queued behind another verdict of its VM
+	// cannot write before that commit, so a commit must not wait for it.
+	// Done when the verdict is handed to the store, so the commit after it
+	// does not wait for a write already made.
+	announced := s.store.Announce()
+	defer announced()
 	vm, att, err := s.store.GetVM(req.GetVmId())
 	if err != nil {
 		return nil, err
+	}
+	record := func(q *attestationv1.Quote) (*attestationv1.VerifyQuoteResponse, error) {
+		announced()
+		return s.record(vm, att, stage, q)
 	}
 	now := s.now()
 	verdict := &attestationv1.Quote{At: timestamppb.New(now), Pcrs: hexPCRs(req.GetPcrs())}
 	reject := func(reason string) (*attestationv1.VerifyQuoteResponse, error) {
 		verdict.Message = reason
-		return s.record(vm, att, stage, verdict)
+		return record(verdict)
 	}
 
 	// 1. The nonce: issued to this VM for this boot, unexpired, unused. Any
@@ -81,11 +92,11 @@ func (s *Server) VerifyQuote(_ context.Context, req *attestationv1.VerifyQuoteRe
 	if s.opts.Mode == attestationv1.Mode_MODE_NOOP {
 		verdict.Verified = true
 		verdict.Message = "accepted without verification (--attestation=noop)"
-		return s.record(vm, att, stage, verdict)
+		return record(verdict)
 	}
 	// 3. The image's policy. Learn mode judges an image without one as if
 	// its policy were empty: every golden PCR is learned.
-	pol, err := s.store.GetPolicy(vm.Image)
+	pol, err := s.store.SharedPolicy(vm.Image) // read only
 	if apierr.CodeOf(err) == apierr.NotFound && s.opts.LearnGolden {
 		pol, err = &attestationv1.ImagePolicy{}, nil
 	}
@@ -99,6 +110,7 @@ func (s *Server) VerifyQuote(_ context.Context, req *attestationv1.VerifyQuoteRe
 	res, err := verify.Check(verify.Quote{
 		Stage: stage, AKPub: req.GetAkPub(), Attest: req.GetQuote(), Signature: req.GetSignature(),
 		PCRs: req.GetPcrs(), EventLog: req.GetEventLog(), UserspaceLog: req.GetUserspaceLog(),
+		Key: s.aks.key(vm),
 	}, req.GetNonce())
 	if err != nil {
 		return reject(err.Error())
@@ -166,7 +178,7 @@ func (s *Server) VerifyQuote(_ context.Context, req *attestationv1.VerifyQuoteRe
 	}
 	verdict.Verified = true
 	verdict.Message = msg
-	return s.record(vm, att, stage, verdict)
+	return record(verdict)
 }
 
 // record stores a verdict on the VM's current boot and answers with it. A

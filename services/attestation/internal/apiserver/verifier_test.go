@@ -17,7 +17,7 @@ const vmA = "0a0b0c0d"
 
 // zeroPolicy pins every golden PCR (and PCR 9) and both PCR 11 phases to
 // zero: what a fresh TPM's PCRs are, so quotes over zeros match it.
-func zeroPolicy(t *testing.T, s *Server, golden ...uint32) {
+func zeroPolicy(t testing.TB, s *Server, golden ...uint32) {
 	t.Helper()
 	z := strings.Repeat("0", 64)
 	g := map[string]any{}
@@ -36,7 +36,7 @@ func zeroPolicy(t *testing.T, s *Server, golden ...uint32) {
 	}
 }
 
-func softAK(t *testing.T) *vtpmtest.SoftwareAK {
+func softAK(t testing.TB) *vtpmtest.SoftwareAK {
 	t.Helper()
 	k, err := vtpmtest.NewSoftwareAK()
 	if err != nil {

@@ -1,6 +1,8 @@
 package apiserver
 
 import (
+	"runtime"
+	"sync"
 	"testing"
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
@@ -101,5 +103,41 @@ func TestBeginBootKeepsPinnedAK(t *testing.T) {
 	}
 	if !proto.Equal(att, a) {
 		t.Errorf("stored attestation %v != returned %v", att, a)
+	}
+}
+
+// The VM locks serialize one VM's callers and forget the VM when the last
+// one leaves.
+func TestVMLocks(t *testing.T) {
+	l := newVMLocks()
+	unlock := l.lock("0a0b0c0d")
+	l.lock("0e0e0e0e")() // another VM does not wait
+	got := make(chan struct{})
+	go func() {
+		defer l.lock("0a0b0c0d")()
+		close(got)
+	}()
+	// refs counts the waiter before it blocks.
+	waitFor(func() bool { return l.locks["0a0b0c0d"].refs == 2 }, &l.mu)
+	select {
+	case <-got:
+		t.Fatal("a second caller of the same VM got the lock")
+	default:
+	}
+	unlock()
+	<-got
+	waitFor(func() bool { return len(l.locks) == 0 }, &l.mu)
+}
+
+// waitFor yields until cond, read under mu, holds.
+func waitFor(cond func() bool, mu *sync.Mutex) {
+	for {
+		mu.Lock()
+		ok := cond()
+		mu.Unlock()
+		if ok {
+			return
+		}
+		runtime.Gosched()
 	}
 }

@@ -156,7 +156,11 @@ type Firmware struct {
 }
 
 // Store is the attestation service's persistent state.
-type Store struct{ db *bolt.DB }
+type Store struct {
+	db       *bolt.DB
+	vmw      *committer // VM records: group commit
+	policies policyCache
+}
 
 // Open opens (and migrates) the database at path.
 func Open(path string) (*Store, error) {
@@ -164,11 +168,16 @@ func Open(path string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{db: db}, nil
+	return newStore(db), nil
 }
 
-// Close closes the database.
-func (s *Store) Close() error { return s.db.Close() }
+func newStore(db *bolt.DB) *Store { return &Store{db: db, vmw: newCommitter(db)} }
+
+// Close closes the database, after the commit in progress.
+func (s *Store) Close() error {
+	s.vmw.close()
+	return s.db.Close()
+}
 
 // GetPolicy returns one image's policy.
 func (s *Store) GetPolicy(image string) (*attestationv1.ImagePolicy, error) {
@@ -183,6 +192,9 @@ func (s *Store) GetPolicy(image string) (*attestationv1.ImagePolicy, error) {
 // new one and writes it, in one transaction.
 func (s *Store) UpdatePolicy(image string, fn func(old *attestationv1.ImagePolicy) (*attestationv1.ImagePolicy, error)) (*attestationv1.ImagePolicy, error) {
 	var out *attestationv1.ImagePolicy
+	// Dropped before and after: no read between the two keeps its result.
+	s.policies.drop(image)
+	defer s.policies.drop(image)
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketPolicies)
 		var old *attestationv1.ImagePolicy
@@ -243,7 +255,8 @@ func (s *Store) GetVM(id string) (*VM, *attestationv1.Attestation, error) {
 	return &vm, att, nil
 }
 
-// PutVM writes a VM and its current boot's attestation.
+// PutVM writes a VM and its current boot's attestation. It returns when the
+// record is on disk; concurrent calls share a commit (see committer).
 func (s *Store) PutVM(vm *VM, att *attestationv1.Attestation) error {
 	a, err := protojson.Marshal(att)
 	if err != nil {
@@ -254,7 +267,7 @@ func (s *Store) PutVM(vm *VM, att *attestationv1.Attestation) error {
 	if err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketVMs).Put([]byte(vm.ID), raw) })
+	return s.vmw.update(func(tx *bolt.Tx) error { return tx.Bucket(bucketVMs).Put([]byte(vm.ID), raw) })
 }
 
 // DeleteVM forgets a VM: record, pin and verdicts.

@@ -21,11 +21,11 @@ func TestMigrationFromVersion1(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	old := &Store{db: db}
+	old := newStore(db)
 	if err := old.PutVM(&VM{ID: "0a0b0c0d", Image: "img_1", AKFingerprint: "ab"}, &attestationv1.Attestation{Boot: 3}); err != nil {
 		t.Fatal(err)
 	}
-	db.Close()
+	old.Close()
 
 	st, err := Open(path)
 	if err != nil {
@@ -54,14 +54,14 @@ func TestMigrationMarksFirstUsePins(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	old := &Store{db: db}
+	old := newStore(db)
 	if err := old.PutVM(&VM{ID: "0a0b0c0d", Image: "img_1", AKPub: []byte{1}, AKFingerprint: "ab"}, &attestationv1.Attestation{Boot: 3, UserDataReleased: true}); err != nil {
 		t.Fatal(err)
 	}
 	if err := old.PutVM(&VM{ID: "0e0e0e0e", Image: "img_1"}, &attestationv1.Attestation{Boot: 1}); err != nil {
 		t.Fatal(err)
 	}
-	db.Close()
+	old.Close()
 
 	st, err := Open(path)
 	if err != nil {

@@ -24,13 +24,29 @@ func CheckAK(in []byte) (tpmtPublic []byte, fingerprint string, err error) {
 	if rej != nil {
 		return nil, "", rej
 	}
-	fp := sha256.Sum256(k.raw)
-	return bytes.Clone(k.raw), hex.EncodeToString(fp[:]), nil
+	return bytes.Clone(k.raw), k.fp, nil
 }
+
+// AK is a parsed attestation key, to be given back to Check in
+// Quote.Key: the VM's registered key need not be parsed per quote.
+type AK = akKey
+
+// ParseAK parses an attestation key as Check would (CheckAK's rules).
+func ParseAK(in []byte) (*AK, error) {
+	k, rej := parseAK(in)
+	if rej != nil {
+		return nil, rej
+	}
+	return k, nil
+}
+
+// Fingerprint is the hex SHA-256 of the key's TPMT_PUBLIC.
+func (k *AK) Fingerprint() string { return k.fp }
 
 // akKey is a parsed attestation key.
 type akKey struct {
 	raw    []byte // TPMT_PUBLIC
+	fp     string // hex sha256 of raw
 	scheme tpm2.TPMAlgID
 	hash   tpm2.TPMAlgID
 	ecc    *ecdsa.PublicKey
@@ -75,7 +91,8 @@ func parseAK(in []byte) (*akKey, *Rejection) {
 		return nil, reject("ak is unsuitable: %s (an ak must be fixedTPM, fixedParent, sensitiveDataOrigin, restricted, sign and not decrypt)", strings.Join(bad, ", "))
 	}
 
-	k := &akKey{raw: b}
+	fp := sha256.Sum256(b)
+	k := &akKey{raw: bytes.Clone(b), fp: hex.EncodeToString(fp[:])}
 	switch pub.Type {
 	case tpm2.TPMAlgECC:
 		p, err := pub.Parameters.ECCDetail()
@@ -176,9 +193,12 @@ type signature struct {
 }
 
 func parseSignature(b []byte, ak *akKey) (*signature, *Rejection) {
-	ts, err := tpm2.Unmarshal[tpm2.TPMTSignature](b)
-	if err != nil {
-		return nil, reject("signature does not parse: %v", err)
+	ts, fast := fastSignature(b)
+	var err error
+	if !fast {
+		if ts, err = tpm2.Unmarshal[tpm2.TPMTSignature](b); err != nil {
+			return nil, reject("signature does not parse: %v", err)
+		}
 	}
 	// A restricted key signs only with its own scheme.
 	if ts.SigAlg != ak.scheme {
@@ -214,7 +234,7 @@ func parseSignature(b []byte, ak *akKey) (*signature, *Rejection) {
 		return nil, reject("signature hash %s does not suit the ak, whose scheme signs with %s", algName(hash), algName(ak.hash))
 	}
 	sig.hash, _ = sigHash(hash)
-	if !bytes.Equal(tpm2.Marshal(*ts), b) {
+	if !fast && !bytes.Equal(tpm2.Marshal(*ts), b) {
 		return nil, reject("signature is not a canonical TPMT_SIGNATURE (trailing or truncated bytes)")
 	}
 	return &sig, nil
@@ -234,3 +254,6 @@ func (s *signature) verify(ak *akKey, digest []byte) bool {
 }
 
 func algName(a tpm2.TPMAlgID) string { return vtpm.AlgName(a) }
+
+// Public is the key's TPMT_PUBLIC (no size prefix): what gets registered.
+func (k *AK) Public() []byte { return bytes.Clone(k.raw) }

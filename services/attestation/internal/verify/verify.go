@@ -11,7 +11,6 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -42,6 +41,9 @@ type Quote struct {
 	// UserspaceLog is the guest's tpm2-measure.log (gen/measure's format):
 	// the extends after the firmware's, e.g. boot phases; optional.
 	UserspaceLog []byte
+	// Key, optional, is a key parsed before (the VM's registered AK): when
+	// AKPub is its encoding it is not parsed again. Any other AKPub is.
+	Key *AK
 }
 
 // Result is what a verified quote proves.
@@ -119,9 +121,11 @@ func Check(q Quote, nonce []byte) (*Result, error) {
 	if rej != nil {
 		return nil, rej
 	}
-	ak, rej := parseAK(q.AKPub)
-	if rej != nil {
-		return nil, rej
+	ak := q.Key
+	if ak == nil || !bytes.Equal(stripTPM2B(q.AKPub), ak.raw) {
+		if ak, rej = parseAK(q.AKPub); rej != nil {
+			return nil, rej
+		}
 	}
 	sig, rej := parseSignature(q.Signature, ak)
 	if rej != nil {
@@ -184,10 +188,9 @@ func Check(q Quote, nonce []byte) (*Result, error) {
 		return nil, reject("quote does not cover pcrs %s, required at the %s stage", strings.Join(missing, ", "), stageName(q.Stage))
 	}
 
-	fp := sha256.Sum256(ak.raw)
 	res := &Result{
 		AKPub:         bytes.Clone(ak.raw),
-		AKFingerprint: hex.EncodeToString(fp[:]),
+		AKFingerprint: ak.fp,
 		PCRs:          pcrs,
 	}
 	if len(q.EventLog) > 0 || len(q.UserspaceLog) > 0 {
@@ -216,6 +219,9 @@ func parseAttest(b []byte) (*tpm2.TPMSAttest, *tpm2.TPMSPCRSelection, *tpm2.TPMS
 	}
 	if t := binary.BigEndian.Uint16(b[4:]); t != stAttestQuote {
 		return nil, nil, nil, reject("attest type is 0x%04x, not ATTEST_QUOTE", t)
+	}
+	if att, sel, info, ok := fastAttest(b); ok {
+		return att, sel, info, nil
 	}
 	att, err := tpm2.Unmarshal[tpm2.TPMSAttest](b)
 	if err != nil {
