@@ -32,17 +32,35 @@ type node struct {
 	// dialErr is why conn is nil: its VMs answer unavailable, not
 	// not_found, as for any node discovery knows but cannot reach.
 	dialErr error
+	// goneSince is when discovery stopped reporting the member (a pod
+	// being recreated has no address, so no endpoint): for GoneRetention
+	// its VMs answer unavailable and lists warn, instead of not_found and
+	// a silent gap.
+	goneSince time.Time
 }
+
+// GoneRetention is how long a member discovery no longer reports is still
+// known (unavailable, named in lists' warnings) before it is forgotten: long
+// enough for a pod's recreation, short enough that a node scaled away on
+// purpose stops being warned about.
+const GoneRetention = 10 * time.Minute
 
 // usable is nil for a node calls can go to, else why not.
 func (n *node) usable() error {
 	switch {
+	case !n.goneSince.IsZero():
+		return unavailable(n, "gone from discovery since "+n.goneSince.UTC().Format(time.RFC3339)+" (its pod may be restarting)")
 	case !n.Ready:
 		return unavailable(n, "not ready")
 	case n.conn == nil:
 		return unavailable(n, n.dialErr.Error())
 	}
 	return nil
+}
+
+// expired is a gone member past its retention: forgotten.
+func (n *node) expired(retention time.Duration) bool {
+	return !n.goneSince.IsZero() && time.Since(n.goneSince) >= retention
 }
 
 // Dialer opens a member's connection (Dial: TLS or loopback plaintext, the
@@ -57,6 +75,8 @@ type Router struct {
 	dial        Dialer
 	log         *slog.Logger
 	nodeTimeout time.Duration
+	// goneRetention is GoneRetention (tests shorten it).
+	goneRetention time.Duration
 
 	mu      sync.RWMutex
 	byIndex map[int]*node
@@ -66,7 +86,7 @@ type Router struct {
 
 // NewRouter returns a router over disc's members, dialled with dial.
 func NewRouter(disc Discovery, dial Dialer, log *slog.Logger) *Router {
-	return &Router{disc: disc, dial: dial, log: log, nodeTimeout: DefaultNodeTimeout,
+	return &Router{disc: disc, dial: dial, log: log, nodeTimeout: DefaultNodeTimeout, goneRetention: GoneRetention,
 		byIndex: map[int]*node{}, changed: make(chan struct{})}
 }
 
@@ -111,9 +131,19 @@ func (r *Router) update(members []Member) {
 		next[m.Index] = &node{Member: m, conn: conn,
 			hv: hypervisorv1.NewHypervisorServiceClient(conn), at: attestationv1.NewAttestationServiceClient(conn)}
 	}
+	now := time.Now()
 	for i, old := range r.byIndex {
-		if n := next[i]; old.conn != nil && (n == nil || n.conn != old.conn) {
+		n := next[i]
+		if old.conn != nil && (n == nil || n.conn != old.conn) {
 			_ = old.conn.Close()
+		}
+		if n == nil && (old.goneSince.IsZero() || now.Sub(old.goneSince) < r.goneRetention) {
+			gone := &node{Member: old.Member, goneSince: old.goneSince}
+			if gone.goneSince.IsZero() {
+				gone.goneSince = now
+			}
+			gone.Ready = false
+			next[i] = gone
 		}
 	}
 	r.byIndex, r.known = next, true
@@ -129,6 +159,9 @@ func (r *Router) nodes() ([]*node, <-chan struct{}) {
 	defer r.mu.RUnlock()
 	out := make([]*node, 0, len(r.byIndex))
 	for _, n := range r.byIndex {
+		if n.expired(r.goneRetention) {
+			continue
+		}
 		out = append(out, n)
 	}
 	slices.SortFunc(out, func(a, b *node) int { return a.Index - b.Index })
@@ -143,9 +176,9 @@ func (r *Router) forVM(id string) (*node, error) {
 		return nil, apierr.Errorf(apierr.NotFound, "vm %q not found", id)
 	}
 	r.mu.RLock()
-	n := r.byIndex[i]
+	n, retention := r.byIndex[i], r.goneRetention
 	r.mu.RUnlock()
-	if n == nil {
+	if n == nil || n.expired(retention) {
 		return nil, apierr.Errorf(apierr.NotFound, "vm %q not found (no fleet node has index %d)", id, i)
 	}
 	if err := n.usable(); err != nil {

@@ -364,7 +364,8 @@ func (c chanDiscovery) Run(ctx context.Context, update func([]Member)) error {
 
 // Discovery's changes take effect: a node turning not ready answers
 // unavailable, a node moving to another address is dialled there, a node
-// gone is not_found.
+// gone is unavailable and named in lists until its retention ends, then
+// not_found.
 func TestMembershipChanges(t *testing.T) {
 	a := &fakeNode{vms: []*hypervisorv1.VirtualMachine{vmAt("00012345", 1, 0, 1, 1)}}
 	moved := &fakeNode{vms: []*hypervisorv1.VirtualMachine{vmAt("00012345", 1, 0, 1, 1), vmAt("00067890", 1, 0, 1, 1)}}
@@ -392,7 +393,9 @@ func TestMembershipChanges(t *testing.T) {
 		{[]Member{{Name: "n0", Index: 0, Addr: addrA, Ready: true}}, "00012345", "ok"},
 		{[]Member{{Name: "n0", Index: 0, Addr: addrA, Ready: false}}, "00012345", apierr.Unavailable},
 		{[]Member{{Name: "n0", Index: 0, Addr: addrMoved, Ready: true}}, "00067890", "ok"},
-		{nil, "00012345", apierr.NotFound},
+		// Gone from discovery (a pod being recreated has no endpoint):
+		// unavailable for the retention, not a not_found.
+		{nil, "00067890", apierr.Unavailable},
 	} {
 		disc <- step.members
 		// The update is applied before the next receive on disc returns.
@@ -400,6 +403,20 @@ func TestMembershipChanges(t *testing.T) {
 		if got := get(step.id); got != step.want {
 			t.Errorf("members %v: get %s = %s, want %s", step.members, step.id, got, step.want)
 		}
+	}
+	list, err := h.ListVirtualMachines(context.Background(), &hypervisorv1.ListVirtualMachinesRequest{})
+	if err != nil || len(list.GetWarnings()) != 1 || !strings.Contains(list.GetWarnings()[0], "n0") {
+		t.Errorf("list with n0 gone: %v, warnings %q; want one naming n0", err, list.GetWarnings())
+	}
+	// Past the retention it is forgotten: not_found, no warning.
+	r.mu.Lock()
+	r.goneRetention = time.Nanosecond
+	r.mu.Unlock()
+	if got := get("00067890"); got != apierr.NotFound {
+		t.Errorf("gone past retention: get = %s, want not_found", got)
+	}
+	if list, err := h.ListVirtualMachines(context.Background(), &hypervisorv1.ListVirtualMachinesRequest{}); err != nil || len(list.GetWarnings()) != 0 {
+		t.Errorf("list past retention: %v, warnings %q; want none", err, list.GetWarnings())
 	}
 }
 
