@@ -68,11 +68,16 @@ func (n *Network) Attach(ctx context.Context, vmID, socketPath string) error {
 	var lastErr string
 	for {
 		n.mu.Lock()
-		_, ok := n.leases[vmID]
+		ip, ok := n.leases[vmID]
 		n.mu.Unlock()
 		if !ok {
 			return apierr.Errorf(apierr.Conflict, "vm %s has no lease in network %s", vmID, n.spec.Name)
 		}
+		// Forgotten before the NIC connects, not after: a dial to the VM
+		// made as soon as it is connected must find no entry to lose
+		// (removing an entry being resolved fails its packets at once with
+		// "no route to host").
+		n.us.forgetNeighbor(ip)
 		conn, err := (&net.Dialer{}).DialContext(ctx, "unix", socketPath)
 		if ctx.Err() != nil {
 			if conn != nil {
@@ -137,7 +142,6 @@ func (n *Network) serve(ctx context.Context, vmID string, conn net.Conn, log *sl
 	vc.r = bufio.NewReader(readCounter{conn, &n.fromVMs})
 	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
 	log.Info("VM attached", "ip", ip, "mac", mac.String())
-	n.us.forgetNeighbor(ip)
 	// accept returns when the connection fails or is closed; it closes
 	// conn itself.
 	err := n.us.accept(ctx, vc)

@@ -30,7 +30,10 @@ func TestIdleSuspends(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	v := h.waitFor(id, func(v *hypervisorv1.VirtualMachine) bool { return v.GetState() == hypervisorv1.State_STATE_SUSPENDED })
+	// The reason is written just after the suspend itself: wait for both.
+	v := h.waitFor(id, func(v *hypervisorv1.VirtualMachine) bool {
+		return v.GetState() == hypervisorv1.State_STATE_SUSPENDED && v.GetLastError() != ""
+	})
 	if !strings.Contains(v.GetLastError(), "on_idle: suspend") || sd.Saved(&storepb.VirtualMachine{Id: id}) != nil {
 		t.Fatalf("idle suspend: %q, saved: %v", v.GetLastError(), sd.Saved(&storepb.VirtualMachine{Id: id}))
 	}
