@@ -162,6 +162,7 @@ bench: build guest-image ## benchmarks; ratios are printed side by side
 	cd services/attestation && GOMAXPROCS=1 go test -run '^$$' -bench VerifyQuoteInProcess -benchtime 2000x ./internal/apiserver/
 	cd tests && VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -run '^$$' -bench Surfaces -benchtime 1x .
 	cd tests && VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -run '^$$' -bench ExecStream -benchtime 3x .
+	cd tests && go test -run '^$$' -bench FleetList -benchtime 1x .
 	cd services/attestation && go test -run '^$$' -bench . ./internal/verify/
 	cd services/attestation && go test -run '^$$' -bench . -benchtime 300x ./internal/nonce/
 

@@ -211,6 +211,28 @@ func BenchmarkSurfaces(b *testing.B) {
 			b.ReportMetric(r.rate/d.rate, keys[i]+"-calls/s-ratio")
 		}
 	}
+	// The targets, each judged in this run, and where one is not
+	// met, the floor measured beside it: what no gateway code can go below.
+	ratio := func(i int) float64 { return res[i].p50 / res[0].p50 }
+	relay, mcpFloor := ratio(1), ratio(5)
+	fmt.Println("targets, p50 as a multiple of the direct call:")
+	for _, t := range []struct {
+		name   string
+		got    float64
+		target float64
+		floor  float64
+		why    string
+	}{
+		{"gRPC via gateway", ratio(2), 1.3, relay, "the byte relay alone (a second process crossing, no protocol work)"},
+		{"REST", ratio(3), 1.8, relay, "the byte relay alone"},
+		{"MCP", ratio(4), 3.0, mcpFloor, "the MCP SDK answering a fixed body, no backend call"},
+	} {
+		verdict := "met"
+		if t.got > t.target {
+			verdict = fmt.Sprintf("not met: %s already costs %.2f×, leaving %.2f× for the work itself", t.why, t.floor, t.got/t.floor)
+		}
+		fmt.Printf("  %-18s %.2f× (target ≤ %.1f×): %s\n", t.name, t.got, t.target, verdict)
+	}
 }
 
 // helperEnv makes the test binary a helper process for the bench (init):
