@@ -227,6 +227,14 @@ func TestRenderedFleetRuns(t *testing.T) {
 		t.Fatalf("the fleet's list lacks %s: %s", vm.ID, list)
 	}
 
+	// Golden values imported through the fleet (fleet-wide policy) must
+	// outlive the pod's restart too: they live in attestation's bbolt file
+	// on the claim.
+	golden := strings.Repeat("ab", 32)
+	zeros := strings.Repeat("00", 32)
+	policy := fmt.Sprintf(`{"image_id":"fleet-image","image_version":"1.0.0","golden":{"sha256":{"2":"%[2]s","3":"%[2]s","4":"%[2]s","6":"%[2]s","7":"%[1]s"}}}`, golden, zeros)
+	call(t, "PUT", base+"/api/v1/images/fleet-image_1.0.0/policy", policy, 200)
+
 	// A pod restart: all three containers end (the hypervisor powers the
 	// VM down) and start again on the same claim.
 	for i := len(order) - 1; i >= 0; i-- {
@@ -248,6 +256,9 @@ func TestRenderedFleetRuns(t *testing.T) {
 	})
 	if again.ID != vm.ID || again.Name != "fleet" {
 		t.Fatalf("after the restart: %+v", again)
+	}
+	if got := string(call(t, "GET", base+"/api/v1/images/fleet-image_1.0.0/policy", "", 200)); !strings.Contains(got, golden) {
+		t.Fatalf("the golden values after the pod's restart: %s", got)
 	}
 	call(t, "DELETE", base+"/api/v1/vms/"+vm.ID, "", 204)
 }
