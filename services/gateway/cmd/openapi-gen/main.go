@@ -107,6 +107,7 @@ func build(dir string) (obj, error) {
 		func() error { return rewriteEnums(schemas(doc)) },
 		func() error { walk(doc, numberInt64); walk(doc, plainNumbers); narrowUint32(schemas(doc)); return nil },
 		func() error { return snakeRequests(ops) },
+		func() error { hideFleetParams(ops); return nil },
 		func() error { return errorEnvelope(doc, ops) },
 		func() error { return statusCodes(ops) },
 		func() error { return errorStatuses(ops) },
