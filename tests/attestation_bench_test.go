@@ -113,13 +113,9 @@ func BenchmarkVerifyQuote(b *testing.B) {
 			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "service-cpu-µs/quote")
 			fmt.Printf("verified quotes per second, service on one core (GOMAXPROCS=1), %d callers, %d quotes: service %.0f, bare signature check %.0f, service/bare %.2f; service CPU %.0f µs/quote\n",
 				callers, b.N, sq, bq, sq/bq, float64(cpu.Microseconds())/float64(b.N))
-			verdict := "met"
-			if sq < 2000 || sq/bq < 0.5 {
-				p50 := boltCommitP50(b, 200)
-				verdict = fmt.Sprintf("not met: one durable bbolt commit of one small record on this disk takes %.0f µs (p50 of 200, measured now), so %d caller(s) sharing commits cannot pass %.0f verdicts/s on commits alone; the service's CPU per quote is %.1f× the bare check's",
-					micros(p50), callers, float64(callers)/p50.Seconds(), (float64(cpu.Microseconds())/float64(b.N))/micros(bare/time.Duration(b.N)))
+			if b.N >= 100 { // not the testing package's probe run of one quote
+				fmt.Println("  " + quoteTargets(b, callers, sq, bq, float64(cpu.Microseconds())/float64(b.N)))
 			}
-			fmt.Printf("  target ≥ 2000 quotes/s and ≥ 0.50× the bare check: %s\n", verdict)
 		})
 	}
 }
@@ -189,4 +185,26 @@ func boltCommitP50(b *testing.B, n int) time.Duration {
 		lat[i] = time.Since(start)
 	}
 	return quantile(lat, 0.5)
+}
+
+// quoteTargets judges the targets (≥ 2000 verified quotes/s, ≥ 0.5×
+// the bare check) and, where one is missed, prints the floor measured now:
+// one caller pays a durable commit per verdict, so the commit's own time
+// bounds it; many callers share commits, so the service's CPU per quote
+// (one core) against the bare check's is what bounds them.
+func quoteTargets(b *testing.B, callers int, service, bare, cpuMicros float64) string {
+	rate := "met"
+	if service < 2000 {
+		rate = "not met"
+	}
+	out := fmt.Sprintf("targets: ≥ 2000 quotes/s %s (%.0f); ≥ 0.50× the bare check ", rate, service)
+	if service/bare >= 0.5 {
+		return out + fmt.Sprintf("met (%.2f×)", service/bare)
+	}
+	budget := 2e6 / bare // µs per quote that 0.5× allows
+	if callers == 1 {
+		p50 := micros(boltCommitP50(b, 200))
+		return out + fmt.Sprintf("not met (%.2f×): 0.5× leaves %.0f µs per quote, and one durable bbolt commit of one small record on this disk takes %.0f µs by itself (p50 of 200, measured now); a sequential caller pays one per verdict", service/bare, budget, p50)
+	}
+	return out + fmt.Sprintf("not met (%.2f×): 0.5× leaves %.0f µs per quote on the service's one core, and it spends %.0f µs of CPU per quote (commits are shared; the rest is gRPC and the wakeups between processes: docs/performance.md#quote-verification)", service/bare, budget, cpuMicros)
 }
