@@ -11,19 +11,22 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"unicode/utf16"
 )
 
 // PCRs these measurements go to.
 const (
 	PCRKernelImage = 11 // UKI sections (systemd-stub) and boot phases (systemd-pcrphase)
-	PCRParameters  = 12 // command-line overrides and credentials (systemd-stub); empty here
+	PCRParameters  = 12 // command-line overrides and credentials (systemd-stub)
 	PCRSysext      = 13 // system extensions
 )
 
 // Sections are the UKI sections systemd-stub measures, in the order it
-// measures them (systemd 252's unified sections; .pcrsig is never measured,
-// and 252 knows no .uname or .sbat).
-var Sections = []string{".linux", ".osrel", ".cmdline", ".initrd", ".splash", ".dtb", ".pcrpkey"}
+// measures them: systemd 257's unified sections (.pcrsig is never
+// measured). systemd 252 knows the same order without .ucode, .uname,
+// .sbat, .profile, .dtbauto and .hwids; a UKI built for it has none of them
+// among the sections it measures.
+var Sections = []string{".linux", ".osrel", ".cmdline", ".initrd", ".ucode", ".splash", ".dtb", ".uname", ".sbat", ".pcrpkey", ".profile", ".dtbauto", ".hwids"}
 
 // Boot phases: the words systemd-pcrphase extends into PCR 11, and the two
 // phase paths quotes are checked at (contract §5.4 step 12).
@@ -36,6 +39,18 @@ const (
 	PhaseInitrd = WordEnterInitrd
 	PhaseReady  = WordEnterInitrd + ":" + WordLeaveInitrd + ":" + WordSysinit + ":" + WordReady
 )
+
+// CmdlineExtraEvent is systemd-stub's PCR 12 event for a command line it
+// appends from the host's SMBIOS (io.systemd.stub.kernel-cmdline-extra): the
+// string as UTF-16LE with its NUL, as the stub measures load options.
+func CmdlineExtraEvent(extra string) Event {
+	b := make([]byte, 0, 2*len(extra)+2)
+	for _, r := range utf16.Encode([]rune(extra)) {
+		b = append(b, byte(r), byte(r>>8))
+	}
+	b = append(b, 0, 0)
+	return Event{PCR: PCRParameters, Description: fmt.Sprintf("kernel command line extra %q", extra), Digest: Digest(b)}
+}
 
 // WordOSSeparator starts PCR 13 before the first system extension.
 const WordOSSeparator = "os-separator"

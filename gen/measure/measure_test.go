@@ -2,6 +2,7 @@ package measure
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/hex"
 	"os"
 	"os/exec"
@@ -76,8 +77,10 @@ func TestPCR11MatchesSystemdMeasure(t *testing.T) {
 }
 
 func TestSectionEventsRefusesUnmeasuredSections(t *testing.T) {
-	if _, err := SectionEvents(map[string][]byte{".uname": Digest(nil)}); err == nil {
-		t.Error(".uname accepted: systemd-stub 252 does not measure it")
+	for _, name := range []string{".pcrsig", ".text", ".reloc"} {
+		if _, err := SectionEvents(map[string][]byte{name: Digest(nil)}); err == nil {
+			t.Errorf("%s accepted: systemd-stub does not measure it", name)
+		}
 	}
 	if _, err := SectionEvents(map[string][]byte{".linux": {1, 2}}); err == nil {
 		t.Error("a 2-byte digest accepted")
@@ -163,5 +166,19 @@ func TestParseLogRejectsWhatCannotBeReplayed(t *testing.T) {
 	}
 	if _, err := ParseLog(buf.Bytes()); err == nil {
 		t.Errorf("%d records accepted", MaxLogRecords+1)
+	}
+}
+
+// TestCmdlineExtraEvent: "ignition.firstboot" as UTF-16LE with its NUL, the
+// bytes systemd-stub 257 measures into PCR 12 (the value a first boot of
+// vm-base reads from its vTPM, tests/vmbase_test.go).
+func TestCmdlineExtraEvent(t *testing.T) {
+	e := CmdlineExtraEvent("ignition.firstboot")
+	want := sha256.Sum256([]byte("i\x00g\x00n\x00i\x00t\x00i\x00o\x00n\x00.\x00f\x00i\x00r\x00s\x00t\x00b\x00o\x00o\x00t\x00\x00\x00"))
+	if e.PCR != PCRParameters || !bytes.Equal(e.Digest, want[:]) {
+		t.Errorf("event %+v, want digest %x", e, want)
+	}
+	if got := hex.EncodeToString(Replay([]Event{e})); got != "10c95b64dd7a6fc66132b8340dda72c0dae946ea9f640c23b86dfbddfefc829e" {
+		t.Errorf("PCR 12 %s", got)
 	}
 }

@@ -44,9 +44,15 @@ type BeginBootRequest struct {
 	EkPublic []byte `protobuf:"bytes,7,opt,name=ek_public,json=ekPublic,proto3" json:"ek_public,omitempty"`
 	// The image boots a kernel directly: PCR 9 measures its initrd and command
 	// line, so PCR 9 is part of the golden set at both stages.
-	DirectKernel  bool `protobuf:"varint,8,opt,name=direct_kernel,json=directKernel,proto3" json:"direct_kernel,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	DirectKernel bool `protobuf:"varint,8,opt,name=direct_kernel,json=directKernel,proto3" json:"direct_kernel,omitempty"`
+	// What systemd-stub appends to a UKI's command line on this boot from the
+	// host's SMBIOS (io.systemd.stub.kernel-cmdline-extra): "ignition.firstboot"
+	// on an image's first installed boot. The stub measures it into PCR 12, so
+	// on this boot, and only on this one, a golden PCR 12 is expected extended
+	// by it.
+	KernelCmdlineExtra string `protobuf:"bytes,9,opt,name=kernel_cmdline_extra,json=kernelCmdlineExtra,proto3" json:"kernel_cmdline_extra,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *BeginBootRequest) Reset() {
@@ -133,6 +139,13 @@ func (x *BeginBootRequest) GetDirectKernel() bool {
 		return x.DirectKernel
 	}
 	return false
+}
+
+func (x *BeginBootRequest) GetKernelCmdlineExtra() string {
+	if x != nil {
+		return x.KernelCmdlineExtra
+	}
+	return ""
 }
 
 type IssueNonceRequest struct {
@@ -580,7 +593,7 @@ var File_vmmanager_attestation_v1_verifier_service_proto protoreflect.FileDescri
 
 const file_vmmanager_attestation_v1_verifier_service_proto_rawDesc = "" +
 	"\n" +
-	"/vmmanager/attestation/v1/verifier_service.proto\x12\x18vmmanager.attestation.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\"\xb6\x02\n" +
+	"/vmmanager/attestation/v1/verifier_service.proto\x12\x18vmmanager.attestation.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\"\xe8\x02\n" +
 	"\x10BeginBootRequest\x12\x18\n" +
 	"\x05vm_id\x18\x01 \x01(\tB\x03\xe0A\x02R\x04vmId\x12\x19\n" +
 	"\x05image\x18\x02 \x01(\tB\x03\xe0A\x02R\x05image\x12-\n" +
@@ -589,7 +602,8 @@ const file_vmmanager_attestation_v1_verifier_service_proto_rawDesc = "" +
 	"\bfirmware\x18\x05 \x01(\v2'.vmmanager.attestation.v1.FirmwareBuildR\bfirmware\x12\x1b\n" +
 	"\tak_public\x18\x06 \x01(\fR\bakPublic\x12\x1b\n" +
 	"\tek_public\x18\a \x01(\fR\bekPublic\x12#\n" +
-	"\rdirect_kernel\x18\b \x01(\bR\fdirectKernel\"-\n" +
+	"\rdirect_kernel\x18\b \x01(\bR\fdirectKernel\x120\n" +
+	"\x14kernel_cmdline_extra\x18\t \x01(\tR\x12kernelCmdlineExtra\"-\n" +
 	"\x11IssueNonceRequest\x12\x18\n" +
 	"\x05vm_id\x18\x01 \x01(\tB\x03\xe0A\x02R\x04vmId\"{\n" +
 	"\x12IssueNonceResponse\x12\x14\n" +

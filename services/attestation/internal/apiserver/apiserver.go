@@ -244,6 +244,7 @@ func (s *Server) BeginBoot(_ context.Context, req *attestationv1.BeginBootReques
 		return nil, err
 	}
 	vm.Image, vm.KubernetesVersion, vm.DirectKernel = req.GetImage(), req.GetKubernetesVersion(), req.GetDirectKernel()
+	vm.KernelCmdlineExtra = req.GetKernelCmdlineExtra()
 	if fw := req.GetFirmware(); fw.GetSha256() != "" {
 		vm.Firmware = &store.Firmware{SHA256: fw.GetSha256(), Package: fw.GetPackage(), Version: fw.GetVersion()}
 	}

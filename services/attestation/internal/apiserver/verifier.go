@@ -142,7 +142,7 @@ func (s *Server) VerifyQuote(_ context.Context, req *attestationv1.VerifyQuoteRe
 	if res.EventLogError == "" {
 		replayed = res.Events // events are named only from logs that replay whole
 	}
-	out := policy.Evaluate(pol.GetDocument(), stage, vm.KubernetesVersion, vm.DirectKernel, res.PCRs, replayed, s.opts.LearnGolden)
+	out := policy.Evaluate(pol.GetDocument(), stage, vm.KubernetesVersion, vm.DirectKernel, vm.KernelCmdlineExtra, res.PCRs, replayed, s.opts.LearnGolden)
 	if out.Reason != "" {
 		// PCR 11 and 13 events are named from the policy, the others from
 		// the stored golden boot. No mismatched golden value (a PCR 11

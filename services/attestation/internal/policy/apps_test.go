@@ -46,12 +46,12 @@ func TestPCR4NamesForeignApplications(t *testing.T) {
 		return p
 	}
 
-	if out := Evaluate(doc, initrd, "", false, pcrs(good), good, false); out.Reason != "" {
+	if out := Evaluate(doc, initrd, "", false, "", pcrs(good), good, false); out.Reason != "" {
 		t.Fatalf("the image's own boot chain: %s", out.Reason)
 	}
 	// Another loader first, then the genuine UKI and kernel.
 	chain := pcr4(loader, uki, linux)
-	out := Evaluate(doc, initrd, "", false, pcrs(chain), chain, false)
+	out := Evaluate(doc, initrd, "", false, "", pcrs(chain), chain, false)
 	if !strings.Contains(out.Reason, `golden mismatch: pcr 4 expected`) ||
 		!strings.Contains(out.Reason, `first differing event: EFI application \EFI\BOOT\BOOTX64.EFI (authenticode `+short(loader)+`) is not the image's (linux `+short(linux)+`, uki `+short(uki)+`)`) {
 		t.Errorf("reason %q", out.Reason)
@@ -67,13 +67,13 @@ func TestPCR4NamesForeignApplications(t *testing.T) {
 
 	// A log that does not replay to the quoted PCR 4 names nothing.
 	forged := pcr4(uki, linux)
-	out = Evaluate(doc, initrd, "", false, pcrs(chain), forged, false)
+	out = Evaluate(doc, initrd, "", false, "", pcrs(chain), forged, false)
 	if !strings.Contains(out.Reason, "golden mismatch: pcr 4") || strings.Contains(out.Reason, "first differing event") || len(out.MismatchedEvents) != 0 {
 		t.Errorf("unreplayed log: %q %v", out.Reason, out.MismatchedEvents)
 	}
 	// Without uki.authenticode, PCR 4 is named from the stored golden boot.
 	plain, _ := structpb.NewStruct(map[string]any{"golden": doc.GetFields()["golden"].AsInterface()})
-	out = Evaluate(plain, initrd, "", false, pcrs(chain), chain, false)
+	out = Evaluate(plain, initrd, "", false, "", pcrs(chain), chain, false)
 	if strings.Contains(out.Reason, "first differing event") || len(out.Mismatched) != 1 || out.Mismatched[0] != 4 {
 		t.Errorf("without uki.authenticode: %q %v", out.Reason, out.Mismatched)
 	}

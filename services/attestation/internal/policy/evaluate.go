@@ -2,6 +2,7 @@ package policy
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"slices"
@@ -77,7 +78,11 @@ type Outcome struct {
 // differing event from the events the policy's uki.sections or sysext
 // expect; without them, or when they do not extend the PCR to its quoted
 // value, the reason names none.
-func Evaluate(doc *structpb.Struct, stage attestationv1.Stage, kubernetesVersion string, directKernel bool, pcrs map[uint32][]byte, events []verify.Event, learn bool) Outcome {
+//
+// cmdlineExtra is what the host asked systemd-stub to append to the command
+// line on this boot through SMBIOS ("ignition.firstboot" on a first boot): a
+// golden PCR 12 may then be extended by it, on this boot only.
+func Evaluate(doc *structpb.Struct, stage attestationv1.Stage, kubernetesVersion string, directKernel bool, cmdlineExtra string, pcrs map[uint32][]byte, events []verify.Event, learn bool) Outcome {
 	f := doc.GetFields()
 	var out Outcome
 	phase := Phase(stage)
@@ -101,6 +106,16 @@ func Evaluate(doc *structpb.Struct, stage attestationv1.Stage, kubernetesVersion
 	golden := f["golden"].GetStructValue().GetFields()["sha256"].GetStructValue().GetFields()
 	var mismatches, missing []string
 	check := func(idx uint32, want string, suffix string) {
+		// On a boot the host appended to, PCR 12 holds the extra as systemd-stub
+		// 254 and later measure it, or the golden value where the stub ignores
+		// it (252): either way the guest has not run before and cannot have
+		// added anything. On other boots only the golden value counts.
+		if idx == measure.PCRParameters && cmdlineExtra != "" && !equalHex(want, pcrs[idx]) {
+			if w, err := hex.DecodeString(want); err == nil && len(w) == sha256.Size {
+				want = hex.EncodeToString(measure.Extend(w, measure.CmdlineExtraEvent(cmdlineExtra).Digest))
+				suffix += fmt.Sprintf(" (the golden value extended by the host's command line extra %q)", cmdlineExtra)
+			}
+		}
 		got, quoted := pcrs[idx]
 		switch {
 		case !quoted:

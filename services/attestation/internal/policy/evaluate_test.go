@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/giantswarm/vm-manager/gen/measure"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	"google.golang.org/protobuf/types/known/structpb"
 )
@@ -98,7 +99,7 @@ func TestEvaluate(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			pcrs := quoted(initrd)
 			pcrs[9] = bytes.Repeat([]byte{0x09}, 32)
-			out := Evaluate(doc(t, c.doc), initrd, "", true, pcrs, nil, c.learn)
+			out := Evaluate(doc(t, c.doc), initrd, "", true, "", pcrs, nil, c.learn)
 			if c.reason == "" && out.Reason != "" || !strings.Contains(out.Reason, c.reason) {
 				t.Fatalf("reason %q, want %q", out.Reason, c.reason)
 			}
@@ -109,7 +110,7 @@ func TestEvaluate(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			out := Evaluate(doc(t, c.doc), c.stage, c.kube, false, quoted(c.stage), nil, c.learn)
+			out := Evaluate(doc(t, c.doc), c.stage, c.kube, false, "", quoted(c.stage), nil, c.learn)
 			if c.reason == "" && out.Reason != "" || !strings.Contains(out.Reason, c.reason) {
 				t.Fatalf("reason %q, want %q", out.Reason, c.reason)
 			}
@@ -117,5 +118,43 @@ func TestEvaluate(t *testing.T) {
 				t.Errorf("learned %v, want %v", out.Learned, c.learned)
 			}
 		})
+	}
+}
+
+// PCR 12 on a first boot holds the host's "ignition.firstboot" (systemd-stub
+// 257 measures its SMBIOS command line extra; 252 ignores it): the golden
+// value extended by it is accepted on that boot, and only there. A later
+// boot with the same PCR 12 (a loader entry passing those options) is
+// refused, and so is anything else on a first boot.
+func TestEvaluatePCR12CmdlineExtra(t *testing.T) {
+	initrd := attestationv1.Stage_STAGE_INITRD
+	g := goldenAll()
+	g["12"] = hex.EncodeToString(make([]byte, 32))
+	d := map[string]any{"pcr11": map[string]any{PhaseInitrd: hx(0x11), PhaseReady: hx(0x11)}, "golden": map[string]any{"sha256": g}}
+	firstBoot := quoted(initrd)
+	firstBoot[12] = measure.Replay([]measure.Event{measure.CmdlineExtraEvent("ignition.firstboot")})
+	later := quoted(initrd)
+	later[12] = make([]byte, 32)
+	other := quoted(initrd)
+	other[12] = measure.Replay([]measure.Event{measure.CmdlineExtraEvent("ignition.firstboot init=/bin/sh")})
+	for _, c := range []struct {
+		name  string
+		extra string
+		pcrs  map[uint32][]byte
+		ok    bool
+	}{
+		{"first boot", "ignition.firstboot", firstBoot, true},
+		{"later boot", "", later, true},
+		{"first boot's PCR 12 on a later boot", "", firstBoot, false},
+		{"first boot, a stub that ignores the extra", "ignition.firstboot", later, true},
+		{"first boot, something else in PCR 12", "ignition.firstboot", other, false},
+	} {
+		out := Evaluate(doc(t, d), initrd, "", false, c.extra, c.pcrs, nil, false)
+		if (out.Reason == "") != c.ok {
+			t.Errorf("%s: reason %q", c.name, out.Reason)
+		}
+		if !c.ok && !strings.Contains(out.Reason, "pcr 12 expected") {
+			t.Errorf("%s: reason %q does not name pcr 12", c.name, out.Reason)
+		}
 	}
 }

@@ -120,7 +120,7 @@ func TestPCR11NamesTheFirstDifferingEvent(t *testing.T) {
 			if c.events == nil {
 				pcrs[11] = digest(0x11)
 			}
-			out := Evaluate(doc(t, ukiPolicy(t)), c.stage, "", false, pcrs, c.events, false)
+			out := Evaluate(doc(t, ukiPolicy(t)), c.stage, "", false, "", pcrs, c.events, false)
 			today := fmt.Sprintf("pcr 11 mismatch for phase %s: expected %s, got %x", Phase(c.stage), ukiPolicy(t)["pcr11"].(map[string]any)[Phase(c.stage)], pcrs[11])
 			if c.named == "" {
 				if out.Reason != today || out.MismatchedEvents != nil {
@@ -177,7 +177,7 @@ func TestPCR13NamesTheSysext(t *testing.T) {
 			pcrs := quoted(ready)
 			pcrs[13] = fold(c.tpm, 13)
 			d := sysextPolicy(want)
-			out := Evaluate(doc(t, d), ready, "1.31.4", false, pcrs, c.events, false)
+			out := Evaluate(doc(t, d), ready, "1.31.4", false, "", pcrs, c.events, false)
 			today := fmt.Sprintf("golden mismatch: pcr 13 expected %s, got %x for kubernetes 1.31.4", d["pcr13"].(map[string]any)["1.31.4"], pcrs[13])
 			if slices.Contains(out.Mismatched, 13) {
 				t.Errorf("Mismatched %v: pcr 13's events are the policy's to name", out.Mismatched)
@@ -203,7 +203,7 @@ func TestPCR13NamesTheSysext(t *testing.T) {
 	d := sysextPolicy(want)
 	delete(d, "sysext")
 	pcrs := quoted(ready)
-	out := Evaluate(doc(t, d), ready, "1.31.4", false, pcrs, sysextEvents(fetchedLine), false)
+	out := Evaluate(doc(t, d), ready, "1.31.4", false, "", pcrs, sysextEvents(fetchedLine), false)
 	if strings.Contains(out.Reason, "first differing event") || !slices.Contains(out.Mismatched, 13) || out.MismatchedEvents != nil {
 		t.Errorf("without sysext: %+v", out)
 	}
@@ -228,7 +228,7 @@ func TestPCR11NoNamingFromEventsThatDoNotReplay(t *testing.T) {
 				evs = boot(with(testSections, ".cmdline", digest(9)), "enter-initrd")
 				delete(d, "uki")
 			}
-			out := Evaluate(doc(t, d), initrd, "", false, pcrs, evs, false)
+			out := Evaluate(doc(t, d), initrd, "", false, "", pcrs, evs, false)
 			if !strings.HasPrefix(out.Reason, "pcr 11 mismatch for phase enter-initrd") || strings.Contains(out.Reason, "first differing") || out.MismatchedEvents != nil {
 				t.Errorf("reason %q, events %v", out.Reason, out.MismatchedEvents)
 			}

@@ -67,8 +67,8 @@ func TestValidateUKI(t *testing.T) {
 		{name: "uki without sections", mutate: func(m map[string]any) { m["uki"] = map[string]any{} }},
 		{name: "uki as a file name", mutate: func(m map[string]any) { m["uki"] = "flatcar_4230.2.0.efi" }},
 
-		{name: "unknown section", field: "document.uki.sections", msg: `uki.sections[".uname"] is not a section systemd-stub measures`,
-			mutate: func(m map[string]any) { sections(m)[".uname"] = hex32('a') }},
+		{name: "unknown section", field: "document.uki.sections", msg: `uki.sections[".text"] is not a section systemd-stub measures`,
+			mutate: func(m map[string]any) { sections(m)[".text"] = hex32('a') }},
 		{name: "section bad hex", field: "document.uki.sections", msg: `uki.sections[".cmdline"] is not 32 bytes of hex`,
 			mutate: func(m map[string]any) { sections(m)[".cmdline"] = strings.Repeat("zz", 32) }},
 		{name: "section 31 bytes", field: "document.uki.sections", msg: "is not 32 bytes of hex",

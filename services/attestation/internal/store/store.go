@@ -140,6 +140,9 @@ type VM struct {
 	EKPub []byte `json:"ekPub,omitempty"`
 	// DirectKernel: PCR 9 (the initrd and command line) is golden.
 	DirectKernel bool `json:"directKernel,omitempty"`
+	// KernelCmdlineExtra is what systemd-stub appends from the host's SMBIOS
+	// on the current boot (ignition.firstboot on a first boot): PCR 12 holds it.
+	KernelCmdlineExtra string `json:"kernelCmdlineExtra,omitempty"`
 	// Firmware is the OVMF build the VM boots, as the hypervisor reported it.
 	Firmware *Firmware `json:"firmware,omitempty"`
 	// ReadyEvents is the event log of the last verified ready quote, kept

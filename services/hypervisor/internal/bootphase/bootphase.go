@@ -57,8 +57,10 @@ type Guest struct {
 var (
 	// The kernel's line as printk writes it with CONFIG_PRINTK_TIME.
 	initRE = regexp.MustCompile(`^\[\s*([0-9]+\.[0-9]+)\] Run /init as init process`)
-	// vm-agent's (guest/internal/agent): "vm-agent: ready (2.31s after kernel start)".
-	readyRE = regexp.MustCompile(`^vm-agent: ready \(([0-9]+(?:\.[0-9]+)?)s after kernel start\)`)
+	// vm-agent's (guest/internal/agent): "vm-agent: ready (2.31s after kernel start)",
+	// as PID 1 writes it, or under systemd with the journal's console prefix
+	// ("[  143.69] vm-agent[756]: vm-agent: ready (…)", vm-base).
+	readyRE = regexp.MustCompile(`^(?:\[\s*[0-9]+\.[0-9]+\] vm-agent\[[0-9]+\]: )?vm-agent: ready \(([0-9]+(?:\.[0-9]+)?)s after kernel start\)`)
 )
 
 // ParseConsole reads the last boot's Guest from the end of a serial
@@ -83,7 +85,7 @@ func ParseConsole(console string) (g Guest, ok bool) {
 	}
 	for i := readyAt - 1; i >= 0; i-- {
 		l := strings.TrimSuffix(lines[i], "\r")
-		if strings.HasPrefix(l, "vm-agent: ready ") {
+		if readyRE.MatchString(l) {
 			break // an earlier boot's
 		}
 		if m := initRE.FindStringSubmatch(l); m != nil {

@@ -73,3 +73,15 @@ func TestPhases(t *testing.T) {
 		t.Fatal("phases without the driver's marks")
 	}
 }
+
+// vm-base: systemd forwards vm-agent's lines to the console with the
+// journal's prefix; the kernel's /init line is the initrd's.
+func TestParseConsoleUnderSystemd(t *testing.T) {
+	c := "[    5.503214] Run /init as init process\n" +
+		"[    6.026952] systemd[1]: systemd 257.13-1~deb13u1 running in system mode\n" +
+		"[  143.697197] vm-agent[756]: vm-agent: ready (143.69s after kernel start)\n"
+	g, ok := ParseConsole(c)
+	if !ok || !g.HasInit || g.Init != 5.503214 || g.Ready != 143.69 {
+		t.Fatalf("got %+v, %v; want init 5.503214, ready 143.69", g, ok)
+	}
+}

@@ -40,6 +40,7 @@ const (
 
 	sharedPolicy = "policy.json"
 	sysupdateDir = "sysupdate"
+	extSysupdate = ".sysupdate"
 )
 
 // Catalog is the set of images in one directory. It is safe for concurrent
@@ -234,11 +235,7 @@ func (c *Catalog) load() (*snapshot, error) {
 		}
 	}
 
-	kube := c.kubernetesVersions()
-	var sysupdate string
-	if fi, err := os.Stat(filepath.Join(c.dir, sysupdateDir)); err == nil && fi.IsDir() {
-		sysupdate = filepath.Join(c.dir, sysupdateDir)
-	}
+	kube := map[string][]string{} // by sysupdate tree
 	shared := c.sharedPolicy()
 
 	for _, stem := range slices.Sorted(maps.Keys(stems)) {
@@ -246,8 +243,13 @@ func (c *Catalog) load() (*snapshot, error) {
 		if img == nil {
 			continue
 		}
-		img.SysupdateDir = sysupdate
-		img.KubernetesVersions = slices.Clone(kube)
+		if dir := SysupdateDir(c.dir, stem); isDir(dir) {
+			img.SysupdateDir = dir
+			if _, ok := kube[dir]; !ok {
+				kube[dir] = c.kubernetesVersions(dir)
+			}
+			img.KubernetesVersions = slices.Clone(kube[dir])
+		}
 		if doc, policy := c.policy(img, stems[stem].policy, shared); policy != nil {
 			img.Policy = policy
 			snap.policies[img.Ref] = doc
@@ -335,9 +337,24 @@ func (c *Catalog) image(stem string, f *stemFiles) *hypervisorv1.Image {
 	return img
 }
 
-// kubernetesVersions reads sysupdate/kubernetes/SHA256SUMS, newest first.
-func (c *Catalog) kubernetesVersions() []string {
-	path := filepath.Join(c.dir, sysupdateDir, "kubernetes", "SHA256SUMS")
+// SysupdateDir is the sysupdate tree an image's guests fetch from: the
+// image's own <stem>.sysupdate/ when it has one (a real OS and a test guest
+// bring different extensions), else the directory-wide sysupdate/.
+func SysupdateDir(imageDir, stem string) string {
+	if own := filepath.Join(imageDir, stem+extSysupdate); isDir(own) {
+		return own
+	}
+	return filepath.Join(imageDir, sysupdateDir)
+}
+
+func isDir(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.IsDir()
+}
+
+// kubernetesVersions reads <tree>/kubernetes/SHA256SUMS, newest first.
+func (c *Catalog) kubernetesVersions(tree string) []string {
+	path := filepath.Join(tree, "kubernetes", "SHA256SUMS")
 	b, err := os.ReadFile(path)
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {

@@ -55,3 +55,36 @@ func TestKubernetesVersions(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// An image with its own <stem>.sysupdate/ tree offers that tree's versions;
+// the others keep the directory-wide tree.
+func TestImageOwnSysupdateTree(t *testing.T) {
+	dir := files(t, map[string]string{
+		"a_1.efi": "", "a_1.raw": "", "b_1.efi": "", "b_1.raw": "",
+		"sysupdate/kubernetes/SHA256SUMS":        "aaaa  kubernetes_1.33.6.raw\nbbbb  kubernetes_1.34.2.raw\n",
+		"b_1.sysupdate/kubernetes/SHA256SUMS":    "cccc  kubernetes_1.34.3.raw\n",
+		"b_1.sysupdate/kubernetes/kubernetes.x":  "",
+		"c_1.sysupdate/kubernetes/SHA256SUMS":    "dddd  kubernetes_1.35.0.raw\n", // no image c_1
+		"sysupdate/kubernetes/kubernetes_1.x.gz": "",
+	})
+	c, _ := load(t, dir)
+	want := map[string]struct {
+		dir      string
+		versions []string
+	}{
+		"a_1": {filepath.Join(dir, "sysupdate"), []string{"1.34.2", "1.33.6"}},
+		"b_1": {filepath.Join(dir, "b_1.sysupdate"), []string{"1.34.3"}},
+	}
+	for _, img := range c.List() {
+		w := want[img.Ref]
+		if img.SysupdateDir != w.dir || !slices.Equal(img.KubernetesVersions, w.versions) {
+			t.Errorf("%s: tree %q %q, want %q %q", img.Ref, img.SysupdateDir, img.KubernetesVersions, w.dir, w.versions)
+		}
+	}
+	if got := SysupdateDir(dir, "b_1"); got != filepath.Join(dir, "b_1.sysupdate") {
+		t.Errorf("SysupdateDir(b_1) = %q", got)
+	}
+	if got := SysupdateDir(dir, "a_1"); got != filepath.Join(dir, "sysupdate") {
+		t.Errorf("SysupdateDir(a_1) = %q", got)
+	}
+}

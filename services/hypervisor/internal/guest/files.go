@@ -7,12 +7,14 @@ import (
 	"strings"
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/catalog"
 )
 
-// SysupdateFile opens <image-dir>/sysupdate/<component>/<file>: one level, a
+// SysupdateFile opens <component>/<file> of the VM's image's sysupdate tree
+// (its own <stem>.sysupdate/, else <image-dir>/sysupdate/): one level, a
 // regular file, nothing that climbs out, by name or by symlink (os.Root: a
 // link inside the tree may point elsewhere inside it, never outside).
-func (s *Side) SysupdateFile(component, file string) (io.ReadSeekCloser, int64, error) {
+func (s *Side) SysupdateFile(vmID, component, file string) (io.ReadSeekCloser, int64, error) {
 	for _, part := range []string{component, file} {
 		if part == "" || part == "." || part == ".." || strings.ContainsAny(part, "/\\\x00") {
 			return nil, 0, apierr.Errorf(apierr.NotFound, "no such sysupdate file")
@@ -21,7 +23,11 @@ func (s *Side) SysupdateFile(component, file string) (io.ReadSeekCloser, int64, 
 	if s.cfg.ImageDir == "" {
 		return nil, 0, apierr.Errorf(apierr.NotFound, "no image directory")
 	}
-	root, err := os.OpenRoot(filepath.Join(s.cfg.ImageDir, "sysupdate"))
+	rec, err := s.records.Record(vmID)
+	if err != nil {
+		return nil, 0, err
+	}
+	root, err := os.OpenRoot(catalog.SysupdateDir(s.cfg.ImageDir, rec.GetImage()))
 	if err != nil {
 		return nil, 0, apierr.Errorf(apierr.NotFound, "no such sysupdate file")
 	}

@@ -206,7 +206,7 @@ func TestGuestLookupsAndFiles(t *testing.T) {
 	if err != nil || rep.GetReport().GetStructValue().GetFields()["metrics"] == nil {
 		t.Errorf("report: %v %v", rep, err)
 	}
-	f, n, err := s.SysupdateFile("kubernetes", "SHA256SUMS")
+	f, n, err := s.SysupdateFile(vmID, "kubernetes", "SHA256SUMS")
 	if err != nil || n != 10 {
 		t.Fatalf("sysupdate: %d %v", n, err)
 	}
@@ -216,7 +216,7 @@ func TestGuestLookupsAndFiles(t *testing.T) {
 		t.Errorf("sysupdate content %q", b)
 	}
 	for _, bad := range [][2]string{{"kubernetes", "sub"}, {"..", "images"}, {"kubernetes", "../SHA256SUMS"}, {"kubernetes", "nope"}, {"", "x"}} {
-		if _, _, err := s.SysupdateFile(bad[0], bad[1]); apierr.CodeOf(err) != apierr.NotFound {
+		if _, _, err := s.SysupdateFile(vmID, bad[0], bad[1]); apierr.CodeOf(err) != apierr.NotFound {
 			t.Errorf("sysupdate %q: %v", bad, err)
 		}
 	}

@@ -78,6 +78,6 @@ func TestSysupdateError(t *testing.T) {
 
 type errFiles struct{ *fakeVMs }
 
-func (errFiles) SysupdateFile(string, string) (io.ReadSeekCloser, int64, error) {
+func (errFiles) SysupdateFile(string, string, string) (io.ReadSeekCloser, int64, error) {
 	return nil, 0, errors.New("permission denied")
 }

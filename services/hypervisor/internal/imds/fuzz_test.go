@@ -29,7 +29,7 @@ func (faultyVMs) UserData(string) ([]byte, bool, bool, error) {
 	return nil, false, false, errors.New("disk on fire")
 }
 
-func (faultyVMs) SysupdateFile(string, string) (io.ReadSeekCloser, int64, error) {
+func (faultyVMs) SysupdateFile(string, string, string) (io.ReadSeekCloser, int64, error) {
 	return nil, 0, errors.New("permission denied")
 }
 

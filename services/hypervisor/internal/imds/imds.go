@@ -54,10 +54,10 @@ type VMs interface {
 	SSHKeys(vmID string) []string
 	// StoreReport keeps the guest's report upload (valid JSON).
 	StoreReport(vmID string, body []byte) error
-	// SysupdateFile opens <image-dir>/sysupdate/<component>/<file> (no nesting,
-	// no directories). A missing file or a directory is reported as
-	// fs.ErrNotExist or an apierr not_found/invalid_request error.
-	SysupdateFile(component, file string) (io.ReadSeekCloser, int64, error)
+	// SysupdateFile opens <component>/<file> of the VM's image's sysupdate
+	// tree (no nesting, no directories). A missing file or a directory is
+	// reported as fs.ErrNotExist or an apierr not_found/invalid_request error.
+	SysupdateFile(vmID, component, file string) (io.ReadSeekCloser, int64, error)
 }
 
 // Key is one row of the key table (contract §6.3).
@@ -471,7 +471,7 @@ func (s *server) sysupdate(w http.ResponseWriter, r *http.Request, vm *hyperviso
 		text(w, http.StatusNotFound, "")
 		return
 	}
-	f, size, err := s.vms.SysupdateFile(component, file)
+	f, size, err := s.vms.SysupdateFile(vm.GetId(), component, file)
 	if err != nil {
 		// Not IMDSStatus: to a sysupdate download, a name that is not valid
 		// is as absent as a file that is not there, 404 either way.

@@ -118,7 +118,7 @@ type nopCloser struct{ io.ReadSeeker }
 
 func (nopCloser) Close() error { return nil }
 
-func (f *fakeVMs) SysupdateFile(component, file string) (io.ReadSeekCloser, int64, error) {
+func (f *fakeVMs) SysupdateFile(_, component, file string) (io.ReadSeekCloser, int64, error) {
 	if strings.ContainsAny(component+file, "/") || component == ".." || file == ".." {
 		panic("unsafe name reached the port: " + component + "/" + file)
 	}

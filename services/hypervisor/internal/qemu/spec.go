@@ -59,7 +59,10 @@ const (
 	NotifyPortName = "org.giantswarm.vmm.notify"
 	// FirstBootCmdlineExtra is appended to the UKI's command line on the first
 	// installed boot (systemd-stub reads it from this SMBIOS credential).
-	FirstBootCmdlineExtra = "io.systemd.stub.kernel-cmdline-extra=ignition.firstboot"
+	FirstBootCmdlineExtra = "io.systemd.stub.kernel-cmdline-extra=" + FirstBootExtra
+	// FirstBootExtra is the command line systemd-stub appends (and measures
+	// into PCR 12) on a first installed boot.
+	FirstBootExtra = "ignition.firstboot"
 
 	MaxSocketPath     = 107 // sun_path is 108 bytes including the NUL
 	MinCID            = 3

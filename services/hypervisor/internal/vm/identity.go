@@ -7,6 +7,7 @@ import (
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/gen/vtpm"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
 )
 
@@ -74,5 +75,16 @@ func (m *Manager) BeginBootRequest(rec *storepb.VirtualMachine) *attestationv1.B
 		AkPublic:     rec.GetTpm().GetAkPublic(),
 		EkPublic:     rec.GetTpm().GetEkPublic(),
 		DirectKernel: m.directKernel(rec),
+		// The driver passes ignition.firstboot to a UKI image's boots until
+		// one was ready (qemu.Spec.FirstBoot); systemd-stub measures it.
+		KernelCmdlineExtra: m.cmdlineExtra(rec),
 	}
+}
+
+// cmdlineExtra is what the next boot's systemd-stub appends from SMBIOS.
+func (m *Manager) cmdlineExtra(rec *storepb.VirtualMachine) string {
+	if m.directKernel(rec) || rec.GetBooted() {
+		return ""
+	}
+	return qemu.FirstBootExtra
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -354,6 +355,28 @@ func TestGuestResetIsANewBoot(t *testing.T) {
 	h.ready(id)
 	h.drv.run(id).reset()
 	h.waitFor(id, func(v *hypervisorv1.VirtualMachine) bool { return v.GetState() == hypervisorv1.State_STATE_BOOTING })
+}
+
+// A guest that powers off before it was ready (an initrd giving up, as
+// vm-base's does on a dm-verity error) is stopped with its console's tail.
+func TestGuestPowerOffBeforeReady(t *testing.T) {
+	h := newHarness(t)
+	v, err := h.m.Create(context.Background(), &hypervisorv1.CreateVirtualMachineRequest{Name: "early", RequireAttestation: new(true),
+		MemoryMib: new(int32(512)), Cpus: new(int32(1)), WaitFor: hypervisorv1.WaitFor_WAIT_FOR_NONE}, "tester")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v = h.waitFor(v.GetId(), func(v *hypervisorv1.VirtualMachine) bool { return v.GetState() == hypervisorv1.State_STATE_BOOTING })
+	if err := os.WriteFile(v.GetPaths().GetConsole(), []byte("device-mapper: verity: 252:0: data block 0 is corrupted\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := h.drv.run(v.GetId())
+	r.shutdowns <- Shutdown{Guest: true}
+	r.exit(0)
+	v = h.waitFor(v.GetId(), func(v *hypervisorv1.VirtualMachine) bool { return v.GetState() == hypervisorv1.State_STATE_STOPPED })
+	if !strings.HasPrefix(v.GetLastError(), "the guest powered off before it was ready") || !strings.Contains(v.GetLastError(), "data block 0 is corrupted") {
+		t.Errorf("lastError %q", v.GetLastError())
+	}
 }
 
 // A guest that powers itself off leaves the VM stopped, saying so.

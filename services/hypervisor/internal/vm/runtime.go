@@ -303,6 +303,12 @@ func (m *Manager) exited(mc *machine, rt *runtime) {
 		case rt.phase == hypervisorv1.Phase_PHASE_INSTALL:
 			r.State = hypervisorv1.State_STATE_FAILED
 			r.LastError = "installer exited: " + exitText(code, known) + logtail.WithHeader(rec.GetPaths().GetConsole(), consoleTailLines, "\nconsole:\n")
+		case clean && rt.phase == hypervisorv1.Phase_PHASE_BOOT && rec.GetReadyAt() == nil:
+			// A boot that gave up (an OS whose initrd powers off on a failure,
+			// dm-verity refusing a block): the console says why.
+			r.State = hypervisorv1.State_STATE_STOPPED
+			r.LastError = "the guest powered off before it was ready" +
+				logtail.WithHeader(rec.GetPaths().GetConsole(), consoleTailLines, "\nconsole:\n")
 		case clean:
 			r.State = hypervisorv1.State_STATE_STOPPED
 			r.LastError = "guest shut down"
