@@ -102,6 +102,19 @@ deps: ## install the Debian packages the tests need (QEMU, swtpm, OVMF)
 guest-image: ## build the test guest (Debian cloud kernel + vm-agent initramfs) into $(IMAGE_DIR)
 	./hack/guest-image.sh $(IMAGE_DIR)
 
+# vm-base, the real OS image (Debian 13, systemd, erofs + dm-verity, Ignition):
+# hack/os-image.sh, as root; its trees and Ignition build are cached in VMM_OS_CACHE.
+OS_IMAGE_DIR ?= $(CURDIR)/build/os/images
+
+.PHONY: os-image
+os-image: ## build vm-base (UKI, disk, policy, Kubernetes sysext) into $(OS_IMAGE_DIR); docs/guest.md
+	./hack/os-image.sh $(OS_IMAGE_DIR)
+
+# The real-OS suite: vm-base booted with attestation required (tests/vmbase_test.go).
+.PHONY: test-os
+test-os: build os-image ## boot vm-base: Ignition behind the gate, IMDS provisioning, OpenSSH, reboot, PCR 13, tampering
+	cd tests && VMM_OS_IMAGE_DIR=$(OS_IMAGE_DIR) go test -count=1 -timeout 60m -run '^TestVMBase$$' -v .
+
 .PHONY: test
 test: deps tools check-generated lint breaking build guest-image ## everything but the long suites (test-long); CI runs both
 	VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -count=1 -timeout 45m -skip '$(LONG_SUITES)' $(GO_PKGS)
@@ -182,7 +195,8 @@ images: build ## gateway and attestation OCI image layouts in build/images/<name
 # ---- run --------------------------------------------------------------------
 
 .PHONY: run
-run: build guest-image ## all three processes in the foreground, anonymous on 127.0.0.1:8080
+run: build guest-image ## all three processes in the foreground, anonymous on 127.0.0.1:8080 (with vm-base once make os-image built it)
+	@for f in $(OS_IMAGE_DIR)/vm-base_*; do [ -e "$$f" ] && ln -sfn "$$f" $(IMAGE_DIR)/ || true; done
 	./hack/run.sh $(RUN_STATE)
 
 .PHONY: clean

@@ -9,10 +9,15 @@
 // Authenticode hash into PCR 4, so without this every build would need new
 // golden values.
 //
+// With -uki it builds nothing: it writes the policy of a UKI built elsewhere
+// (ukify, systemd 257's stub), from every section that stub measures.
+//
 // usage: mkuki -stub linuxx64.efi.stub -linux vmlinuz -initrd initrd \
 //
 //	-cmdline cmdline -osrel os-release -o out.efi \
 //	[-policy out.policy.json -image-id ID -image-version V [-sha256sums SHA256SUMS]]
+//
+//	mkuki -uki built.efi [-loader systemd-bootx64.efi] -policy out.policy.json -image-id ID -image-version V [-sha256sums SHA256SUMS]
 package main
 
 import (
@@ -42,6 +47,8 @@ type section struct {
 
 type config struct {
 	stub, out                     string
+	uki                           string // a UKI built elsewhere: policy only
+	loader                        string // with uki: the boot loader in front of it (systemd-boot)
 	sections                      []section
 	policy, imageID, imageVersion string
 	sha256sums                    string
@@ -56,6 +63,8 @@ func main() {
 	flag.StringVar(&cmdline, "cmdline", "", "file holding the kernel command line (.cmdline)")
 	flag.StringVar(&osrel, "osrel", "", "os-release file (.osrel)")
 	flag.StringVar(&c.out, "o", "", "the UKI to write")
+	flag.StringVar(&c.uki, "uki", "", "write the policy of this UKI instead of building one")
+	flag.StringVar(&c.loader, "loader", "", "with -uki: the boot loader the image's disk starts first (systemd-boot)")
 	flag.StringVar(&c.policy, "policy", "", "write the image policy's measured part here")
 	flag.StringVar(&c.imageID, "image-id", "", "the policy's image_id")
 	flag.StringVar(&c.imageVersion, "image-version", "", "the policy's image_version")
@@ -70,6 +79,9 @@ func main() {
 }
 
 func run(c config) error {
+	if c.uki != "" {
+		return policyOf(c)
+	}
 	if c.out == "" {
 		return errors.New("-o is required")
 	}
@@ -89,6 +101,10 @@ func run(c config) error {
 	if err != nil {
 		return err
 	}
+	return writePolicy(c, digests, apps)
+}
+
+func writePolicy(c config, digests map[string][]byte, apps map[string]string) error {
 	doc, err := policy(c, digests, apps)
 	if err != nil {
 		return err

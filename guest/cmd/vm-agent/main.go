@@ -1,5 +1,7 @@
 // Command vm-agent is the guest agent. As PID 1 it is the init of the project's test
-// guest initramfs; otherwise it is a CLI (notify, attest, pcrs, version).
+// guest initramfs; otherwise it is a CLI (notify, attest, pcrs, version) and,
+// in a real OS under systemd (the vm-base image), the installer (install),
+// provisioning from the IMDS (provision) and the end of the boot (up).
 package main
 
 import (
@@ -7,10 +9,14 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/giantswarm/vm-manager/guest/internal/agent"
 	"github.com/giantswarm/vm-manager/guest/internal/attest"
+	"github.com/giantswarm/vm-manager/guest/internal/imds"
 	"github.com/giantswarm/vm-manager/guest/internal/notify"
 	"github.com/giantswarm/vm-manager/guest/internal/smbios"
 	"github.com/giantswarm/vm-manager/guest/internal/version"
@@ -26,8 +32,11 @@ func main() {
 
 const usage = `usage:
   vm-agent notify [--socket vsock-stream:2:<port> | --port /dev/vportNpM] KEY=VALUE...
-  vm-agent attest --stage=initrd|ready [--imds-url URL] [--tpm PATH] [--timeout 90s] [--print] [--nonce HEX]
+  vm-agent attest --stage=initrd|ready [--imds-url URL] [--tpm PATH] [--timeout 90s] [--print] [--nonce HEX] [--record FILE]
   vm-agent pcrs [--bank=sha256] [--tpm=PATH]
+  vm-agent install      (systemd initrd: copy the image onto vm.install-target)
+  vm-agent provision    (hostname and root's SSH keys from the IMDS)
+  vm-agent up           (ready-stage quote, READY=1, then reports every 15 s)
   vm-agent version`
 
 func run(args []string) int {
@@ -46,8 +55,35 @@ func run(args []string) int {
 		}
 		return 0
 	case "attest":
-		// Exit codes: 0 verified, 2 rejected, 1 anything else.
-		return attest.Command(args[1:], os.Stdout, os.Stderr)
+		// Exit codes: 0 verified, 2 rejected, 1 anything else. --record
+		// leaves the outcome where `vm-agent up` reports it.
+		rest, record := cutRecord(args[1:])
+		code := attest.Command(rest, os.Stdout, os.Stderr)
+		if record != "" {
+			agent.RecordAttestResult(record, code)
+		}
+		return code
+	case "install":
+		con := agent.NewConsole(os.Stdout)
+		if err := agent.Install(con); err != nil {
+			con.Printf("installer failed: %v", err)
+			return 1
+		}
+		return 0
+	case "provision":
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		agent.Provision(ctx, agent.NewConsole(os.Stdout), imds.DefaultURL)
+		return 0
+	case "up":
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		con := agent.NewConsole(os.Stdout)
+		if err := agent.Up(ctx, con, imds.DefaultURL, attest.DefaultTPMPath); err != nil {
+			con.Printf("%v", err)
+			return 1
+		}
+		return 0
 	case "pcrs":
 		return attest.PCRsCommand(args[1:], os.Stdout, os.Stderr)
 	case "-h", "--help", "help":
@@ -57,6 +93,22 @@ func run(args []string) int {
 		fmt.Fprintln(os.Stderr, usage)
 		return 2
 	}
+}
+
+// cutRecord takes --record FILE (or --record=FILE) out of attest's arguments.
+func cutRecord(args []string) (rest []string, record string) {
+	for i := 0; i < len(args); i++ {
+		switch a := args[i]; {
+		case strings.HasPrefix(a, "--record="):
+			record = strings.TrimPrefix(a, "--record=")
+		case a == "--record" && i+1 < len(args):
+			record = args[i+1]
+			i++
+		default:
+			rest = append(rest, a)
+		}
+	}
+	return rest, record
 }
 
 func notifyCmd(args []string) error {

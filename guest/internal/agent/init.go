@@ -101,7 +101,7 @@ func boot(con *Console, installing *bool) error {
 
 	if *installing {
 		// The installer and nothing else: no network, no IMDS, no phases.
-		return install(con, string(target))
+		return install(con, string(target), diskWait)
 	}
 	ph := detectPhases(con)
 

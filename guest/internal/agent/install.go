@@ -8,15 +8,21 @@ import (
 	"github.com/giantswarm/vm-manager/guest/internal/installer"
 )
 
-// diskWait bounds the wait for the installer's disks to appear.
-const diskWait = 10 * time.Second
+// diskWait bounds the wait for the installer's disks to appear: PID 1 of the
+// test guest loads virtio_blk itself; under systemd (InstallDiskWait) udev
+// loads it, and the unit cannot wait on the disks' device units, which its
+// Wants= would pull into every boot.
+const (
+	diskWait        = 10 * time.Second
+	InstallDiskWait = 90 * time.Second
+)
 
 // install is the whole install phase. An error means the machine must
 // reset, not power off: the host reads a power-off as a finished install.
-func install(con *Console, target string) error {
+func install(con *Console, target string, wait time.Duration) error {
 	start := time.Now()
 	con.Printf("installer: %s=%s", installer.Credential, target)
-	r, err := installer.Run(installer.Config{Target: target, Wait: diskWait, Logf: con.Printf})
+	r, err := installer.Run(installer.Config{Target: target, Wait: wait, Logf: con.Printf})
 	if err != nil {
 		return err
 	}
