@@ -98,12 +98,18 @@ func TestVMBase(t *testing.T) {
 	if att.Initrd == nil || !att.Initrd.Verified || att.Ready == nil || !att.Ready.Verified || !att.UserDataReleased || fmt.Sprint(att.Boot) != "1" {
 		t.Fatalf("first boot not verified at both stages: %+v / %+v (boot %v)", att.Initrd, att.Ready, att.Boot)
 	}
+	// Ignition was answered 503 before it got the user-data, once; and the
+	// host served the user-data only after attestation's verdict (their logs,
+	// one clock).
 	out, _ := os.ReadFile(console)
-	verifiedAt := bytes.Index(out, []byte("attestation verified: verified: ak"))
-	fetchedAt := bytes.Index(out, []byte("GET result: OK"))
-	gatedAt := bytes.Index(out, []byte("GET result: Service Unavailable"))
-	if verifiedAt < 0 || fetchedAt < 0 || !(gatedAt < verifiedAt && verifiedAt < fetchedAt) {
-		t.Errorf("console order: 503 at %d, initrd quote verified at %d, user-data fetched at %d", gatedAt, verifiedAt, fetchedAt)
+	gatedAt, fetchedAt := bytes.Index(out, []byte("GET result: Service Unavailable")), bytes.Index(out, []byte("GET result: OK"))
+	if gatedAt < 0 || fetchedAt < gatedAt || bytes.Count(out, []byte("GET result: OK")) != 1 {
+		t.Errorf("console: Ignition's 503 at %d, its user-data at %d (%d times)", gatedAt, fetchedAt, bytes.Count(out, []byte("GET result: OK")))
+	}
+	verdict := logTime(t, filepath.Join(c.Dir, "attestation.log"), `msg="attestation verdict" .*vm=`+vm.ID+` stage=STAGE_INITRD verified=true`)
+	served := logTime(t, filepath.Join(c.Dir, "hypervisor.log"), `msg="imds: user-data served" .*vm=`+vm.ID)
+	if !served.After(verdict) {
+		t.Errorf("user-data served at %s, the initrd quote verified at %s", served, verdict)
 	}
 	if r := a.sh(vm.ID, "cat /etc/vmm-ignition-test; echo; systemctl is-enabled vmm-hello.service; cat /var/lib/vmm-hello"); r.ExitCode != 0 ||
 		r.Stdout != "written by ignition\nenabled\nhello from ignition\n" {
@@ -224,6 +230,20 @@ func (a api) waitReady(id string, d time.Duration) ukiVM {
 	a.t.Helper()
 	a.waitStateIn(id, d, "ready")
 	return a.uki(id)
+}
+
+// logTime is the time of the first line of a service's log matching re.
+func logTime(t *testing.T, path, re string) time.Time {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^time=(\S+) .*` + re).FindSubmatch(readFile(t, path))
+	if m == nil {
+		t.Fatalf("no line matching %q in %s", re, path)
+	}
+	at, err := time.Parse(time.RFC3339Nano, string(m[1]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return at
 }
 
 func firstLine(s string) string { l, _, _ := strings.Cut(s, "\n"); return l }

@@ -247,6 +247,9 @@ func (s *server) userData(w http.ResponseWriter, _ *http.Request, vm *hypervisor
 		w.Header().Set("Retry-After", "2")
 		text(w, http.StatusServiceUnavailable, UserDataGated)
 	default:
+		// Who received the bootstrap secret, and when: the audit trail of
+		// the gate (a guest that retries after a failure reads it again).
+		s.log.Info("imds: user-data served", "vm", vm.GetId(), "bytes", len(data))
 		text(w, http.StatusOK, string(data))
 	}
 }
