@@ -257,7 +257,8 @@ if [ "${OS_NO_MEASURE:-}" != 1 ]; then
   (cd "$ROOT/services/hypervisor" && CGO_ENABLED=0 go build -trimpath -buildvcs=false -o "$BUILD/vmm-hypervisor" ./cmd/vmm-hypervisor)
   MDIR="$WORK/measure"
   mkdir -p "$MDIR"
-  for ext in efi raw; do ln -f "$WORK/$( [ $ext = efi ] && echo uki.efi || echo disk.raw)" "$MDIR/$STEM.$ext"; done
+  ln -f "$WORK/uki.efi" "$MDIR/$STEM.efi"
+  ln -f "$WORK/disk.raw" "$MDIR/$STEM.raw"
   cp "$WORK/policy.json" "$MDIR/$STEM.policy.json"
   inputs="$({ sha256sum "$MDIR/$STEM".{efi,raw,policy.json} /usr/share/OVMF/*.fd "$BUILD/vmm-hypervisor"; qemu-system-x86_64 --version; swtpm --version; } 2>&1 | sha256sum | cut -d' ' -f1)"
   MEASURED="$CACHE/measured-$inputs.json"
