@@ -137,9 +137,16 @@ func TestScan(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Terminate(time.Second)
-	found, err := Scan(func(argv []string) bool { return slices.Contains(argv, marker) })
-	if err != nil {
-		t.Fatal(err)
+	// Until the child has exec'd, its cmdline is the test binary's: wait
+	// (bounded) for the exec, not a fixed time.
+	var found []Running
+	for deadline := time.Now().Add(10 * time.Second); len(found) == 0 && time.Now().Before(deadline); {
+		if found, err = Scan(func(argv []string) bool { return slices.Contains(argv, marker) }); err != nil {
+			t.Fatal(err)
+		}
+		if len(found) == 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
 	}
 	if len(found) != 1 || found[0].Handle != p.Handle || found[0].Argv[0] != "sh" {
 		t.Fatalf("Scan found %+v, want pid %d", found, p.PID)
