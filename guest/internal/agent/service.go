@@ -88,8 +88,15 @@ func Up(ctx context.Context, con *Console, imdsURL, tpmPath string) error {
 		return err
 	}
 	// The console line first: a host that reads the console once READY=1
-	// arrives must find it there.
-	con.Printf("ready (%s after kernel start)", uptime())
+	// arrives must find it there. Under systemd stdout reaches the console
+	// through journald, later; /dev/console is written at once.
+	line := fmt.Sprintf("ready (%s after kernel start)", uptime())
+	if f, err := os.OpenFile("/dev/console", os.O_WRONLY|os.O_APPEND, 0); err == nil {
+		NewConsole(f).Printf("%s", line)
+		f.Close()
+	} else {
+		con.Printf("%s", line)
+	}
 	sent := make(chan error, 1)
 	go func() { sent <- s.Send(msg) }()
 	select {
