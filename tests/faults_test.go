@@ -65,7 +65,7 @@ type vmEntry struct {
 	attest     bool
 	created    string // "acked" (201), "maybe" (interrupted or failed), "" (refused before it existed)
 	deleted    string // "acked" (204), "maybe", ""
-	stopAsked  bool   // the last lifecycle request was a stop (or a reboot's stop half)
+	stopAsked  bool   // a stop (or a reboot's stop half) was asked for, and no start has been answered since
 	forwards   map[string]bool
 	akPin      string // AK fingerprint of the first verified quote seen
 	wrongExecs int
@@ -317,8 +317,6 @@ func (f *faultRun) lifecycle(op string, e *vmEntry) {
 	switch op {
 	case "stop", "reboot":
 		e.stopAsked = true
-	case "start", "resume":
-		e.stopAsked = false
 	case "delete":
 		e.deleted = "maybe"
 	}
@@ -345,7 +343,10 @@ func (f *faultRun) lifecycle(op string, e *vmEntry) {
 	}
 	f.mu.Lock()
 	switch op {
-	case "reboot":
+	case "reboot", "start", "resume":
+		// Only an answered start counts: one cut by a kill before the
+		// hypervisor recorded it leaves the VM as the last stop left it
+		// (stopped, lastError empty), and that is right.
 		e.stopAsked = false
 	case "delete":
 		e.deleted = "acked"
