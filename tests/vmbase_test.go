@@ -64,6 +64,8 @@ func TestVMBase(t *testing.T) {
 		"name": "base1", "image": "vm-base", "hostname": "base1-host", "memory_mib": 1024, "cpus": 2,
 		"kubernetes_version": kube, "user_data": vmBaseIgnition, "ssh_authorized_keys": []string{pub}, "wait_for": "none",
 	})
+	// (g) The watch sees the two-phase flow as it happens.
+	watch := watchSSE(t, a.base+"/vms:watch?name=base1", "")
 	start := time.Now()
 	vm := a.vm("POST", "/vms", string(body), 201)
 
@@ -116,9 +118,25 @@ func TestVMBase(t *testing.T) {
 		t.Errorf("Ignition's file and unit: %+v", r)
 	}
 
+	var states []string
+	events, _, werrs := watch.seen()
+	for _, e := range events {
+		if e.VM == vm.ID && (len(states) == 0 || states[len(states)-1] != e.State) {
+			states = append(states, e.State)
+		}
+	}
+	if !isSubsequence([]string{"installing", "booting", "attesting", "ready"}, states) || len(werrs) > 0 {
+		t.Errorf("the watch saw %v (errors %v); want installing, booting, attesting, ready in that order", states, werrs)
+	}
+
 	// (b) Provisioning from the IMDS; a clean boot.
 	if r := a.sh(vm.ID, "hostname; grep -c '"+strings.Fields(pub)[1]+"' /root/.ssh/authorized_keys; systemctl is-system-running --wait; systemctl --failed --no-legend --plain"); r.Stdout != "base1-host\n1\nrunning\n" {
 		t.Errorf("hostname, keys, system state: %+v", r)
+	}
+
+	// Where the boot's time went, for docs/guest.md.
+	if r := a.sh(vm.ID, "systemd-analyze; systemd-analyze critical-chain vm-agent.service systemd-networkd.service; systemd-analyze blame | grep -v '\\.device$' | head -20"); r.ExitCode == 0 {
+		t.Logf("systemd-analyze:\n%s", r.Stdout)
 	}
 
 	// (c) Access through the image's OpenSSH.
@@ -208,6 +226,26 @@ func TestVMBase(t *testing.T) {
 		t.Logf("%s: %s %s", tc.image, got.State, firstLine(got.LastError))
 		a.vm("DELETE", "/vms/"+id, "", 204)
 	}
+
+	// (g) A lifetime ends it as it ends a test guest: ACPI, and the real
+	// OS powers off.
+	a.lifetimeVM("POST", "/vms/"+vm.ID+"/lifetime", `{"ttl":"10s"}`, 200)
+	stopped, _ := a.waitStopped(vm.ID, vmBaseBoot)
+	if !strings.Contains(stopped.LastError, "lifetime expired") || stopped.Lifetime != nil {
+		t.Errorf("after its ttl: state %s, lastError %q, lifetime %+v", stopped.State, stopped.LastError, stopped.Lifetime)
+	}
+}
+
+// isSubsequence says whether want appears in got in order (other elements
+// may come between).
+func isSubsequence(want, got []string) bool {
+	i := 0
+	for _, g := range got {
+		if i < len(want) && g == want[i] {
+			i++
+		}
+	}
+	return i == len(want)
 }
 
 func (a api) waitStateIn(id string, d time.Duration, states ...string) {

@@ -26,8 +26,8 @@ func install(con *Console, target string, wait time.Duration) error {
 	if err != nil {
 		return err
 	}
-	con.Printf("installer: done: %s -> %s, %d bytes, sha256 %s, %.2fs in all (%s after kernel start); powering off",
-		r.Source, r.Target, r.SourceSize, r.SHA256, time.Since(start).Seconds(), uptime())
+	con.Printf("installer: done: %s -> %s, %d bytes, %.2fs in all (%s after kernel start); powering off",
+		r.Source, r.Target, r.SourceSize, time.Since(start).Seconds(), uptime())
 	return nil
 }
 

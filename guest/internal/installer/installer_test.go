@@ -3,8 +3,6 @@ package installer
 import (
 	"bytes"
 	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"io"
 	"os"
@@ -63,16 +61,20 @@ func must(t *testing.T, err error) {
 	}
 }
 
-func TestInstallCopiesAndVerifies(t *testing.T) {
-	// Not a multiple of the chunk: the last chunk is partial.
-	m := newMachine(t, 2*chunk+12345, 4*chunk)
+func TestInstallCopies(t *testing.T) {
+	// Not a multiple of the chunk: the last chunk is partial. Two chunks of
+	// zeros in the middle are zeroed, not written, over a target that
+	// held other bytes there.
+	m := newMachine(t, 4*chunk+12345, 6*chunk)
+	clear(m.src[chunk : 3*chunk])
+	must(t, os.WriteFile(filepath.Join(m.dev, "vda"), m.src, 0o444))
 	var logs []string
 	r, err := Run(m.config(&logs))
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := m.target(t)
-	if len(got) != 4*chunk {
+	if len(got) != 6*chunk {
 		t.Fatalf("target resized to %d", len(got))
 	}
 	if !bytes.Equal(got[:len(m.src)], m.src) {
@@ -81,12 +83,11 @@ func TestInstallCopiesAndVerifies(t *testing.T) {
 	if !bytes.Equal(got[len(m.src):], bytes.Repeat([]byte{0xee}, len(got)-len(m.src))) {
 		t.Error("bytes past the source's end were touched")
 	}
-	sum := sha256.Sum256(m.src)
-	if r.SHA256 != hex.EncodeToString(sum[:]) || r.SourceSize != int64(len(m.src)) || r.TargetSize != 4*chunk ||
+	if r.SourceSize != int64(len(m.src)) || r.TargetSize != 6*chunk || r.Zeroed != 2*chunk || r.Written != r.SourceSize-2*chunk ||
 		r.Source != filepath.Join(m.dev, "vda") || r.Target != filepath.Join(m.dev, "vdb") {
 		t.Errorf("result %+v", r)
 	}
-	if len(logs) != 3 {
+	if len(logs) != 2 {
 		t.Errorf("console lines %q", logs)
 	}
 }
@@ -102,48 +103,31 @@ func TestInstallRefusesSmallerTarget(t *testing.T) {
 	}
 }
 
-// brokenDisk lies about writes to the target, as a failing device might.
-type brokenDisk struct {
-	*os.File
-	short bool // write half a chunk, report it without an error
+// shortDisk writes half of what it is given without an error, as a failing
+// device might. (A copy that is wrong without any error is the host's to
+// find: it compares the volume with the image.)
+type shortDisk struct{ *os.File }
+
+func (b *shortDisk) WriteAt(p []byte, off int64) (int, error) {
+	return b.File.WriteAt(p[:len(p)/2], off)
 }
 
-func (b *brokenDisk) WriteAt(p []byte, off int64) (int, error) {
-	if b.short {
-		n, err := b.File.WriteAt(p[:len(p)/2], off)
-		return n, err
-	}
-	q := bytes.Clone(p)
-	q[len(q)/3] ^= 0x01 // one flipped bit, reported as written
-	return b.File.WriteAt(q, off)
-}
-
-func breakTarget(m *machine, short bool) func(string, int) (File, error) {
+func breakTarget(m *machine) func(string, int) (File, error) {
 	return func(p string, flag int) (File, error) {
 		f, err := os.OpenFile(p, flag, 0)
 		if err != nil || p != filepath.Join(m.dev, "vdb") {
 			return f, err
 		}
-		return &brokenDisk{File: f, short: short}, nil
+		return &shortDisk{File: f}, nil
 	}
 }
 
 func TestInstallDetectsShortWrite(t *testing.T) {
 	m := newMachine(t, chunk+100, 2*chunk)
 	c := m.config(nil)
-	c.Open = breakTarget(m, true)
+	c.Open = breakTarget(m)
 	_, err := Run(c)
 	if !errors.Is(err, io.ErrShortWrite) {
-		t.Fatalf("err %v", err)
-	}
-}
-
-func TestInstallDetectsCorruptedCopy(t *testing.T) {
-	m := newMachine(t, chunk+100, 2*chunk)
-	c := m.config(nil)
-	c.Open = breakTarget(m, false)
-	_, err := Run(c)
-	if err == nil || !strings.Contains(err.Error(), "copy does not verify") {
 		t.Fatalf("err %v", err)
 	}
 }

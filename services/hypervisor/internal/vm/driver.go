@@ -20,6 +20,9 @@ type Driver interface {
 	// meanwhile. It returns the keys the record keeps, and what it made or
 	// replaced (empty when the vTPM held everything already).
 	Provision(ctx context.Context, rec *storepb.VirtualMachine) (keys *storepb.TpmKeys, created []string, err error)
+	// VerifyInstall says whether an installer that powered off left the
+	// image's disk on the VM's volume.
+	VerifyInstall(rec *storepb.VirtualMachine, img *hypervisorv1.Image) error
 	// Launch starts the VM's processes for one phase.
 	Launch(ctx context.Context, l Launch) (Run, error)
 	// Adopt attaches to the processes a record names, started by an earlier

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
 )
 
@@ -24,6 +25,9 @@ type fakeDriver struct {
 	ended       []Stray
 	// failLaunch, when set, fails the next launch.
 	failLaunch error
+	// badInstall, when set, is what VerifyInstall says of every install.
+	badInstall error
+	verified   int
 	// gone are the VM ids whose recorded processes no longer run.
 	gone map[string]bool
 }
@@ -51,6 +55,13 @@ func (d *fakeDriver) Provision(_ context.Context, rec *storepb.VirtualMachine) (
 		created = []string{"ek", "ak"}
 	}
 	return &storepb.TpmKeys{AkPublic: fakeAK(rec.GetId()), EkPublic: []byte("ek")}, created, nil
+}
+
+func (d *fakeDriver) VerifyInstall(*storepb.VirtualMachine, *hypervisorv1.Image) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.verified++
+	return d.badInstall
 }
 
 func (d *fakeDriver) Launch(_ context.Context, l Launch) (Run, error) {

@@ -28,9 +28,14 @@ type kernelImage struct{}
 
 var bootImage = &hypervisorv1.Image{Ref: "test_1", Id: "test", Version: "1", Kind: hypervisorv1.ImageKind_IMAGE_KIND_KERNEL, Kernel: "/k", Initrd: "/i"}
 
+// installImage is a UKI image: its VMs boot the installer first.
+var installImage = &hypervisorv1.Image{Ref: "os_1", Id: "os", Version: "1", Kind: hypervisorv1.ImageKind_IMAGE_KIND_UKI, Uki: "/u.efi", Disk: "/u.raw"}
+
 func (kernelImage) Get(ref string) (*hypervisorv1.Image, error) {
-	if ref == bootImage.GetRef() || ref == bootImage.GetId() {
-		return bootImage, nil
+	for _, img := range []*hypervisorv1.Image{bootImage, installImage} {
+		if ref == img.GetRef() || ref == img.GetId() {
+			return img, nil
+		}
 	}
 	return nil, apierr.ErrNotFound
 }

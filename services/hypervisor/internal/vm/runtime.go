@@ -243,6 +243,21 @@ func (m *Manager) onNotify(mc *machine, rt *runtime, ready bool, status string) 
 	})
 }
 
+// verifyInstall compares the volume an installer powered off after with
+// the image it installed (the driver reads both).
+func (m *Manager) verifyInstall(rec *storepb.VirtualMachine) error {
+	img, err := m.images.Get(rec.GetImage())
+	if err != nil {
+		return fmt.Errorf("its image %s left the catalog during the install", rec.GetImage())
+	}
+	start := time.Now()
+	if err := m.driver.VerifyInstall(rec, img); err != nil {
+		return err
+	}
+	m.log.Info("install verified", "vm", rec.GetId(), "image", rec.GetImage(), "seconds", time.Since(start).Seconds())
+	return nil
+}
+
 // exited settles the record after QEMU ended, and starts the installed boot
 // after a successful installer.
 func (m *Manager) exited(mc *machine, rt *runtime) {
@@ -260,6 +275,10 @@ func (m *Manager) exited(mc *machine, rt *runtime) {
 		resets = mc.noteReset(time.Now())
 	}
 	suspended := rt.suspending.Load() && m.savedState(rec) == nil
+	var installErr error
+	if rt.phase == hypervisorv1.Phase_PHASE_INSTALL && clean && !rt.stopping.Load() && !rt.suspending.Load() {
+		installErr = m.verifyInstall(rec)
+	}
 	m.update(mc, func(r *storepb.VirtualMachine) {
 		r.Processes = nil
 		mc.run = nil
@@ -293,6 +312,10 @@ func (m *Manager) exited(mc *machine, rt *runtime) {
 			r.Status, r.ReadyAt = "", nil
 			r.Attestation = &attestationv1.Attestation{Required: r.GetRequireAttestation(), UserDataReleased: !r.GetRequireAttestation()}
 			bootNext = true
+		case rt.phase == hypervisorv1.Phase_PHASE_INSTALL && clean && installErr != nil:
+			r.State = hypervisorv1.State_STATE_FAILED
+			r.LastError = "the install does not verify: " + installErr.Error() +
+				logtail.WithHeader(rec.GetPaths().GetConsole(), consoleTailLines, "\nconsole:\n")
 		case rt.phase == hypervisorv1.Phase_PHASE_INSTALL && clean && closing:
 			r.InstalledAt = timestamppb.Now()
 			r.State = hypervisorv1.State_STATE_STOPPED
