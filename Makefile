@@ -196,11 +196,22 @@ bench: build guest-image os-image ## benchmarks; ratios are printed side by side
 DAEMONLESS_IMAGES := gateway attestation
 
 .PHONY: images
-images: build ## gateway and attestation OCI image layouts in build/images/<name> (no Docker daemon)
+images: build guest-image-artifact ## gateway and attestation OCI image layouts in build/images/<name> (no Docker daemon), and the guest image
 	@for s in $(DAEMONLESS_IMAGES); do \
 	  (cd deploy/mkimage && go run . -name $$s -binary $(BIN)/vmm-$$s -out $(CURDIR)/build/images/$$s \
 	    -version '$(VERSION)' -revision '$(COMMIT)') || exit 1; \
 	done
+
+# The guest image artifact the chart's init container pulls (docs/deploy.md): the
+# test guests and vm-base, as an OCI layout tagged $(VERSION) in build/images/guest-image,
+# for a release to copy to the registry (oras cp --from-oci-layout, skopeo).
+GUEST_ARTIFACT_DIR := $(CURDIR)/build/guest-artifact
+
+.PHONY: guest-image-artifact
+guest-image-artifact: build guest-image os-image ## the guest image OCI artifact (test guests + vm-base) in build/images/guest-image
+	rm -rf $(GUEST_ARTIFACT_DIR) $(CURDIR)/build/images/guest-image && mkdir -p $(GUEST_ARTIFACT_DIR)
+	cp -RLl $(IMAGE_DIR)/test-guest* $(IMAGE_DIR)/sysupdate $(OS_IMAGE_DIR)/vm-base_* $(GUEST_ARTIFACT_DIR)/
+	$(BIN)/vmm-hypervisor image push $(GUEST_ARTIFACT_DIR) '$(VERSION)' --oci-layout $(CURDIR)/build/images/guest-image
 
 # ---- run --------------------------------------------------------------------
 

@@ -79,6 +79,7 @@ func imagePushCommand(ia *imageArgs, stdout io.Writer) cli.Command {
 		Setup: func(fs *cli.FlagSet) func(context.Context) error {
 			imageDir := fs.String("image-dir", "VM_MANAGER_IMAGE_DIR", "", "image directory to publish, when not given as the first argument")
 			plain := fs.Bool("plain-http", "VM_MANAGER_REGISTRY_PLAIN_HTTP", false, "talk HTTP, not HTTPS, to the registry (lab registries)")
+			layout := fs.String("oci-layout", "VM_MANAGER_OCI_LAYOUT", "", "write into this OCI image layout directory instead of a registry; <ref> is then the tag")
 			logger := logging.Flags(fs, "warn", "hypervisor")
 			return func(ctx context.Context) error {
 				var dir, ref string
@@ -98,7 +99,12 @@ func imagePushCommand(ia *imageArgs, stdout io.Writer) cli.Command {
 				if err != nil {
 					return err
 				}
-				digest, err := guestimage.Push(ctx, dir, ref, guestimage.Options{PlainHTTP: *plain, Log: log})
+				var digest string
+				if *layout != "" {
+					digest, err = guestimage.PushLayout(ctx, dir, *layout, ref, guestimage.Options{Log: log})
+				} else {
+					digest, err = guestimage.Push(ctx, dir, ref, guestimage.Options{PlainHTTP: *plain, Log: log})
+				}
 				if err != nil {
 					return err
 				}

@@ -15,7 +15,9 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
 	"oras.land/oras-go/v2"
-	"oras.land/oras-go/v2/registry/remote"
+	"oras.land/oras-go/v2/content"
+	"oras.land/oras-go/v2/content/oci"
+	"oras.land/oras-go/v2/registry"
 
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/catalog"
 )
@@ -59,12 +61,18 @@ func Files(dir string) ([]string, error) {
 	return files, nil
 }
 
+// target is where Push puts an artifact: a registry's repository, or an
+// OCI image layout directory.
+type target interface {
+	content.Storage
+	Tag(ctx context.Context, desc ocispec.Descriptor, reference string) error
+}
+
 // Push publishes dir as a guest image artifact under ref, which must carry a
 // tag (registry/repository:tag), and returns the manifest digest. Blobs the
 // registry already has are not uploaded again. The directory must hold at
 // least one catalog image; policy.json is optional.
 func Push(ctx context.Context, dir, ref string, opts Options) (string, error) {
-	log := opts.log()
 	repo, r, err := repository(ref, opts)
 	if err != nil {
 		return "", err
@@ -72,6 +80,25 @@ func Push(ctx context.Context, dir, ref string, opts Options) (string, error) {
 	if r.Reference == "" || r.ValidateReferenceAsTag() != nil {
 		return "", fmt.Errorf("push %q: needs a tag (registry/repository:tag)", ref)
 	}
+	return pushTo(ctx, dir, repo, r.Reference, ref, opts)
+}
+
+// PushLayout writes dir as a guest image artifact into the OCI image layout
+// at layout (made when missing), tagged tag: what make images builds, for a
+// release to copy to a registry (oras cp, skopeo) without this binary.
+func PushLayout(ctx context.Context, dir, layout, tag string, opts Options) (string, error) {
+	if tag == "" || (registry.Reference{Reference: tag}).ValidateReferenceAsTag() != nil {
+		return "", fmt.Errorf("push to %s: %q is not a tag", layout, tag)
+	}
+	store, err := oci.New(layout)
+	if err != nil {
+		return "", fmt.Errorf("oci layout %s: %w", layout, err)
+	}
+	return pushTo(ctx, dir, store, tag, layout+":"+tag, opts)
+}
+
+func pushTo(ctx context.Context, dir string, repo target, tag, name string, opts Options) (string, error) {
+	log := opts.log()
 	if fi, err := os.Stat(dir); err != nil {
 		return "", err
 	} else if !fi.IsDir() {
@@ -92,13 +119,13 @@ func Push(ctx context.Context, dir, ref string, opts Options) (string, error) {
 	layers := make([]ocispec.Descriptor, len(files))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(opts.concurrency())
-	for i, name := range files {
+	for i, file := range files {
 		g.Go(func() error {
-			desc, err := pushFile(gctx, repo, filepath.Join(dir, filepath.FromSlash(name)), name)
+			desc, err := pushFile(gctx, repo, filepath.Join(dir, filepath.FromSlash(file)), file)
 			if err != nil {
-				return fmt.Errorf("push %s: %w", name, err)
+				return fmt.Errorf("push %s: %w", file, err)
 			}
-			log.Debug("pushed file", "file", name, "digest", desc.Digest, "size", desc.Size)
+			log.Debug("pushed file", "file", file, "digest", desc.Digest, "size", desc.Size)
 			layers[i] = desc
 			return nil
 		})
@@ -113,15 +140,15 @@ func Push(ctx context.Context, dir, ref string, opts Options) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("push manifest: %w", err)
 	}
-	if err := repo.Tag(ctx, desc, r.Reference); err != nil {
-		return "", fmt.Errorf("tag %s: %w", r.Reference, err)
+	if err := repo.Tag(ctx, desc, tag); err != nil {
+		return "", fmt.Errorf("tag %s: %w", tag, err)
 	}
-	log.Info("pushed guest image", "reference", ref, "digest", desc.Digest, "files", len(files))
+	log.Info("pushed guest image", "reference", name, "digest", desc.Digest, "files", len(files))
 	return desc.Digest.String(), nil
 }
 
 // pushFile uploads one file as a layer unless the registry has its blob.
-func pushFile(ctx context.Context, repo *remote.Repository, file, name string) (ocispec.Descriptor, error) {
+func pushFile(ctx context.Context, repo target, file, name string) (ocispec.Descriptor, error) {
 	f, err := os.Open(file)
 	if err != nil {
 		return ocispec.Descriptor{}, err
@@ -144,7 +171,7 @@ func pushFile(ctx context.Context, repo *remote.Repository, file, name string) (
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return ocispec.Descriptor{}, err
 	}
-	// The registry checks the digest: a file changed since it was hashed fails.
+	// The target checks the digest: a file changed since it was hashed fails.
 	if err := repo.Push(ctx, desc, f); err != nil {
 		return ocispec.Descriptor{}, err
 	}

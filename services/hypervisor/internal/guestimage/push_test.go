@@ -11,6 +11,7 @@ import (
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2"
+	"oras.land/oras-go/v2/content/oci"
 	"oras.land/oras-go/v2/registry/remote"
 )
 
@@ -129,4 +130,48 @@ func TestUKIWithoutPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	sameTree(t, "uki", withoutMarker(readTree(t, dst)), tree)
+}
+
+// An OCI layout written by PushLayout holds the same artifact as a registry
+// push (one digest), and copied into a registry as it is, it pulls.
+func TestPushLayout(t *testing.T) {
+	o := opts(t)
+	host := testRegistry(t, nil)
+	tree := guestTree("0.1.0", 3)
+	dir := t.TempDir()
+	writeTree(t, dir, tree)
+	layout := filepath.Join(t.TempDir(), "guest-image")
+	dgst, err := PushLayout(context.Background(), dir, layout, "0.1.0", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := push(t, host, "0.1.0", tree, o); dgst != want {
+		t.Errorf("layout digest %s, registry push %s", dgst, want)
+	}
+	if _, err := os.Stat(filepath.Join(layout, "oci-layout")); err != nil {
+		t.Errorf("no oci-layout file: %v", err)
+	}
+	src, err := oci.New(layout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := host + "/copied:0.1.0"
+	repo, err := remote.NewRepository(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	repo.PlainHTTP = true
+	if _, err := oras.Copy(context.Background(), src, "0.1.0", repo, "0.1.0", oras.DefaultCopyOptions); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(t.TempDir(), "images")
+	res, err := Pull(context.Background(), ref, dst, o)
+	if err != nil || res.Digest != dgst {
+		t.Fatalf("pull of the copy: %+v, %v", res, err)
+	}
+	sameTree(t, "pulled copy", withoutMarker(readTree(t, dst)), tree)
+
+	if _, err := PushLayout(context.Background(), dir, layout, "no/tag", o); err == nil || !strings.Contains(err.Error(), "is not a tag") {
+		t.Errorf("a bad tag: %v", err)
+	}
 }
