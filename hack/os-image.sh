@@ -147,6 +147,21 @@ printf 'uninitialized\n' >"$R/etc/machine-id"
 printf 'localhost\n' >"$R/etc/hostname"
 # systemd-firstboot would ask on the console; the IMDS and credentials answer instead.
 ln -sf /dev/null "$R/etc/systemd/system/systemd-firstboot.service"
+# Under TCG every process systemd spawns early costs about a second of both vCPUs
+# (systemd-analyze blame of the first boot, docs/guest.md). Masked: what this OS does
+# not use. The TPM's SRK and PCR 15 (nothing seals to them; the policy has no PCR 15),
+# pcrlock, a network config from ip= (the initrd's), udev credentials, DRM; and the
+# generators of what it does not have (crypttab, integritytab, GPT auto-discovery,
+# hibernation, rc.local, SysV scripts, sshd on vsock, offline updates), which also ran
+# again at every daemon-reload.
+for u in systemd-tpm2-setup-early.service systemd-tpm2-setup.service systemd-pcrmachine.service \
+  systemd-network-generator.service systemd-udev-load-credentials.service modprobe@drm.service; do
+  ln -sf /dev/null "$R/etc/systemd/system/$u"
+done
+install -d "$R/etc/systemd/system-generators"
+for g in cryptsetup gpt-auto hibernate-resume integritysetup rc-local run ssh system-update sysv tpm2; do
+  ln -sf /dev/null "$R/etc/systemd/system-generators/systemd-$g-generator"
+done
 # The root is read-only: homes live on var.
 rm -rf "$R/root" "$R/home"
 install -d -m 0700 "$R/var/roothome"
@@ -154,6 +169,8 @@ install -d -m 0755 "$R/var/home"
 ln -s var/roothome "$R/root"
 ln -s var/home "$R/home"
 chroot "$R" systemctl preset-all >/dev/null 2>&1
+# Every user and group of sysusers.d now, not at the first boot (see .updated below).
+chroot "$R" systemd-sysusers >/dev/null
 # What differs between two bootstraps of the same packages, and build leftovers.
 rm -rf "$R"/var/log/* "$R"/var/cache/* "$R"/var/lib/apt/lists/* "$R"/etc/*- "$R"/var/lib/dpkg/*-old \
   "$R"/etc/dracut.conf.d/00-vmm-build.conf "$R/etc/resolv.conf"
@@ -171,6 +188,10 @@ cp "$R/boot/vmlinuz-$KVER" "$WORK/vmlinuz"
 cp "$R/usr/lib/os-release" "$WORK/os-release"
 # The kernel and initrd live in the UKI; the root keeps only the modules.
 rm -rf "$R"/boot/* "$R"/vmlinuz* "$R"/initrd.img*
+# /usr is as new as /etc and /var say they were updated for: the first boot skips
+# ConditionNeedsUpdate= (ldconfig, sysusers, hwdb, the journal catalog), which the
+# build already did.
+for d in etc var; do printf 'TIMESTAMP_NSEC=%s000000000\n' "$SOURCE_DATE_EPOCH" >"$R/$d/.updated"; done
 find "$R" -newermt "@$SOURCE_DATE_EPOCH" -print0 | xargs -0r touch -h -d "@$SOURCE_DATE_EPOCH"
 
 # ---- the Kubernetes system extension ------------------------------------------

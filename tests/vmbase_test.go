@@ -55,8 +55,11 @@ func TestVMBase(t *testing.T) {
 	images := t.TempDir()
 	kube := linkVMBase(t, src, images)
 	tampered := tamperVMBase(t, src, images)
-	c := cluster.Start(t, cluster.Processes, binDir, cluster.Options{ImageDir: images, Quiet: true})
-	a := api{t: t, base: "http://" + c.Addr + "/api/v1"}
+	// (g) Everything goes through a fleet gateway in front of the node: the
+	// create is placed and routed, and so is every call after it.
+	f := cluster.StartFleet(t, binDir, 1, cluster.Options{ImageDir: images, Quiet: true}, func(int) string { return "os=vm-base" })
+	c := f.Nodes[0]
+	a := api{t: t, base: "http://" + f.Addr + "/api/v1"}
 	t.Cleanup(func() { killVMs(t, c, a) })
 
 	pub := testSSHKey(t)
@@ -146,7 +149,7 @@ func TestVMBase(t *testing.T) {
 	if banner, err := sshBanner(a.forward(vm.ID, 22)); err != nil || !strings.HasPrefix(banner, "SSH-2.0-OpenSSH_") {
 		t.Errorf("forward_port 22: banner %q, %v", banner, err)
 	}
-	cl, err := client.Dial(c.Addr)
+	cl, err := client.Dial(f.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,9 +206,11 @@ func TestVMBase(t *testing.T) {
 		t.Errorf("after resume: %+v", r)
 	}
 
-	// (f) Tampered copies, booted one after the other under the genuine policy.
+	// (f) Tampered copies, booted one after the other under the genuine policy,
+	// each created on the node by name (placement would find no free cpus
+	// beside base1 on two cores).
 	for _, tc := range tampered {
-		id := a.vm("POST", "/vms", fmt.Sprintf(`{"name":%q,"image":%q,"memory_mib":1024,"cpus":2,"wait_for":"none"}`, tc.image, tc.image), 201).ID
+		id := a.vm("POST", "/vms", fmt.Sprintf(`{"name":%q,"image":%q,"memory_mib":1024,"cpus":2,"wait_for":"none","node":%q}`, tc.image, tc.image, f.Names[0]), 201).ID
 		var got ukiVM
 		cluster.Eventually(t, 2*vmBaseBoot, tc.image+" refused", func() error {
 			got = a.uki(id)
