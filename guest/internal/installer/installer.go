@@ -1,8 +1,9 @@
 // Package installer is vm-agent's install phase: it copies the read-only
 // installer disk (the image's .raw) onto the VM's target volume; the host
-// proves the copy against the image once the machine is off. The host starts it with the SMBIOS credential
-// vm.install-target and -no-reboot; vm-agent then powers off on success and
-// resets on failure, which the host sees as QMP SHUTDOWN guest-reset.
+// proves the copy against the image once the machine is off. The host starts
+// it with the SMBIOS credential vm.install-target and -no-reboot; vm-agent
+// then powers off on success and resets on failure, which the host sees as
+// QMP SHUTDOWN guest-reset.
 package installer
 
 import (
