@@ -42,3 +42,25 @@ func TestInstallIsVerified(t *testing.T) {
 		h.drv.mu.Unlock()
 	}
 }
+
+// An installer that fails resets the machine (QEMU, under -no-reboot, then
+// exits 0): the VM fails, and the empty volume is never booted.
+func TestInstallerResetFails(t *testing.T) {
+	h := newHarness(t)
+	v, err := h.m.Create(context.Background(), &hypervisorv1.CreateVirtualMachineRequest{Name: "os", Image: "os_1", RequireAttestation: new(true),
+		MemoryMib: new(int32(512)), Cpus: new(int32(1)), WaitFor: hypervisorv1.WaitFor_WAIT_FOR_NONE}, "tester")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v = h.waitFor(v.GetId(), func(v *hypervisorv1.VirtualMachine) bool { return v.GetState() == hypervisorv1.State_STATE_INSTALLING })
+	h.drv.run(v.GetId()).reset()
+	v = h.waitFor(v.GetId(), func(v *hypervisorv1.VirtualMachine) bool { return v.GetState() == hypervisorv1.State_STATE_FAILED })
+	if !strings.HasPrefix(v.GetLastError(), "the installer failed: it reset the machine") || v.GetInstalledAt() != nil || h.drv.launchCount() != 1 {
+		t.Errorf("lastError %q, installedAt %v, %d launches", v.GetLastError(), v.GetInstalledAt(), h.drv.launchCount())
+	}
+	h.drv.mu.Lock()
+	defer h.drv.mu.Unlock()
+	if h.drv.verified != 0 {
+		t.Errorf("a reset install was verified %d times", h.drv.verified)
+	}
+}

@@ -275,8 +275,12 @@ func (m *Manager) exited(mc *machine, rt *runtime) {
 		resets = mc.noteReset(time.Now())
 	}
 	suspended := rt.suspending.Load() && m.savedState(rec) == nil
+	// An installer resets the machine when it fails (and a guest kernel that
+	// panics does too): under -no-reboot QEMU then exits 0, but nothing was
+	// installed.
+	installReset := rt.phase == hypervisorv1.Phase_PHASE_INSTALL && rt.guestReset.Load()
 	var installErr error
-	if rt.phase == hypervisorv1.Phase_PHASE_INSTALL && clean && !rt.stopping.Load() && !rt.suspending.Load() {
+	if rt.phase == hypervisorv1.Phase_PHASE_INSTALL && clean && !installReset && !rt.stopping.Load() && !rt.suspending.Load() {
 		installErr = m.verifyInstall(rec)
 	}
 	m.update(mc, func(r *storepb.VirtualMachine) {
@@ -312,6 +316,10 @@ func (m *Manager) exited(mc *machine, rt *runtime) {
 			r.Status, r.ReadyAt = "", nil
 			r.Attestation = &attestationv1.Attestation{Required: r.GetRequireAttestation(), UserDataReleased: !r.GetRequireAttestation()}
 			bootNext = true
+		case installReset:
+			r.State = hypervisorv1.State_STATE_FAILED
+			r.LastError = "the installer failed: it reset the machine" +
+				logtail.WithHeader(rec.GetPaths().GetConsole(), consoleTailLines, "\nconsole:\n")
 		case rt.phase == hypervisorv1.Phase_PHASE_INSTALL && clean && installErr != nil:
 			r.State = hypervisorv1.State_STATE_FAILED
 			r.LastError = "the install does not verify: " + installErr.Error() +
