@@ -138,7 +138,7 @@ func TestVMBase(t *testing.T) {
 	}
 
 	// Where the boot's time went, for docs/guest.md.
-	if r := a.sh(vm.ID, "systemd-analyze; systemd-analyze critical-chain vm-agent.service systemd-networkd.service; systemd-analyze blame | grep -v '\\.device$' | head -20"); r.ExitCode == 0 {
+	if r := a.sh(vm.ID, "systemd-analyze; systemd-analyze critical-chain vm-agent.service systemd-networkd.service; systemd-analyze blame | grep -v '\\.device$' | head -20; journalctl -b -o short-monotonic --no-pager -u vm-kubernetes.service -u vm-agent.service | head -30"); r.ExitCode == 0 {
 		t.Logf("systemd-analyze:\n%s", r.Stdout)
 	}
 
@@ -175,8 +175,8 @@ func TestVMBase(t *testing.T) {
 		!strings.Contains(v.Attestation.Ready.Message, "pcr 13 kubernetes "+kube) {
 		t.Errorf("PCR 13 %s, policy %q; ready verdict %q", got, want, v.Attestation.Ready.Message)
 	}
-	if r := a.sh(vm.ID, "systemd-sysext list --no-legend | grep -c kubernetes_"+kube+"; containerd --version; runc --version | head -1"); r.ExitCode != 0 ||
-		!strings.HasPrefix(r.Stdout, "1\ncontainerd ") || !strings.Contains(r.Stdout, "runc version") {
+	if r := a.sh(vm.ID, "systemd-sysext list --no-legend | grep -c kubernetes_"+kube+"; timeout 60 sh -c 'until systemctl -q is-active containerd.service; do sleep 1; done'; systemctl is-active containerd.service; containerd --version; runc --version | head -1"); r.ExitCode != 0 ||
+		!strings.HasPrefix(r.Stdout, "1\nactive\ncontainerd ") || !strings.Contains(r.Stdout, "runc version") {
 		t.Errorf("sysext and its binaries: %+v", r)
 	}
 
