@@ -47,8 +47,15 @@ SEED=564d4d42-4153-4500-8000-000000000001
 CMDLINE="console=ttyS0,115200 root=/dev/mapper/root rootfstype=erofs ro roothash=@ROOTHASH@ rd.neednet=1 ip=dhcp ignition.platform.id=metal ignition.config.url=http://169.254.169.254/giantswarm/v1/user-data rd.shell=0 rd.emergency=poweroff systemd.gpt_auto=0 panic=-1"
 # dracut: the modules the boot needs and nothing else (a no-hostonly initrd is
 # twice the size and slow to measure and unpack under TCG).
-DRACUT_MODULES="systemd systemd-initrd systemd-journald systemd-udevd systemd-modules-load systemd-sysctl systemd-tmpfiles systemd-veritysetup systemd-pcrphase tpm2-tss systemd-networkd dracut-systemd udev-rules base fs-lib rootfs-block dm kernel-modules network url-lib qemu ignition shutdown vmm"
+# guest/os/dracut overrides two of Debian's (tpm2-tss, kernel-network-modules) with
+# what a VM uses, and the build drops url-lib from Ignition's: every MB of the
+# initrd costs about 0.25 s of each boot under TCG (hashed by the firmware and
+# both stubs, then unpacked).
+DRACUT_MODULES="systemd systemd-initrd systemd-journald systemd-udevd systemd-modules-load systemd-sysctl systemd-tmpfiles systemd-veritysetup systemd-pcrphase tpm2-tss systemd-networkd dracut-systemd udev-rules base fs-lib rootfs-block dm kernel-modules network qemu ignition shutdown vmm"
 DRACUT_DRIVERS="virtio_pci virtio_blk virtio_net virtio_console virtio_rng dm_mod dm_verity erofs ext4 overlay tpm_crb tpm_tis efivarfs"
+# dm's module installs all of drivers/md: software RAID, bcache, VDO, thin pools,
+# dm-crypt... The root needs dm-verity alone (and its dm-bufio, reed_solomon).
+DRACUT_OMIT_DRIVERS="raid0 raid1 raid10 raid456 raid6_pq async_.* xor bcache md_mod persistent_data dm_persistent_data dm_(bio_prison|cache.*|crypt|delay|era|flakey|integrity|log.*|mirror|multipath|queue_length|raid|region_hash|round_robin|service_time|snapshot|switch|thin_pool|unstripe|vdo|writecache|zero|zoned) ahci ata_generic ata_piix libahci libata hv_vmbus pci_hyperv_intf xen_tpmfront tpm_vtpm_proxy"
 
 log() { echo "os-image: $*" >&2; }
 die() { log "$*"; exit 1; }
@@ -94,16 +101,26 @@ TOOLS="$(bootstrap tools "$OS/tools-packages" "$OS/tools.lock")"
 BASE="$(bootstrap rootfs "$OS/packages" "$OS/packages.lock")"
 
 # Ignition from the Go module proxy: Debian's 2.14 knows config 3.4.0 only as
-# experimental. Static (its cgo part is libblkid), no SELinux relabel (Debian has none).
-IGN_KEY="$( { echo "$IGNITION_VERSION"; go version; dpkg-query -W libblkid-dev; } | hash16)"
+# experimental. Static (its cgo part is libblkid), no SELinux relabel (Debian has none),
+# metal only (guest/os/ignition-metal-only.patch: 10 MB instead of 44, which every
+# boot hashes and unpacks).
+IGN_PATCH="$OS/ignition-metal-only.patch"
+IGN_KEY="$( { echo "$IGNITION_VERSION"; go version; dpkg-query -W libblkid-dev; cat "$IGN_PATCH"; } | hash16)"
 IGNITION="$CACHE/ignition-$IGN_KEY/ignition"
 if [ ! -x "$IGNITION" ]; then
-  log "building Ignition $IGNITION_VERSION"
-  mkdir -p "$CACHE/ignition-$IGN_KEY"
-  GOWORK=off CGO_ENABLED=1 GOFLAGS=-mod=mod GOBIN="$CACHE/ignition-$IGN_KEY/bin" go install -trimpath -tags netgo,osusergo \
+  log "building Ignition $IGNITION_VERSION (metal only)"
+  src="$CACHE/ignition-$IGN_KEY/src"
+  rm -rf "$src" "$IGNITION.tmp" && mkdir -p "$src"
+  moddir="$(cd "$ROOT" && GOWORK=off GOFLAGS=-mod=mod go mod download -json "github.com/coreos/ignition/v2@$IGNITION_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')"
+  cp -r "$moddir/." "$src/" && chmod -R u+w "$src"
+  rm "$src/internal/resource/url_test.go" # tests the fetchers the patch removes
+  patch -s -p1 -d "$src" <"$IGN_PATCH" || die "the Ignition patch does not apply to $IGNITION_VERSION"
+  (cd "$src" && GOWORK=off CGO_ENABLED=1 GOFLAGS=-mod=mod go build -trimpath -buildvcs=false -tags netgo,osusergo \
     -ldflags "-s -w -buildid= -linkmode external -extldflags -static -X github.com/coreos/ignition/v2/internal/distro.selinuxRelabel=false -X github.com/coreos/ignition/v2/internal/version.Raw=$IGNITION_VERSION" \
-    "github.com/coreos/ignition/v2/internal@$IGNITION_VERSION" >&2
-  mv "$CACHE/ignition-$IGN_KEY/bin/internal" "$IGNITION"
+    -o "$IGNITION.tmp" ./internal 2>&1 | grep -v 'statically linked applications requires\|in function .\(group\|user\)_lookup_fn' >&2 || true)
+  [ -x "$IGNITION.tmp" ] || die "Ignition did not build"
+  mv "$IGNITION.tmp" "$IGNITION"
+  rm -rf "$src"
 fi
 
 (
@@ -133,8 +150,16 @@ rm -f "$R/.done" "$R/.packages"
 cp -a "$OS/rootfs/." "$R/"
 install -m 0755 "$BUILD/vm-agent" "$R/usr/bin/vm-agent"
 install -m 0755 "$IGNITION" "$R/usr/lib/dracut/modules.d/30ignition/ignition"
-cp -a "$OS/dracut/90vmm" "$R/usr/lib/dracut/modules.d/"
-chmod 0755 "$R/usr/lib/dracut/modules.d/90vmm/module-setup.sh"
+cp -a "$OS/dracut/." "$R/usr/lib/dracut/modules.d/"
+chmod 0755 "$R"/usr/lib/dracut/modules.d/{90vmm,91tpm2-tss,90kernel-network-modules}/module-setup.sh
+# Ignition fetches with its own HTTP client: dracut's url-lib (curl, its TLS stacks
+# and CA bundle) has nothing to do in the initrd.
+sed -i 's/^\(    echo qemu systemd\) url-lib network$/\1 network/' "$R/usr/lib/dracut/modules.d/30ignition/module-setup.sh"
+grep -q '^    echo qemu systemd network$' "$R/usr/lib/dracut/modules.d/30ignition/module-setup.sh" || die "30ignition's depends() changed: check url-lib"
+# Nor tpm2_create, which it takes for Clevis (not installed): it brings tpm2-tools
+# and with them curl, GnuTLS and Kerberos.
+sed -i '/^        tpm2_create$/d' "$R/usr/lib/dracut/modules.d/30ignition/module-setup.sh"
+! grep -q 'tpm2_create' "$R/usr/lib/dracut/modules.d/30ignition/module-setup.sh" || die "30ignition's install() changed: check tpm2_create"
 cat >>"$R/usr/lib/os-release" <<EOF
 IMAGE_ID=vm-base
 IMAGE_VERSION=$VERSION
@@ -153,9 +178,12 @@ ln -sf /dev/null "$R/etc/systemd/system/systemd-firstboot.service"
 # pcrlock, a network config from ip= (the initrd's), udev credentials, DRM; and the
 # generators of what it does not have (crypttab, integritytab, GPT auto-discovery,
 # hibernation, rc.local, SysV scripts, sshd on vsock, offline updates), which also ran
-# again at every daemon-reload.
+# again at every daemon-reload. And dracut's shutdown hook, which unpacks an initramfs
+# from /boot into /run on every boot so that shutdown can return to it: there is none
+# (it is in the UKI), and the read-only verity root needs no teardown from one.
 for u in systemd-tpm2-setup-early.service systemd-tpm2-setup.service systemd-pcrmachine.service \
-  systemd-network-generator.service systemd-udev-load-credentials.service modprobe@drm.service; do
+  systemd-network-generator.service systemd-udev-load-credentials.service modprobe@drm.service \
+  dracut-shutdown.service dracut-shutdown-onfailure.service; do
   ln -sf /dev/null "$R/etc/systemd/system/$u"
 done
 install -d "$R/etc/systemd/system-generators"
@@ -181,7 +209,7 @@ KVER="$(basename "${KVERS[0]}")"
 log "initrd (dracut, kernel $KVER)"
 for d in proc sys dev; do bind "/$d" "$R/$d"; done
 chroot "$R" dracut --quiet --force --reproducible --no-hostonly --no-hostonly-cmdline --nofscks \
-  -m "$DRACUT_MODULES" --drivers "$DRACUT_DRIVERS" --compress zstd --kver "$KVER" /var/tmp/vmm-initrd.img >&2
+  -m "$DRACUT_MODULES" --drivers "$DRACUT_DRIVERS" --omit-drivers "$DRACUT_OMIT_DRIVERS" --compress zstd --kver "$KVER" /var/tmp/vmm-initrd.img >&2
 for d in dev sys proc; do umount "$R/$d"; done
 mv "$R/var/tmp/vmm-initrd.img" "$WORK/initrd.img"
 cp "$R/boot/vmlinuz-$KVER" "$WORK/vmlinuz"
