@@ -24,6 +24,11 @@ GRPCURL_VERSION            := v1.9.4
 MODULES  := gen guest pkg services/hypervisor services/attestation services/gateway tests examples/sdk examples/shell deploy/mkimage deploy/charttest
 SERVICES := hypervisor attestation gateway
 GO_PKGS   = $(shell go list -m -f '{{.Dir}}/...' | sed 's|$(CURDIR)/|./|')
+# The unit packages run under the race detector in make test: a new data race
+# fails it. The end-to-end suites (tests/, the examples, the chart) drive the
+# real binaries, which are built without it.
+RACE_PKGS  := ./gen/... ./guest/... ./pkg/... ./services/hypervisor/... ./services/attestation/... ./services/gateway/...
+OTHER_PKGS  = $(filter-out $(RACE_PKGS),$(GO_PKGS))
 
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT  ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -126,7 +131,8 @@ test-os: build os-image ## boot vm-base: Ignition behind the gate, IMDS provisio
 
 .PHONY: test
 test: deps tools check-generated lint breaking build guest-image ## everything but the long suites (test-long); CI runs both
-	VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -count=1 -timeout 45m -skip '$(LONG_SUITES)' $(GO_PKGS)
+	VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -race -count=1 -timeout 45m $(RACE_PKGS)
+	VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -count=1 -timeout 45m -skip '$(LONG_SUITES)' $(OTHER_PKGS)
 	$(MAKE) fuzz
 
 # The longest guest suites (several minutes each, mostly TCG boots) run in

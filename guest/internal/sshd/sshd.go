@@ -270,8 +270,8 @@ func (s *Server) session(ch ssh.Channel, reqs <-chan *ssh.Request) {
 			}
 		case "window-change":
 			var wc winChange
-			if p != nil && p.master != nil && ssh.Unmarshal(req.Payload, &wc) == nil {
-				ok = setSize(p.master, wc.Rows, wc.Cols) == nil
+			if p != nil && ssh.Unmarshal(req.Payload, &wc) == nil {
+				ok = p.resize(wc.Rows, wc.Cols)
 			}
 		case "signal":
 			var sp struct{ Signal string }
@@ -315,8 +315,28 @@ func (s *Server) session(ch ssh.Channel, reqs <-chan *ssh.Request) {
 // proc is a session's running command.
 type proc struct {
 	cmd    *exec.Cmd
-	master *os.File      // the pty's master side, nil without a pty
 	exited chan struct{} // closed once the command was reaped
+	// mu keeps a window change's ioctl on master apart from its Close once
+	// the command ended (os.File's Fd is not safe beside Close).
+	mu     sync.Mutex
+	master *os.File // the pty's master side, nil without a pty or once closed
+}
+
+// resize sets the pty's window size; false without a pty or once it closed.
+func (p *proc) resize(rows, cols uint32) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.master != nil && setSize(p.master, rows, cols) == nil
+}
+
+// closeMaster closes the pty's master side, once.
+func (p *proc) closeMaster() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.master != nil {
+		p.master.Close()
+		p.master = nil
+	}
 }
 
 // signal sends sig to the command's process group (what it started too), not
@@ -425,7 +445,7 @@ func (s *Server) startPTY(p *proc, ch ssh.Channel, req *ptyReq, startCmd func(*e
 		case <-outDone:
 		case <-time.After(waitDelay):
 		}
-		master.Close()
+		p.closeMaster()
 		<-outDone
 		s.exit(cmd, err, ch)
 	}()

@@ -246,6 +246,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer vms.Close()
+	vms.RunLoops()
 	// Watch streams never end by themselves: end them when the drain starts.
 	stopWatches := context.AfterFunc(ctx, vms.EndWatches)
 	defer stopWatches()

@@ -85,6 +85,7 @@ func TestRestoreEndsStrayProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	m.RunLoops()
 	t.Cleanup(m.Close)
 	for i, done := range strays {
 		select {

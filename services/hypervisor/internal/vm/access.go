@@ -19,6 +19,7 @@ import (
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/network"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/sshexec"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
+	"google.golang.org/protobuf/proto"
 )
 
 // sshPort is where the guest's SSH server listens (vm-agent in the test image).
@@ -117,7 +118,8 @@ func (m *Manager) dialSSH(ctx context.Context, id string) (sshTarget, error) {
 		return sshTarget{}, err
 	}
 	mc.mu.Lock()
-	rec, live := mc.rec, mc.run != nil
+	// A copy: updates change mc.rec in place once the lock is released.
+	rec, live := proto.Clone(mc.rec).(*storepb.VirtualMachine), mc.run != nil
 	mc.mu.Unlock()
 	if !live || rec.GetState() == hypervisorv1.State_STATE_DELETING {
 		return sshTarget{}, apierr.Errorf(apierr.Conflict, "vm %s is %s and has no running process; start it first", id, lifecycle.Name(rec.GetState()))

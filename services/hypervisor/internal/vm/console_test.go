@@ -9,6 +9,7 @@ import (
 	"time"
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/consolelog"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/logtail"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
 )
@@ -39,6 +40,11 @@ func TestConsoleRotation(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { holder.Process.Kill(); holder.Wait() })
+	// Until the shell has opened it, nothing writes the file and rotating it is right.
+	waitFor(t, "the holder to open "+unsafe, func() bool {
+		ok, err := consolelog.AppendOnly(holder.Process.Pid, unsafe)
+		return err == nil && !ok
+	})
 	for i, c := range []struct {
 		id, path string
 		pid      int
@@ -78,9 +84,27 @@ func TestConsoleRotation(t *testing.T) {
 		bc.GetVms()[0].GetImdsBodyTooLargeTotal()["quote"] != 0 || bc.GetRefusedTotal()["vms"] != 0 {
 		t.Errorf("bound counters %v", bc)
 	}
-	time.Sleep(50 * time.Millisecond)
+	// The pass that left the unsafe console alone says so (once); only then is
+	// "not rotated" a result rather than "not yet looked at".
+	mc, err := h.m.get("0c000002")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the console loop to pass the unsafe console", mc.console.unsafe.Load)
 	if fileSize(unsafe) != int64(big.Len()) || h.m.ConsoleCounters()["0c000002"].Rotations != 0 {
 		t.Errorf("a console written without O_APPEND was rotated")
+	}
+}
+
+// waitFor polls cond until it holds, failing the test after 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 

@@ -62,6 +62,7 @@ func (m *Manager) checkLifetimes(now time.Time) {
 		m.mu.Unlock()
 		return
 	}
+	defer m.lifetimePasses.Add(1)
 	mcs := make([]*machine, 0, len(m.machines))
 	for _, mc := range m.machines {
 		mcs = append(mcs, mc)

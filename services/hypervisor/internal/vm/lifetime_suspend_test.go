@@ -47,7 +47,7 @@ func TestIdleSuspends(t *testing.T) {
 	if _, err := h.m.Resume(context.Background(), id); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(150 * time.Millisecond)
+	waitLifetimePasses(h, id, 2)
 	if v, _ := h.m.Get(id); v.GetState() != hypervisorv1.State_STATE_READY || v.GetLifetime().GetLastActivity() != ActivityResume {
 		t.Fatalf("after the resume: %v, %v", v.GetState(), v.GetLifetime())
 	}

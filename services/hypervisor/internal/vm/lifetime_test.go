@@ -100,7 +100,7 @@ func TestExpiryStops(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.ready(id)
-	time.Sleep(100 * time.Millisecond)
+	waitLifetimePasses(h, id, 2)
 	if v, _ := h.m.Get(id); v.GetState() != hypervisorv1.State_STATE_READY {
 		t.Errorf("after a start: %v", v.GetState())
 	}
@@ -142,6 +142,7 @@ func TestUpdateLifetime(t *testing.T) {
 	if _, err := h.m.UpdateLifetime(ctx, &hypervisorv1.UpdateVirtualMachineLifetimeRequest{Id: "ffffffff", Ttl: "1h"}); apierr.CodeOf(err) != apierr.NotFound {
 		t.Errorf("unknown vm: %v", err)
 	}
+	first := time.Now().Add(2 * time.Second)
 	if _, err := h.m.UpdateLifetime(ctx, &hypervisorv1.UpdateVirtualMachineLifetimeRequest{Id: id, Ttl: "2s"}); err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +150,8 @@ func TestUpdateLifetime(t *testing.T) {
 	if err != nil || time.Until(v.GetLifetime().GetExpireAt().AsTime()) < 59*time.Minute || v.GetLifetime().GetOnExpire() != hypervisorv1.OnExpire_ON_EXPIRE_DELETE {
 		t.Fatalf("extend: %v %v", v.GetLifetime(), err)
 	}
-	time.Sleep(3 * time.Second) // past the first expiry
+	waitUntil(first) // past the first expiry, then checks that saw it
+	waitLifetimePasses(h, id, 2)
 	if v, _ := h.m.Get(id); v.GetState() != hypervisorv1.State_STATE_READY {
 		t.Errorf("extended vm: %v", v.GetState())
 	}
@@ -173,6 +175,29 @@ func waitActions(h *harness, name string, want uint64) {
 	}
 }
 
+// waitLifetimePasses waits until the lifetime loop has checked every VM n
+// more times, and until id has no action under way: a negative result ("not
+// stopped") is then one the loop decided, not one it has yet to reach (an
+// action it takes is under way from within the pass that decided it).
+func waitLifetimePasses(h *harness, id string, n uint64) {
+	h.t.Helper()
+	want := h.m.lifetimePasses.Load() + n
+	mc, err := h.m.get(id)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); h.m.lifetimePasses.Load() < want || mc.acting.Load(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			h.t.Fatalf("the lifetime loop did not finish %d passes (acting %v)", n, mc.acting.Load())
+		}
+	}
+}
+
+// waitUntil waits for the wall clock to pass t (a lifetime's deadline).
+func waitUntil(t time.Time) {
+	time.Sleep(time.Until(t) + 10*time.Millisecond)
+}
+
 func idleFor(h *harness, id string, d time.Duration) {
 	if err := h.m.Update(id, func(r *storepb.VirtualMachine) {
 		r.Lifetime = &hypervisorv1.Lifetime{IdleTimeout: d.String(), OnIdle: hypervisorv1.OnIdle_ON_IDLE_STOP, LastActivityAt: timestamppb.Now()}
@@ -187,8 +212,10 @@ func TestIdleStops(t *testing.T) {
 	h := lifetimeHarness(t)
 	id := h.create("web").GetId()
 	release := h.m.Hold(id, ActivityExec)
+	idle := time.Now().Add(300 * time.Millisecond)
 	idleFor(h, id, 300*time.Millisecond)
-	time.Sleep(time.Second)
+	waitUntil(idle) // idle for the timeout, then checks that saw it held
+	waitLifetimePasses(h, id, 2)
 	if v, _ := h.m.Get(id); v.GetState() != hypervisorv1.State_STATE_READY {
 		t.Fatalf("held vm: %v", v.GetState())
 	}
@@ -300,7 +327,7 @@ func TestExpiryOfADownVM(t *testing.T) {
 	mc.rec.State = hypervisorv1.State_STATE_CREATING
 	mc.rec.Lifetime = &hypervisorv1.Lifetime{ExpireAt: past, OnExpire: hypervisorv1.OnExpire_ON_EXPIRE_STOP}
 	mc.mu.Unlock()
-	time.Sleep(300 * time.Millisecond) // 15 checks
+	waitLifetimePasses(h, id, 3)
 	if rec, _ := h.m.Record(id); rec.GetLifetime().GetExpireAt() == nil {
 		t.Error("an expiry was cleared while the VM was being created")
 	}

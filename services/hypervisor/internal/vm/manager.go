@@ -151,6 +151,8 @@ type Manager struct {
 	imds    *imds.Guard
 	closing bool
 	wg      sync.WaitGroup
+	// startOnce guards RunLoops: the loops run once.
+	startOnce sync.Once
 
 	refused refusals
 	// watchers are the watch streams (watch.go).
@@ -165,6 +167,9 @@ type Manager struct {
 	// starts no earlier) and what they did.
 	started      time.Time
 	lifetimeActs lifetimeActions
+	// lifetimePasses counts finished checks of every VM's lifetime: "nothing
+	// happened" is a result only after a pass that looked.
+	lifetimePasses atomic.Uint64
 }
 
 // lease is an address on a network: one VM's at a time.
@@ -249,10 +254,19 @@ func New(cfg Config, log *slog.Logger, st Store, images ImageResolver, verifier 
 		m.endStrays(id, procs, nil)
 	}
 	m.sweepDeleted()
-	m.wg.Go(m.forgetLoop)
-	m.wg.Go(m.consoleLoop)
-	m.wg.Go(m.lifetimeLoop)
 	return m, nil
+}
+
+// RunLoops runs the background loops: forgetting deleted records, rotating
+// consoles, carrying out lifetimes. New starts none of them, so that what
+// configures a Manager (the server, a test) is done before anything reads it
+// concurrently. Later calls do nothing.
+func (m *Manager) RunLoops() {
+	m.startOnce.Do(func() {
+		m.wg.Go(m.forgetLoop)
+		m.wg.Go(m.consoleLoop)
+		m.wg.Go(m.lifetimeLoop)
+	})
 }
 
 func (m *Manager) vmDir(id string) string { return filepath.Join(m.cfg.StateDir, "vms", id) }

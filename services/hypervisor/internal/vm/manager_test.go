@@ -115,6 +115,7 @@ func (h *harness) start() {
 		h.t.Fatal(err)
 	}
 	h.m = m
+	m.RunLoops()
 	h.t.Cleanup(func() {
 		m.Close()
 		if n := m.IllegalTransitions(); n != 0 {

@@ -59,6 +59,7 @@ func TestDeleteForgetsOnceAttestationIsBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	m2.RunLoops()
 	t.Cleanup(m2.Close)
 	deadline := time.Now().Add(3 * forgetRetry)
 	for {

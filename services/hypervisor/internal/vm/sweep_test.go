@@ -53,6 +53,7 @@ func TestSweepDeletedAtStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	m.RunLoops()
 	t.Cleanup(m.Close)
 
 	leases := func() map[string]string {
@@ -137,6 +138,7 @@ func TestIDPrefix(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	m.RunLoops()
 	defer m.Close()
 	seen := map[string]bool{}
 	for range 20 {

@@ -47,7 +47,10 @@ func newTestManager(t *testing.T, v attestationv1.VerifierServiceClient) (*Manag
 		Attestation:       &attestationv1.Attestation{Required: true},
 		Paths:             &hypervisorv1.Paths{Dir: vmDir, UserData: ud}}
 	mc := &machine{id: rec.Id, rec: rec, changed: make(chan struct{})}
+	m.mu.Lock()
 	m.machines[rec.Id] = mc
+	m.mu.Unlock()
+	// No loops: the tests change the record first (m.RunLoops() after, where a test needs them).
 	return m, mc
 }
 

@@ -210,6 +210,14 @@ func TestWatchAcrossRestart(t *testing.T) {
 	h := newHarness(t)
 	v := h.create("web")
 	msgs, done, _ := h.watch(&hypervisorv1.WatchVirtualMachinesRequest{})
+	var last uint64 // of the last message the watcher got
+	// The snapshot first: a Close before it was sent leaves nothing to resume from.
+	for m := next(t, msgs); ; m = next(t, msgs) {
+		last = m.GetRevision()
+		if m.GetType() == hypervisorv1.WatchEventType_WATCH_EVENT_TYPE_SYNCED {
+			break
+		}
+	}
 	h.m.Close()
 	select {
 	case err := <-done:
@@ -219,7 +227,6 @@ func TestWatchAcrossRestart(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Close left the watch open")
 	}
-	var last uint64 // of the last message the watcher got
 	for len(msgs) > 0 {
 		last = (<-msgs).GetRevision()
 	}
