@@ -37,8 +37,9 @@ type Options struct {
 
 // Server implements both services.
 type Server struct {
-	attestationv1.UnimplementedAttestationServiceServer
-	attestationv1.UnimplementedVerifierServiceServer
+	// Unsafe, not Unimplemented: an RPC without a handler does not compile.
+	attestationv1.UnsafeAttestationServiceServer
+	attestationv1.UnsafeVerifierServiceServer
 	store  *store.Store
 	nonces *nonce.Store
 	// forget keeps a nonce from being issued to a VM being forgotten (its

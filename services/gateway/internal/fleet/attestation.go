@@ -16,7 +16,8 @@ import (
 // values recorded from a VM apply on every node, so a VM attests alike
 // wherever it is placed.
 type Attestation struct {
-	attestationv1.UnimplementedAttestationServiceServer
+	// Unsafe, not Unimplemented: see Hypervisor.
+	attestationv1.UnsafeAttestationServiceServer
 	r *Router
 }
 

@@ -59,7 +59,8 @@ type Bounds interface {
 
 // Server is the HypervisorService.
 type Server struct {
-	hypervisorv1.UnimplementedHypervisorServiceServer
+	// Unsafe, not Unimplemented: an RPC without a handler does not compile.
+	hypervisorv1.UnsafeHypervisorServiceServer
 	host    HostProber
 	catalog Catalog
 	vms     VMs
@@ -175,7 +176,7 @@ func (s *Server) WatchVirtualMachines(req *hypervisorv1.WatchVirtualMachinesRequ
 // Telemetry serves the internal TelemetryService (the gateway's metrics
 // collector, which has no caller token) with the same read-only handlers.
 type Telemetry struct {
-	hypervisorv1.UnimplementedTelemetryServiceServer
+	hypervisorv1.UnsafeTelemetryServiceServer
 	s *Server
 }
 
