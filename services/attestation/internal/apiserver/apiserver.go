@@ -14,6 +14,7 @@ import (
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
+	"github.com/giantswarm/vm-manager/pkg/gate"
 	"github.com/giantswarm/vm-manager/pkg/identity"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/nonce"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/policy"
@@ -255,7 +256,8 @@ func (s *Server) BeginBoot(_ context.Context, req *attestationv1.BeginBootReques
 		}
 		vm.AKPub, vm.AKFingerprint, vm.AKOrigin, vm.EKPub = ak.Public(), ak.Fingerprint(), store.OriginHost, req.GetEkPublic()
 	}
-	next := &attestationv1.Attestation{Required: req.GetRequired(), UserDataReleased: !req.GetRequired(), Boot: att.GetBoot() + 1}
+	next := gate.NewBoot(req.GetRequired())
+	next.Boot = att.GetBoot() + 1
 	s.aks.forget(vm.ID)
 	if err := s.store.PutVM(vm, next); err != nil {
 		return nil, err

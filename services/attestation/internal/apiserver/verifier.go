@@ -12,6 +12,7 @@ import (
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
+	"github.com/giantswarm/vm-manager/pkg/gate"
 	"github.com/giantswarm/vm-manager/pkg/identity"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/nonce"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/policy"
@@ -190,9 +191,9 @@ func (s *Server) record(vm *store.VM, att *attestationv1.Attestation, stage atte
 	slot := &att.Ready
 	if stage == attestationv1.Stage_STAGE_INITRD {
 		slot = &att.Initrd
-		if q.GetVerified() && !att.GetUserDataReleased() {
-			att.UserDataReleased, released = true, true
-		}
+	}
+	if gate.Releases(att, stage, q.GetVerified()) {
+		att.UserDataReleased, released = true, true
 	}
 	if q.GetVerified() || !(*slot).GetVerified() {
 		*slot = q

@@ -269,3 +269,28 @@ func TestPolicyThatEnforcesNothing(t *testing.T) {
 		t.Error("a refused import stored a policy")
 	}
 }
+
+// A guest that skips the initrd stage (or whose initrd quote was rejected)
+// and sends a good ready-stage quote gets no user-data: only a verified
+// initrd quote opens the gate (pkg/gate), since user-data is what the
+// initrd fetches.
+func TestReadyQuoteDoesNotReleaseUserData(t *testing.T) {
+	s, _, _ := newServer(t, tempDB(t), Options{Mode: attestationv1.Mode_MODE_VERIFY})
+	zeroPolicy(t, s, 0, 2, 3, 4, 6, 7)
+	k := softAK(t)
+	if _, err := s.BeginBoot(ctx, &attestationv1.BeginBootRequest{VmId: vmA, Image: img, Required: true, AkPublic: k.Public}); err != nil {
+		t.Fatal(err)
+	}
+	bad := zeros(attestationv1.Stage_STAGE_INITRD)
+	bad[4] = []byte("0123456789abcdef0123456789abcdef") // not the golden PCR 4
+	expectVerdict(t, quoteWith(t, s, k, vmA, attestationv1.Stage_STAGE_INITRD, nonceFor(t, s, vmA), bad), false, "")
+	resp := quoteWith(t, s, k, vmA, attestationv1.Stage_STAGE_READY, nonceFor(t, s, vmA), zeros(attestationv1.Stage_STAGE_READY))
+	expectVerdict(t, resp, true, "verified")
+	if resp.GetUserDataReleased() || resp.GetAttestation().GetUserDataReleased() {
+		t.Fatalf("a ready-stage quote released user-data: %v", resp)
+	}
+	att, err := s.GetVirtualMachineAttestation(ctx, &attestationv1.GetVirtualMachineAttestationRequest{Id: vmA})
+	if err != nil || att.GetUserDataReleased() {
+		t.Fatalf("stored: %v %v", att, err)
+	}
+}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/giantswarm/vm-manager/gen/enumname"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/pkg/gate"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -379,20 +380,10 @@ func (c *hostCollector) collectNetworks(ch chan<- prometheus.Metric, s *snapshot
 	}
 }
 
-// attestationFromRecord is the hypervisor's attestation summary rule, for a
-// VM whose metrics call failed.
+// attestationFromRecord summarises the gate of a VM whose metrics call
+// failed, by the rule the hypervisor's metrics use.
 func attestationFromRecord(vm *hypervisorv1.VirtualMachine) hypervisorv1.AttestationState {
-	att := vm.GetAttestation()
-	switch {
-	case !vm.GetRequireAttestation():
-		return hypervisorv1.AttestationState_ATTESTATION_STATE_DISABLED
-	case att.GetUserDataReleased():
-		return hypervisorv1.AttestationState_ATTESTATION_STATE_RELEASED
-	case att.GetInitrd() != nil && !att.GetInitrd().GetVerified():
-		return hypervisorv1.AttestationState_ATTESTATION_STATE_FAILED
-	default:
-		return hypervisorv1.AttestationState_ATTESTATION_STATE_PENDING
-	}
+	return gate.Summary(vm.GetRequireAttestation(), vm.GetAttestation())
 }
 
 // collectNetwork sends a VM's network counters: the drops, flows and

@@ -7,6 +7,7 @@ import (
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/gen/vtpm"
+	"github.com/giantswarm/vm-manager/pkg/gate"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
 )
@@ -52,7 +53,7 @@ func (m *Manager) directKernel(rec *storepb.VirtualMachine) bool {
 // registers it (beginLate). ctx is the launch's: the hypervisor's, in the
 // trace of the call that started the boot.
 func (m *Manager) beginBoot(ctx context.Context, rec *storepb.VirtualMachine) *attestationv1.Attestation {
-	local := &attestationv1.Attestation{Required: rec.GetRequireAttestation(), UserDataReleased: !rec.GetRequireAttestation()}
+	local := gate.NewBoot(rec.GetRequireAttestation())
 	if m.verifier == nil {
 		return local
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/pkg/gate"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/logtail"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/proc"
 	"google.golang.org/protobuf/proto"
@@ -43,17 +44,7 @@ func (m *Manager) Metrics(id string) (*hypervisorv1.VirtualMachineMetrics, error
 	}
 	rec, _ := mc.snapshot()
 	h := &hypervisorv1.HostMetrics{State: rec.GetState(), DiskBytes: diskBytes(rec.GetPaths().GetDir()), Network: m.netMetrics(rec)}
-	att := rec.GetAttestation()
-	switch {
-	case !rec.GetRequireAttestation():
-		h.Attestation = hypervisorv1.AttestationState_ATTESTATION_STATE_DISABLED
-	case att.GetUserDataReleased():
-		h.Attestation = hypervisorv1.AttestationState_ATTESTATION_STATE_RELEASED
-	case att.GetInitrd() != nil && !att.GetInitrd().GetVerified():
-		h.Attestation = hypervisorv1.AttestationState_ATTESTATION_STATE_FAILED
-	default:
-		h.Attestation = hypervisorv1.AttestationState_ATTESTATION_STATE_PENDING
-	}
+	h.Attestation = gate.Summary(rec.GetRequireAttestation(), rec.GetAttestation())
 	if pid := rec.GetProcesses().GetQemu().GetPid(); pid > 0 {
 		h.Pid = proto.Int32(pid)
 		if st, err := proc.ReadStat(int(pid)); err == nil {

@@ -9,6 +9,7 @@ import (
 
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/pkg/gate"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/bootphase"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guest"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/logtail"
@@ -71,7 +72,7 @@ func (m *Manager) launch(mc *machine, phase hypervisorv1.Phase) error {
 		r.Tpm = identity
 		if phase == hypervisorv1.Phase_PHASE_BOOT {
 			// The gate closes before anything of the new boot runs.
-			r.Attestation = &attestationv1.Attestation{Required: r.GetRequireAttestation(), UserDataReleased: !r.GetRequireAttestation()}
+			r.Attestation = gate.NewBoot(r.GetRequireAttestation())
 		}
 	})
 	var att *attestationv1.Attestation
@@ -314,7 +315,7 @@ func (m *Manager) exited(mc *machine, rt *runtime) {
 			// before it runs, as reboot_vm does.
 			r.State = hypervisorv1.State_STATE_BOOTING
 			r.Status, r.ReadyAt = "", nil
-			r.Attestation = &attestationv1.Attestation{Required: r.GetRequireAttestation(), UserDataReleased: !r.GetRequireAttestation()}
+			r.Attestation = gate.NewBoot(r.GetRequireAttestation())
 			bootNext = true
 		case installReset:
 			r.State = hypervisorv1.State_STATE_FAILED
