@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/giantswarm/vm-manager/pkg/poll"
 	"io"
 	"log/slog"
 	"net"
@@ -18,18 +19,6 @@ import (
 
 	"github.com/giantswarm/vm-manager/gen/apierr"
 )
-
-// waitFor polls cond for up to 10 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
 
 func mustMAC(s string) net.HardwareAddr {
 	m, err := net.ParseMAC(s)
@@ -296,7 +285,7 @@ func TestAttachARPAntiSpoofing(t *testing.T) {
 	// not poison the gateway's neighbour cache).
 	g.sendARP(other, n.Plan().Gateway)
 	g.expectNoARPReply()
-	waitFor(t, "the spoofed request to be counted", func() bool { return n.Dropped("vm-a") == 1 })
+	poll.Until(t, "the spoofed request to be counted", func() bool { return n.Dropped("vm-a") == 1 })
 	if st := n.Stats(); st.Dropped != 1 || st.Attachments != 1 {
 		t.Fatalf("stats %+v", st)
 	}
@@ -319,14 +308,14 @@ func TestAttachRedial(t *testing.T) {
 	g1, q := attachGuest(t, n, "vm")
 	g1.askGateway(n, ip)
 	g1.sendARP(netip.MustParseAddr("10.62.0.99"), n.Plan().Gateway)
-	waitFor(t, "one drop", func() bool { return n.Dropped("vm") == 1 })
+	poll.Until(t, "one drop", func() bool { return n.Dropped("vm") == 1 })
 
 	if err := g1.conn.Close(); err != nil {
 		t.Fatal(err)
 	}
 	g2 := q.accept(MAC(n.Name(), ip))
 	g2.askGateway(n, ip)
-	waitFor(t, "one attachment", func() bool { return n.Stats().Attachments == 1 })
+	poll.Until(t, "one attachment", func() bool { return n.Stats().Attachments == 1 })
 	if d := n.Dropped("vm"); d != 1 {
 		t.Fatalf("Dropped after reconnect = %d, want 1", d)
 	}

@@ -3,6 +3,7 @@ package network
 import (
 	"context"
 	"errors"
+	"github.com/giantswarm/vm-manager/pkg/poll"
 	"net"
 	"net/netip"
 	"sync/atomic"
@@ -206,7 +207,7 @@ func TestDNSOpenAndBusy(t *testing.T) {
 		b, _ := m.Pack()
 		_, _ = c.Write(b)
 	}
-	waitFor(t, "lookups in flight", func() bool { return up.lookups.Load() == before+maxDNSInFlight })
+	poll.Until(t, "lookups in flight", func() bool { return up.lookups.Load() == before+maxDNSInFlight })
 	if r := a.query(gw, "elsewhere.org", dns.TypeA); r.Rcode != dns.RcodeServerFailure {
 		t.Fatalf("a lookup over the bound: %v", r)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"github.com/giantswarm/vm-manager/pkg/poll"
 	"io"
 	"net"
 	"net/http"
@@ -480,7 +481,7 @@ func TestGuestSpoofedMACGetsNoLease(t *testing.T) {
 	if reply, err := g.dhcpExchange(disc, dhcpv4.MessageTypeOffer, 2*time.Second); err == nil {
 		t.Fatalf("spoofed MAC was offered %s", reply.YourIPAddr)
 	}
-	waitFor(t, "drop counted", func() bool { return n.Dropped("mallory") == 1 })
+	poll.Until(t, "drop counted", func() bool { return n.Dropped("mallory") == 1 })
 	if d := n.Dropped("victim"); d != 0 {
 		t.Fatalf("victim's drops %d", d)
 	}

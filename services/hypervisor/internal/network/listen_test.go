@@ -1,6 +1,7 @@
 package network
 
 import (
+	"github.com/giantswarm/vm-manager/pkg/poll"
 	"io"
 	"net"
 	"net/netip"
@@ -59,7 +60,7 @@ func TestIMDSConnectionBounds(t *testing.T) {
 		t.Cleanup(func() { c.Close() })
 		held = append(held, c)
 	}
-	waitFor(t, "3 open", func() bool { return n.VMStats("a").IMDSConnections == 3 })
+	poll.Until(t, "3 open", func() bool { return n.VMStats("a").IMDSConnections == 3 })
 	over, err := a.dialTCP(imdsAddr, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -85,7 +86,7 @@ func TestIMDSConnectionBounds(t *testing.T) {
 	if d := time.Since(start); d > 4*time.Second {
 		t.Errorf("closed after %v", d)
 	}
-	waitFor(t, "timeouts counted", func() bool { return n.VMStats("a").IMDSTimedOut == 3 && n.VMStats("a").IMDSConnections == 0 })
+	poll.Until(t, "timeouts counted", func() bool { return n.VMStats("a").IMDSTimedOut == 3 && n.VMStats("a").IMDSConnections == 0 })
 	if line, err := a.imdsGet(); line != "HTTP/1.1 200 OK" {
 		t.Fatalf("a's request after the timeouts: %q %v", line, err)
 	}
@@ -138,5 +139,5 @@ func TestIMDSSlowRequest(t *testing.T) {
 	if !closed && !closedWithin(c, 3*time.Second) {
 		t.Fatal("a trickling request was not cut")
 	}
-	waitFor(t, "timeout counted", func() bool { return n.VMStats("a").IMDSTimedOut == 1 })
+	poll.Until(t, "timeout counted", func() bool { return n.VMStats("a").IMDSTimedOut == 1 })
 }

@@ -3,6 +3,7 @@ package network
 import (
 	"context"
 	"errors"
+	"github.com/giantswarm/vm-manager/pkg/poll"
 	"net"
 	"net/netip"
 	"sync"
@@ -178,13 +179,13 @@ func TestNATBoundsPerVM(t *testing.T) {
 	if _, err := b.dialTCP(h.addr, 5*time.Second); err != nil {
 		t.Fatalf("b's TCP connection while a is at its bound: %v", err)
 	}
-	waitFor(t, "4 accepted", func() bool { return h.accepted.Load() == 4 })
+	poll.Until(t, "4 accepted", func() bool { return h.accepted.Load() == 4 })
 	if st := n.VMStats("a"); st.NATTCPFlows != 3 || st.NATRefused["tcp_vm_limit"] != 1 {
 		t.Fatalf("a after TCP: %+v", st)
 	}
 
 	// Idle UDP flows end after NATUDPIdle; the TCP ones stay.
-	waitFor(t, "idle UDP flows closed", func() bool { return n.VMStats("a").NATUDPFlows == 0 && n.VMStats("b").NATUDPFlows == 0 })
+	poll.Until(t, "idle UDP flows closed", func() bool { return n.VMStats("a").NATUDPFlows == 0 && n.VMStats("b").NATUDPFlows == 0 })
 	if host.Used() != 4 {
 		t.Fatalf("host budget used %d after the UDP flows ended, want 4", host.Used())
 	}
@@ -194,7 +195,7 @@ func TestNATBoundsPerVM(t *testing.T) {
 
 	// Release ends a's flows: the host sees its three connections close.
 	n.Release("a")
-	waitFor(t, "a's flows released", func() bool { return host.Used() == 1 })
+	poll.Until(t, "a's flows released", func() bool { return host.Used() == 1 })
 	h.mu.Lock()
 	conns := append([]net.Conn(nil), h.conns...)
 	h.mu.Unlock()

@@ -3,6 +3,7 @@ package network
 import (
 	"context"
 	"errors"
+	"github.com/giantswarm/vm-manager/pkg/poll"
 	"io"
 	"log/slog"
 	"net/http"
@@ -161,7 +162,7 @@ func TestContextCancelCloses(t *testing.T) {
 		t.Fatal(err)
 	}
 	cancel()
-	waitFor(t, "network closed", func() bool {
+	poll.Until(t, "network closed", func() bool {
 		n.mu.Lock()
 		defer n.mu.Unlock()
 		return n.closed

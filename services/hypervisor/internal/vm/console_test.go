@@ -2,6 +2,7 @@ package vm
 
 import (
 	"fmt"
+	"github.com/giantswarm/vm-manager/pkg/poll"
 	"os"
 	"os/exec"
 	"strings"
@@ -41,7 +42,7 @@ func TestConsoleRotation(t *testing.T) {
 	}
 	t.Cleanup(func() { holder.Process.Kill(); holder.Wait() })
 	// Until the shell has opened it, nothing writes the file and rotating it is right.
-	waitFor(t, "the holder to open "+unsafe, func() bool {
+	poll.Until(t, "the holder to open "+unsafe, func() bool {
 		ok, err := consolelog.AppendOnly(holder.Process.Pid, unsafe)
 		return err == nil && !ok
 	})
@@ -90,21 +91,9 @@ func TestConsoleRotation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the console loop to pass the unsafe console", mc.console.unsafe.Load)
+	poll.Until(t, "the console loop to pass the unsafe console", mc.console.unsafe.Load)
 	if fileSize(unsafe) != int64(big.Len()) || h.m.ConsoleCounters()["0c000002"].Rotations != 0 {
 		t.Errorf("a console written without O_APPEND was rotated")
-	}
-}
-
-// waitFor polls cond until it holds, failing the test after 10 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
