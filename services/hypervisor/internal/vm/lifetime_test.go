@@ -2,6 +2,8 @@ package vm
 
 import (
 	"context"
+	"fmt"
+	"github.com/giantswarm/vm-manager/pkg/poll"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -150,7 +152,7 @@ func TestUpdateLifetime(t *testing.T) {
 	if err != nil || time.Until(v.GetLifetime().GetExpireAt().AsTime()) < 59*time.Minute || v.GetLifetime().GetOnExpire() != hypervisorv1.OnExpire_ON_EXPIRE_DELETE {
 		t.Fatalf("extend: %v %v", v.GetLifetime(), err)
 	}
-	waitUntil(first) // past the first expiry, then checks that saw it
+	waitPast(t, first) // past the first expiry, then checks that saw it
 	waitLifetimePasses(h, id, 2)
 	if v, _ := h.m.Get(id); v.GetState() != hypervisorv1.State_STATE_READY {
 		t.Errorf("extended vm: %v", v.GetState())
@@ -168,11 +170,7 @@ func TestUpdateLifetime(t *testing.T) {
 // the stop returns, which is just after the state a waiter sees.
 func waitActions(h *harness, name string, want uint64) {
 	h.t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); h.m.LifetimeActions()[name] != want; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			h.t.Fatalf("%s counted %d, want %d", name, h.m.LifetimeActions()[name], want)
-		}
-	}
+	poll.Until(h.t, fmt.Sprintf("%s counted %d times", name, want), func() bool { return h.m.LifetimeActions()[name] == want })
 }
 
 // waitLifetimePasses waits until the lifetime loop has checked every VM n
@@ -186,16 +184,15 @@ func waitLifetimePasses(h *harness, id string, n uint64) {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); h.m.lifetimePasses.Load() < want || mc.acting.Load(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			h.t.Fatalf("the lifetime loop did not finish %d passes (acting %v)", n, mc.acting.Load())
-		}
-	}
+	poll.Until(h.t, "the lifetime loop's passes, with no action under way", func() bool {
+		return h.m.lifetimePasses.Load() >= want && !mc.acting.Load()
+	})
 }
 
-// waitUntil waits for the wall clock to pass t (a lifetime's deadline).
-func waitUntil(t time.Time) {
-	time.Sleep(time.Until(t) + 10*time.Millisecond)
+// waitPast waits for the wall clock to pass a lifetime's deadline.
+func waitPast(t *testing.T, deadline time.Time) {
+	t.Helper()
+	poll.Until(t, "the clock to pass "+deadline.Format(time.RFC3339Nano), func() bool { return time.Now().After(deadline) })
 }
 
 func idleFor(h *harness, id string, d time.Duration) {
@@ -214,7 +211,7 @@ func TestIdleStops(t *testing.T) {
 	release := h.m.Hold(id, ActivityExec)
 	idle := time.Now().Add(300 * time.Millisecond)
 	idleFor(h, id, 300*time.Millisecond)
-	waitUntil(idle) // idle for the timeout, then checks that saw it held
+	waitPast(t, idle) // idle for the timeout, then checks that saw it held
 	waitLifetimePasses(h, id, 2)
 	if v, _ := h.m.Get(id); v.GetState() != hypervisorv1.State_STATE_READY {
 		t.Fatalf("held vm: %v", v.GetState())
