@@ -21,13 +21,13 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 GRPC_GATEWAY_VERSION       := v2.33.0
 GRPCURL_VERSION            := v1.9.4
 
-MODULES  := gen guest pkg services/hypervisor services/attestation services/gateway tests examples/sdk examples/shell deploy/mkimage deploy/charttest
+MODULES  := gen sdk guest pkg services/hypervisor services/attestation services/gateway tests examples/sdk examples/shell deploy/mkimage deploy/charttest
 SERVICES := hypervisor attestation gateway
 GO_PKGS   = $(shell go list -m -f '{{.Dir}}/...' | sed 's|$(CURDIR)/|./|')
 # The unit packages run under the race detector in make test: a new data race
 # fails it. The end-to-end suites (tests/, the examples, the chart) drive the
 # real binaries, which are built without it.
-RACE_PKGS  := ./gen/... ./guest/... ./pkg/... ./services/hypervisor/... ./services/attestation/... ./services/gateway/...
+RACE_PKGS  := ./gen/... ./sdk/... ./guest/... ./pkg/... ./services/hypervisor/... ./services/attestation/... ./services/gateway/...
 OTHER_PKGS  = $(filter-out $(RACE_PKGS),$(GO_PKGS))
 
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
@@ -71,7 +71,7 @@ tools: $(GEN_TOOLS) $(BIN)/grpcurl ## install pinned tools into ./bin
 .PHONY: generate
 generate: $(GEN_TOOLS) ## regenerate gen/ (Go SDK, gateway, OpenAPI) from proto/
 	rm -rf build/openapi
-	find gen services/hypervisor/internal/store/storepb -name '*.pb.go' -o -name '*.pb.gw.go' | xargs -r rm -f
+	find gen services/hypervisor/internal/vmstore/storepb -name '*.pb.go' -o -name '*.pb.gw.go' | xargs -r rm -f
 	buf generate
 	buf generate --template buf.gen.store.yaml
 	go run ./services/gateway/cmd/openapi-gen -in build/openapi -out gen/openapi
@@ -90,7 +90,7 @@ breaking: $(BIN)/buf ## buf breaking against main (skipped when main does not ha
 	  buf breaking --against '.git#branch=main'; \
 	else echo "buf breaking: main has no buf.yaml yet; nothing to compare"; fi
 
-GENERATED := gen services/hypervisor/internal/store/storepb services/gateway/cmd/openapi-gen/testdata
+GENERATED := gen services/hypervisor/internal/vmstore/storepb services/gateway/cmd/openapi-gen/testdata
 
 .PHONY: check-generated
 check-generated: generate ## fail when gen/ is stale
@@ -171,7 +171,7 @@ fuzz: ## the fuzz targets, each for $(FUZZTIME) (bounded, run by make test)
 	cd services/attestation && go test -run '^$$' -fuzz '^FuzzFastParsers$$' -fuzztime $(FUZZTIME) ./internal/verify/
 	cd services/hypervisor && go test -run '^$$' -fuzz '^FuzzIMDS$$' -fuzztime $(FUZZTIME) ./internal/imds/
 	cd services/hypervisor && go test -run '^$$' -fuzz '^FuzzNotify$$' -fuzztime $(FUZZTIME) ./internal/notify/
-	cd services/hypervisor && go test -run '^$$' -fuzz '^FuzzGuestReport$$' -fuzztime $(FUZZTIME) ./internal/guest/
+	cd services/hypervisor && go test -run '^$$' -fuzz '^FuzzGuestReport$$' -fuzztime $(FUZZTIME) ./internal/guestapi/
 	cd services/gateway && go test -run '^$$' -fuzz '^FuzzRESTBody$$' -fuzztime $(FUZZTIME) ./internal/restjson/
 
 .PHONY: test-short

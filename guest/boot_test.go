@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/giantswarm/vm-manager/guest/internal/notify"
+	"github.com/giantswarm/vm-manager/guest/internal/sdnotify"
 )
 
 // The test guest boots for real: OVMF, swtpm, QEMU under TCG (KVM is optional and
@@ -161,7 +161,7 @@ func TestBootTestGuest(t *testing.T) {
 		"-device", "virtio-rng-pci",
 		"-device", "virtio-serial-pci",
 		"-chardev", "socket,id=notify,path="+p("notify.sock")+",server=on,wait=off",
-		"-device", "virtserialport,chardev=notify,name="+notify.PortName,
+		"-device", "virtserialport,chardev=notify,name="+sdnotify.PortName,
 		"-smbios", "type=1,manufacturer=GiantSwarm,product=vm-manager,serial=test",
 		"-smbios", "type=11,value=io.systemd.credential:firstboot.hostname=t1",
 		"-smbios", "type=11,value=io.systemd.credential:system.machine_id=0123456789abcdef0123456789abcdef",
@@ -293,7 +293,7 @@ func readUntilReady(t *testing.T, sock string, qemu *proc, timeout time.Duration
 	defer c.Close()
 	c.SetReadDeadline(deadline)
 	sc := bufio.NewScanner(c)
-	sc.Split(notify.ScanFrames)
+	sc.Split(sdnotify.ScanFrames)
 	var msgs []string
 	for sc.Scan() {
 		msgs = append(msgs, sc.Text())

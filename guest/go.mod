@@ -14,7 +14,7 @@ require (
 
 require (
 	github.com/GoogleCloudPlatform/confidential-space/server v0.0.0-20260915221818-a6c0685fb9fc // indirect
-	github.com/giantswarm/vm-manager/gen v0.0.0
+	github.com/giantswarm/vm-manager/pkg v0.0.0
 	github.com/google/go-cmp v0.7.0 // indirect
 	github.com/google/go-configfs-tsm v0.3.3 // indirect
 	github.com/google/go-sev-guest v0.14.0 // indirect
@@ -34,3 +34,7 @@ require (
 )
 
 replace github.com/giantswarm/vm-manager/gen => ../gen
+
+replace github.com/giantswarm/vm-manager/pkg => ../pkg
+
+replace github.com/giantswarm/vm-manager/sdk => ../sdk

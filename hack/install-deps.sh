@@ -16,7 +16,7 @@ command -v objcopy >/dev/null || need+=(binutils)
 command -v mcopy >/dev/null || need+=(mtools)
 command -v sfdisk >/dev/null || need+=(fdisk)
 command -v mkfs.erofs >/dev/null || need+=(erofs-utils)
-command -v osslsigncode >/dev/null || need+=(osslsigncode)  # Authenticode test (gen/measure)
+command -v osslsigncode >/dev/null || need+=(osslsigncode)  # Authenticode test (pkg/measure)
 command -v patch >/dev/null || need+=(patch)  # hack/os-image.sh: the Ignition patch
 [ ${#need[@]} -eq 0 ] && exit 0
 sudo=""

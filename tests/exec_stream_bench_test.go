@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/giantswarm/vm-manager/gen/client"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/sdk/client"
 	"github.com/giantswarm/vm-manager/tests/cluster"
 )
 

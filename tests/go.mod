@@ -37,6 +37,7 @@ require (
 	github.com/digitalocean/go-libvirt v0.0.0-20220804181439-8648fbde413e // indirect
 	github.com/digitalocean/go-qemu v0.0.0-20250212194115-ee9b0668d242 // indirect
 	github.com/felixge/httpsnoop v1.1.0 // indirect
+	github.com/giantswarm/vm-manager/sdk v0.0.0
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/google/btree v1.1.2 // indirect
@@ -96,3 +97,5 @@ replace (
 )
 
 replace google.golang.org/genproto => google.golang.org/genproto v0.0.0-20261026165753-2ffab32bce7e
+
+replace github.com/giantswarm/vm-manager/sdk => ../sdk

@@ -19,8 +19,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/giantswarm/vm-manager/gen/enumname"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/sdk/enumname"
 	"github.com/giantswarm/vm-manager/tests/cluster"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"google.golang.org/grpc"

@@ -16,9 +16,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
-	"github.com/giantswarm/vm-manager/gen/enumname"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
+	"github.com/giantswarm/vm-manager/sdk/enumname"
 	"github.com/giantswarm/vm-manager/tests/cluster"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"

@@ -5,6 +5,7 @@ go 1.26.0
 require github.com/giantswarm/vm-manager/gen v0.0.0
 
 require (
+	github.com/giantswarm/vm-manager/sdk v0.0.0
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.33.0 // indirect
 	golang.org/x/net v0.61.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
@@ -16,3 +17,5 @@ require (
 )
 
 replace github.com/giantswarm/vm-manager/gen => ../../gen
+
+replace github.com/giantswarm/vm-manager/sdk => ../../sdk

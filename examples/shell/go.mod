@@ -8,6 +8,7 @@ require (
 )
 
 require (
+	github.com/giantswarm/vm-manager/sdk v0.0.0
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.33.0 // indirect
 	golang.org/x/net v0.61.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
@@ -19,3 +20,5 @@ require (
 )
 
 replace github.com/giantswarm/vm-manager/gen => ../../gen
+
+replace github.com/giantswarm/vm-manager/sdk => ../../sdk

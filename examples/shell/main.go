@@ -19,8 +19,8 @@ import (
 
 	"golang.org/x/term"
 
-	"github.com/giantswarm/vm-manager/gen/client"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/sdk/client"
 )
 
 func main() {

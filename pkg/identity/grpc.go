@@ -4,7 +4,7 @@ import (
 	"context"
 	"strings"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 )

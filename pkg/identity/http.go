@@ -4,7 +4,7 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 )
 
 // Realm is the realm of the WWW-Authenticate challenge.

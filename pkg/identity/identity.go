@@ -22,8 +22,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
 	"github.com/giantswarm/vm-manager/pkg/cli"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"github.com/zitadel/oidc/v3/pkg/client"
 	"github.com/zitadel/oidc/v3/pkg/oidc"
 )

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
 	"github.com/giantswarm/vm-manager/pkg/identity"
 	"github.com/giantswarm/vm-manager/pkg/identity/oidctest"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 	jose "github.com/go-jose/go-jose/v4"
 )
 

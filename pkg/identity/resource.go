@@ -9,8 +9,8 @@ import (
 	"path"
 	"strings"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
 	"github.com/giantswarm/vm-manager/pkg/cli"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 )
 
 // MetadataPath is where the gateway publishes its OAuth 2.0 Protected

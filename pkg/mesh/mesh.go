@@ -16,8 +16,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
 	"github.com/giantswarm/vm-manager/pkg/tracing"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"

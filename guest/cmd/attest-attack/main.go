@@ -24,15 +24,15 @@ import (
 	"strings"
 	"time"
 
-	"github.com/giantswarm/vm-manager/gen/imdswire"
-	"github.com/giantswarm/vm-manager/gen/vtpm/vtpmtest"
 	"github.com/giantswarm/vm-manager/guest/internal/attest"
-	"github.com/giantswarm/vm-manager/guest/internal/imds"
+	"github.com/giantswarm/vm-manager/guest/internal/imdsclient"
+	"github.com/giantswarm/vm-manager/pkg/imdswire"
+	"github.com/giantswarm/vm-manager/pkg/vtpm/vtpmtest"
 	"github.com/google/go-tpm/tpm2"
 )
 
 var (
-	base   = imds.DefaultURL
+	base   = imdsclient.DefaultURL
 	client = &http.Client{Timeout: 20 * time.Second}
 )
 

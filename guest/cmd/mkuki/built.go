@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/giantswarm/vm-manager/gen/measure"
+	"github.com/giantswarm/vm-manager/pkg/measure"
 )
 
 // policyOf writes the policy of a UKI that another tool built (c.uki). The

@@ -33,7 +33,7 @@ import (
 	"path/filepath"
 	"slices"
 
-	"github.com/giantswarm/vm-manager/gen/measure"
+	"github.com/giantswarm/vm-manager/pkg/measure"
 )
 
 // sectionAlign is where each added section starts: a page, as ukify does.

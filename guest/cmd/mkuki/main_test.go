@@ -13,7 +13,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/giantswarm/vm-manager/gen/measure"
+	"github.com/giantswarm/vm-manager/pkg/measure"
 )
 
 const (

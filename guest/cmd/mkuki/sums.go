@@ -7,7 +7,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/giantswarm/vm-manager/gen/measure"
+	"github.com/giantswarm/vm-manager/pkg/measure"
 )
 
 // kubernetes reads the Kubernetes sysext tree's SHA256SUMS: for each

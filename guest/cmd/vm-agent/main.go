@@ -16,8 +16,8 @@ import (
 
 	"github.com/giantswarm/vm-manager/guest/internal/agent"
 	"github.com/giantswarm/vm-manager/guest/internal/attest"
-	"github.com/giantswarm/vm-manager/guest/internal/imds"
-	"github.com/giantswarm/vm-manager/guest/internal/notify"
+	"github.com/giantswarm/vm-manager/guest/internal/imdsclient"
+	"github.com/giantswarm/vm-manager/guest/internal/sdnotify"
 	"github.com/giantswarm/vm-manager/guest/internal/smbios"
 	"github.com/giantswarm/vm-manager/guest/internal/version"
 )
@@ -73,13 +73,13 @@ func run(args []string) int {
 	case "provision":
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
-		agent.Provision(ctx, agent.NewConsole(os.Stdout), imds.DefaultURL)
+		agent.Provision(ctx, agent.NewConsole(os.Stdout), imdsclient.DefaultURL)
 		return 0
 	case "up":
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		con := agent.NewConsole(os.Stdout)
-		if err := agent.Up(ctx, con, imds.DefaultURL, attest.DefaultTPMPath); err != nil {
+		if err := agent.Up(ctx, con, imdsclient.DefaultURL, attest.DefaultTPMPath); err != nil {
 			con.Printf("%v", err)
 			return 1
 		}
@@ -114,29 +114,29 @@ func cutRecord(args []string) (rest []string, record string) {
 func notifyCmd(args []string) error {
 	fs := flag.NewFlagSet("notify", flag.ContinueOnError)
 	socket := fs.String("socket", "", "vsock address vsock-stream:<cid>:<port> (default: the vmm.notify_socket credential)")
-	port := fs.String("port", "", "virtio-serial port device, e.g. /dev/vport1p1 (default: the port named "+notify.PortName+")")
+	port := fs.String("port", "", "virtio-serial port device, e.g. /dev/vport1p1 (default: the port named "+sdnotify.PortName+")")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	msg, err := notify.Message(fs.Args()...)
+	msg, err := sdnotify.Message(fs.Args()...)
 	if err != nil {
 		return err
 	}
-	var s notify.Sender
+	var s sdnotify.Sender
 	switch {
 	case *port != "" && *socket != "":
 		return fmt.Errorf("--port and --socket exclude each other")
 	case *port != "":
-		s, err = notify.OpenSerial(*port)
+		s, err = sdnotify.OpenSerial(*port)
 	case *socket != "":
-		var a notify.Address
-		if a, err = notify.ParseAddress(*socket); err == nil {
-			s = &notify.Vsock{Addr: a}
+		var a sdnotify.Address
+		if a, err = sdnotify.ParseAddress(*socket); err == nil {
+			s = &sdnotify.Vsock{Addr: a}
 		}
 	default:
 		// Same choice as PID 1: the named port, else the credential.
 		creds, _ := smbios.ReadCredentials(smbios.DefaultEntriesDir)
-		s, err = notify.Select(context.Background(), notify.DefaultPaths, 0, string(creds[agent.CredNotifySocket]))
+		s, err = sdnotify.Select(context.Background(), sdnotify.DefaultPaths, 0, string(creds[agent.CredNotifySocket]))
 	}
 	if err != nil {
 		return err

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/giantswarm/vm-manager/guest/internal/notify"
+	"github.com/giantswarm/vm-manager/guest/internal/sdnotify"
 )
 
 func TestConsolePrefixesEveryLine(t *testing.T) {
@@ -49,7 +49,7 @@ func TestQueueDeliversInOrder(t *testing.T) {
 	q.Send("STATUS=bad\nvalue") // rejected, not sent
 	q.Send("READY=1", "STATUS=ready")
 	s := &fakeSender{done: make(chan struct{})}
-	go q.run(func() (notify.Sender, error) { return s, nil })
+	go q.run(func() (sdnotify.Sender, error) { return s, nil })
 	select {
 	case <-s.done:
 	case <-time.After(5 * time.Second):
@@ -67,7 +67,7 @@ func TestQueueWithoutTransport(t *testing.T) {
 	con := NewConsole(&out)
 	q := newQueue(con)
 	q.Send("READY=1")
-	go q.run(func() (notify.Sender, error) { return nil, notify.ErrNoTransport })
+	go q.run(func() (sdnotify.Sender, error) { return nil, sdnotify.ErrNoTransport })
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		con.mu.Lock()

@@ -14,11 +14,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/giantswarm/vm-manager/guest/internal/imds"
+	"github.com/giantswarm/vm-manager/guest/internal/imdsclient"
 	"github.com/giantswarm/vm-manager/guest/internal/initsys"
 	"github.com/giantswarm/vm-manager/guest/internal/installer"
 	"github.com/giantswarm/vm-manager/guest/internal/netcfg"
-	"github.com/giantswarm/vm-manager/guest/internal/notify"
+	"github.com/giantswarm/vm-manager/guest/internal/sdnotify"
 	"github.com/giantswarm/vm-manager/guest/internal/smbios"
 	"github.com/giantswarm/vm-manager/guest/internal/version"
 )
@@ -125,8 +125,8 @@ func boot(con *Console, installing *bool) error {
 		con.Printf("machine-id %s (from %s)", id, src)
 	}
 
-	go q.run(func() (notify.Sender, error) {
-		return notify.Select(ctx, notify.DefaultPaths, portWait(), string(creds[CredNotifySocket]))
+	go q.run(func() (sdnotify.Sender, error) {
+		return sdnotify.Select(ctx, sdnotify.DefaultPaths, portWait(), string(creds[CredNotifySocket]))
 	})
 
 	pressed := make(chan struct{}, 1)
@@ -155,7 +155,7 @@ func boot(con *Console, installing *bool) error {
 	con.Printf("ready (%s after kernel start)", uptime())
 	q.Send("READY=1", "STATUS=ready")
 	if lease != nil {
-		go uploadReports(ctx, con, imds.New(imds.DefaultURL), "/proc", attested, ReportInterval)
+		go uploadReports(ctx, con, imdsclient.New(imdsclient.DefaultURL), "/proc", attested, ReportInterval)
 	}
 
 	// vm-agent.poweroff-after-ready=<duration> makes a one-shot guest (smoke

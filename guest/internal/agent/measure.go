@@ -5,10 +5,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/giantswarm/vm-manager/gen/measure"
-	"github.com/giantswarm/vm-manager/guest/internal/imds"
+	"github.com/giantswarm/vm-manager/guest/internal/imdsclient"
 	"github.com/giantswarm/vm-manager/guest/internal/pcrextend"
 	"github.com/giantswarm/vm-manager/guest/internal/sysext"
+	"github.com/giantswarm/vm-manager/pkg/measure"
 )
 
 // extender is what the boot measures through (pcrextend.Extender).
@@ -59,7 +59,7 @@ func (ph *phases) enter(word string) {
 const sysextTimeout = 3 * time.Minute
 
 // kubernetesSysext is the PID 1 sysext step.
-func kubernetesSysext(con *Console, cl *imds.Client) func(context.Context) sysext.Result {
+func kubernetesSysext(con *Console, cl *imdsclient.Client) func(context.Context) sysext.Result {
 	return func(ctx context.Context) sysext.Result {
 		ctx, cancel := context.WithTimeout(ctx, sysextTimeout)
 		defer cancel()

@@ -10,11 +10,11 @@ import (
 
 	"github.com/google/go-tpm/tpm2"
 
-	"github.com/giantswarm/vm-manager/gen/measure"
 	"github.com/giantswarm/vm-manager/guest/internal/attest"
 	"github.com/giantswarm/vm-manager/guest/internal/pcrextend"
 	"github.com/giantswarm/vm-manager/guest/internal/swtpmtest"
 	"github.com/giantswarm/vm-manager/guest/internal/sysext"
+	"github.com/giantswarm/vm-manager/pkg/measure"
 )
 
 // recordingExtender is the real extender, with each extend noted in the
@@ -44,7 +44,7 @@ func pcr11(t *testing.T, sock string) []byte {
 }
 
 // The phase words go in at the briefed points, and after the ready path PCR
-// 11 is what gen/measure replays from the log this boot wrote.
+// 11 is what pkg/measure replays from the log this boot wrote.
 func TestPhasesOnTheReadyPath(t *testing.T) {
 	sw := swtpmtest.Start(t, "")
 	f := &fakeIMDS{userData: userData}

@@ -11,12 +11,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/giantswarm/vm-manager/gen/measure"
 	"github.com/giantswarm/vm-manager/guest/internal/attest"
 	"github.com/giantswarm/vm-manager/guest/internal/ignition"
-	"github.com/giantswarm/vm-manager/guest/internal/imds"
+	"github.com/giantswarm/vm-manager/guest/internal/imdsclient"
 	"github.com/giantswarm/vm-manager/guest/internal/initsys"
 	"github.com/giantswarm/vm-manager/guest/internal/sysext"
+	"github.com/giantswarm/vm-manager/pkg/measure"
 )
 
 // Where provisioning writes, relative to the provisioner's root ("/" at boot).
@@ -40,7 +40,7 @@ const (
 // provisioner runs the network-dependent boot steps against the IMDS.
 type provisioner struct {
 	con          *Console
-	imds         *imds.Client
+	imds         *imdsclient.Client
 	root         string // "/" at boot; a temp dir in tests
 	attest       func(ctx context.Context, stage string) attestResult
 	attestOff    bool
@@ -100,7 +100,7 @@ func (p *provisioner) hostname(ctx context.Context) {
 	}
 	h, err := p.imds.Hostname(ctx)
 	switch {
-	case errors.Is(err, imds.ErrNotFound) || (err == nil && h == ""):
+	case errors.Is(err, imdsclient.ErrNotFound) || (err == nil && h == ""):
 		p.con.Printf("imds: no hostname")
 	case err != nil:
 		p.con.Printf("warning: imds hostname: %v", err)
@@ -174,16 +174,16 @@ func (p *provisioner) userData(ctx context.Context, rejected bool) {
 		}
 	})
 	switch {
-	case errors.Is(err, imds.ErrNoUserData):
+	case errors.Is(err, imdsclient.ErrNoUserData):
 		p.con.Printf("no user-data")
 		return
-	case errors.Is(err, imds.ErrNotFound):
+	case errors.Is(err, imdsclient.ErrNotFound):
 		p.con.Printf("no user-data (404)")
 		return
-	case errors.Is(err, imds.ErrGated) && rejected:
+	case errors.Is(err, imdsclient.ErrGated) && rejected:
 		p.con.Printf("user-data stays gated: the initrd attestation was rejected")
 		return
-	case errors.Is(err, imds.ErrGated):
+	case errors.Is(err, imdsclient.ErrGated):
 		p.con.Printf("giving up on user-data: %v", err)
 		return
 	case err != nil:
@@ -304,12 +304,12 @@ func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
 
 // newBootProvisioner is the PID 1 configuration.
 func newBootProvisioner(con *Console, credHostname, attestOff bool, ph *phases) *provisioner {
-	cl := imds.New(imds.DefaultURL)
+	cl := imdsclient.New(imdsclient.DefaultURL)
 	return &provisioner{
 		con:          con,
 		imds:         cl,
 		root:         "/",
-		attest:       tpmAttester(con, imds.DefaultURL, attest.DefaultTPMPath),
+		attest:       tpmAttester(con, imdsclient.DefaultURL, attest.DefaultTPMPath),
 		attestOff:    attestOff,
 		credHostname: credHostname,
 		setHostname:  initsys.SetHostname,

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/giantswarm/vm-manager/guest/internal/imds"
+	"github.com/giantswarm/vm-manager/guest/internal/imdsclient"
 )
 
 // fakeIMDS is the host's IMDS as far as provisioning sees it. The user-data gate
@@ -87,7 +87,7 @@ func newFixture(t *testing.T, f *fakeIMDS) *fixture {
 	srv := httptest.NewServer(f.handler())
 	t.Cleanup(srv.Close)
 	fx := &fixture{f: f, out: &bytes.Buffer{}}
-	cl := imds.New(srv.URL + "/giantswarm/v1")
+	cl := imdsclient.New(srv.URL + "/giantswarm/v1")
 	now := time.Unix(1e9, 0)
 	cl.Now = func() time.Time { return now.Add(fx.slept) }
 	cl.Sleep = func(_ context.Context, d time.Duration) error { fx.slept += d; return nil }

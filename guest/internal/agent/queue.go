@@ -4,7 +4,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/giantswarm/vm-manager/guest/internal/notify"
+	"github.com/giantswarm/vm-manager/guest/internal/sdnotify"
 )
 
 // queue decouples boot from readiness delivery: the transport is known only after the
@@ -23,7 +23,7 @@ func newQueue(con *Console) *queue {
 // Send enqueues without blocking; a full queue drops, which only loses STATUS noise
 // unless the host never connects.
 func (q *queue) Send(assignments ...string) {
-	msg, err := notify.Message(assignments...)
+	msg, err := sdnotify.Message(assignments...)
 	if err != nil {
 		q.con.Printf("notify: %v", err)
 		return
@@ -36,7 +36,7 @@ func (q *queue) Send(assignments ...string) {
 }
 
 // run picks the transport once, then delivers queued messages in order.
-func (q *queue) run(pick func() (notify.Sender, error)) {
+func (q *queue) run(pick func() (sdnotify.Sender, error)) {
 	s, err := pick()
 	if err != nil {
 		q.con.Printf("readiness cannot be reported: %v", err)

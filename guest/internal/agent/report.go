@@ -11,11 +11,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/giantswarm/vm-manager/gen/imdswire"
 	"github.com/giantswarm/vm-manager/guest/internal/attest"
-	"github.com/giantswarm/vm-manager/guest/internal/imds"
+	"github.com/giantswarm/vm-manager/guest/internal/imdsclient"
 	"github.com/giantswarm/vm-manager/guest/internal/sysext"
 	"github.com/giantswarm/vm-manager/guest/internal/version"
+	"github.com/giantswarm/vm-manager/pkg/imdswire"
 )
 
 // ReportInterval is how often the report is sent again after the first one.
@@ -168,7 +168,7 @@ func meminfo(proc string) map[string]uint64 {
 
 // uploadReports sends a report at once and then every interval until ctx ends. The
 // host may not take reports (yet): failures only print, the first one.
-func uploadReports(ctx context.Context, con *Console, cl *imds.Client, proc string, att bootResults, interval time.Duration) {
+func uploadReports(ctx context.Context, con *Console, cl *imdsclient.Client, proc string, att bootResults, interval time.Duration) {
 	failed := false
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -186,7 +186,7 @@ func uploadReports(ctx context.Context, con *Console, cl *imds.Client, proc stri
 	}
 }
 
-func uploadReport(ctx context.Context, cl *imds.Client, proc string, att bootResults) error {
+func uploadReport(ctx context.Context, cl *imdsclient.Client, proc string, att bootResults) error {
 	r, err := buildReport(proc, time.Now(), att)
 	if err != nil {
 		return err

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/giantswarm/vm-manager/guest/internal/imds"
+	"github.com/giantswarm/vm-manager/guest/internal/imdsclient"
 	"github.com/giantswarm/vm-manager/guest/internal/sysext"
 	"github.com/giantswarm/vm-manager/guest/internal/version"
 )
@@ -160,7 +160,7 @@ func TestUploadReports(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
-		uploadReports(ctx, con, imds.New(srv.URL+"/giantswarm/v1"), fakeProc(t), bootResults{}, 5*time.Millisecond)
+		uploadReports(ctx, con, imdsclient.New(srv.URL+"/giantswarm/v1"), fakeProc(t), bootResults{}, 5*time.Millisecond)
 		close(done)
 	}()
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {

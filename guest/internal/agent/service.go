@@ -10,10 +10,10 @@ import (
 	"time"
 
 	"github.com/giantswarm/vm-manager/guest/internal/attest"
-	"github.com/giantswarm/vm-manager/guest/internal/imds"
+	"github.com/giantswarm/vm-manager/guest/internal/imdsclient"
 	"github.com/giantswarm/vm-manager/guest/internal/initsys"
 	"github.com/giantswarm/vm-manager/guest/internal/installer"
-	"github.com/giantswarm/vm-manager/guest/internal/notify"
+	"github.com/giantswarm/vm-manager/guest/internal/sdnotify"
 	"github.com/giantswarm/vm-manager/guest/internal/smbios"
 )
 
@@ -59,7 +59,7 @@ func credential(name string) (string, error) {
 func Provision(ctx context.Context, con *Console, imdsURL string) {
 	p := &provisioner{
 		con:         con,
-		imds:        imds.New(imdsURL),
+		imds:        imdsclient.New(imdsURL),
 		root:        "/",
 		setHostname: initsys.SetHostname,
 	}
@@ -79,11 +79,11 @@ func Up(ctx context.Context, con *Console, imdsURL, tpmPath string) error {
 		res.ready = tpmAttester(con, imdsURL, tpmPath)(ctx, attest.StageReady)
 	}
 	cred, _ := credential(CredNotifySocket)
-	s, err := notify.Select(ctx, notify.DefaultPaths, portWait(), cred)
+	s, err := sdnotify.Select(ctx, sdnotify.DefaultPaths, portWait(), cred)
 	if err != nil {
 		return fmt.Errorf("READY=1: %w", err)
 	}
-	msg, err := notify.Message("READY=1", "STATUS=ready")
+	msg, err := sdnotify.Message("READY=1", "STATUS=ready")
 	if err != nil {
 		return err
 	}
@@ -108,7 +108,7 @@ func Up(ctx context.Context, con *Console, imdsURL, tpmPath string) error {
 	if err != nil {
 		return fmt.Errorf("READY=1: %w", err)
 	}
-	uploadReports(ctx, con, imds.New(imdsURL), "/proc", res, ReportInterval)
+	uploadReports(ctx, con, imdsclient.New(imdsURL), "/proc", res, ReportInterval)
 	return nil
 }
 

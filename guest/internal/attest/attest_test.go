@@ -23,8 +23,8 @@ import (
 	"github.com/google/go-tpm/tpm2"
 	"github.com/google/go-tpm/tpm2/transport"
 
-	"github.com/giantswarm/vm-manager/gen/vtpm"
 	"github.com/giantswarm/vm-manager/guest/internal/swtpmtest"
+	"github.com/giantswarm/vm-manager/pkg/vtpm"
 )
 
 func runAttest(t *testing.T, cfg Config) (code int, stdout, stderr string) {

@@ -7,7 +7,7 @@ import (
 	"github.com/google/go-tpm/tpm2"
 	"github.com/google/go-tpm/tpm2/transport"
 
-	"github.com/giantswarm/vm-manager/gen/vtpm"
+	"github.com/giantswarm/vm-manager/pkg/vtpm"
 )
 
 // Persistent handles (contract §5.3), as the host provisions them.

@@ -14,15 +14,15 @@ import (
 	"strings"
 	"time"
 
-	"github.com/giantswarm/vm-manager/gen/imdswire"
-	"github.com/giantswarm/vm-manager/gen/measure"
-	"github.com/giantswarm/vm-manager/guest/internal/imds"
+	"github.com/giantswarm/vm-manager/guest/internal/imdsclient"
+	"github.com/giantswarm/vm-manager/pkg/imdswire"
+	"github.com/giantswarm/vm-manager/pkg/measure"
 	"github.com/google/go-tpm/tpm2/transport"
 )
 
 // Defaults (contract §5.3, §6.1).
 const (
-	DefaultIMDSURL          = imds.DefaultURL
+	DefaultIMDSURL          = imdsclient.DefaultURL
 	DefaultTimeout          = 90 * time.Second
 	DefaultEventLogPath     = "/sys/kernel/security/tpm0/binary_bios_measurements"
 	DefaultUserspaceLogPath = measure.DefaultLogPath // vm-agent's extends (internal/pcrextend)
@@ -209,12 +209,12 @@ func (r *runner) fetchNonce(ctx context.Context) ([]byte, error) {
 		return nil, fmt.Errorf("GET %s: %w", u, err)
 	}
 	if rsp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: %s: %s", u, rsp.Status, imds.Snippet(body))
+		return nil, fmt.Errorf("GET %s: %s: %s", u, rsp.Status, imdsclient.Snippet(body))
 	}
 	s := strings.TrimSpace(string(body))
 	nonce, err := hex.DecodeString(s)
 	if err != nil || len(s) != 64 {
-		return nil, fmt.Errorf("GET %s: want 64 hex characters, got %q", u, imds.Snippet(body))
+		return nil, fmt.Errorf("GET %s: want 64 hex characters, got %q", u, imdsclient.Snippet(body))
 	}
 	return nonce, nil
 }
@@ -252,14 +252,14 @@ func (r *runner) post(ctx context.Context, req Request) error {
 	case rsp.StatusCode == http.StatusOK && jsonErr == nil, rsp.StatusCode == http.StatusForbidden:
 		msg := res.Message
 		if jsonErr != nil || msg == "" {
-			msg = imds.Snippet(body)
+			msg = imdsclient.Snippet(body)
 		}
 		if msg == "" {
 			msg = "(no reason given)"
 		}
 		return &rejectedError{msg}
 	}
-	return fmt.Errorf("POST %s: %s: %s", u, rsp.Status, imds.Snippet(body))
+	return fmt.Errorf("POST %s: %s: %s", u, rsp.Status, imdsclient.Snippet(body))
 }
 
 // readOptional returns the file's content, or nil if it is absent or unreadable

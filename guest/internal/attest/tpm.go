@@ -13,7 +13,7 @@ import (
 	"github.com/google/go-tpm/tpm2/transport"
 	"github.com/google/go-tpm/tpm2/transport/linuxtpm"
 
-	"github.com/giantswarm/vm-manager/gen/vtpm"
+	"github.com/giantswarm/vm-manager/pkg/vtpm"
 )
 
 // DefaultTPMPath is the kernel's resource-managed TPM device.

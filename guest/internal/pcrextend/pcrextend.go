@@ -1,7 +1,7 @@
 // Package pcrextend extends words into TPM PCRs as systemd-pcrphase and
 // systemd-pcrextend do (every allocated bank gets its own hash of the word)
 // and appends each extend to the userspace measurement log that goes with
-// quotes (gen/measure's tpm2-measure.log format). It also tells whether the
+// quotes (pkg/measure's tpm2-measure.log format). It also tells whether the
 // boot went through systemd-stub, the only case in which boot phases are
 // extended.
 package pcrextend
@@ -21,8 +21,8 @@ import (
 	"github.com/google/go-tpm/tpm2/transport"
 	"golang.org/x/sys/unix"
 
-	"github.com/giantswarm/vm-manager/gen/measure"
 	"github.com/giantswarm/vm-manager/guest/internal/attest"
+	"github.com/giantswarm/vm-manager/pkg/measure"
 )
 
 // EFIVarsDir is where efivarfs is mounted.

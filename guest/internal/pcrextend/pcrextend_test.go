@@ -13,9 +13,9 @@ import (
 
 	"github.com/google/go-tpm/tpm2"
 
-	"github.com/giantswarm/vm-manager/gen/measure"
 	"github.com/giantswarm/vm-manager/guest/internal/attest"
 	"github.com/giantswarm/vm-manager/guest/internal/swtpmtest"
+	"github.com/giantswarm/vm-manager/pkg/measure"
 )
 
 func readPCR(t *testing.T, sock string, bank tpm2.TPMAlgID, pcr uint) []byte {

@@ -17,8 +17,8 @@ import (
 	"regexp"
 	"strings"
 
-	"github.com/giantswarm/vm-manager/gen/measure"
-	"github.com/giantswarm/vm-manager/guest/internal/imds"
+	"github.com/giantswarm/vm-manager/guest/internal/imdsclient"
+	"github.com/giantswarm/vm-manager/pkg/measure"
 )
 
 // Component is the sysupdate component the extension comes from.
@@ -53,7 +53,7 @@ type Merger interface {
 
 // Config is one run.
 type Config struct {
-	IMDS     *imds.Client
+	IMDS     *imdsclient.Client
 	Measure  Measurer
 	Merge    Merger
 	Dir      string // DefaultDir when empty
@@ -87,14 +87,14 @@ func Run(ctx context.Context, c Config) Result {
 	}
 	v, err := c.IMDS.KubernetesVersion(ctx)
 	switch {
-	case errors.Is(err, imds.ErrNotFound):
+	case errors.Is(err, imdsclient.ErrNotFound):
 		c.Logf("no kubernetes version (404): no system extension")
 		return Result{State: StateNone}
 	case err != nil:
 		c.Logf("sysext: kubernetes version: %v", err)
 		return Result{State: StateFailed}
 	case !versionRE.MatchString(v):
-		c.Logf("sysext: kubernetes version %q is not a version", imds.Snippet([]byte(v)))
+		c.Logf("sysext: kubernetes version %q is not a version", imdsclient.Snippet([]byte(v)))
 		return Result{State: StateFailed}
 	}
 	res := Result{Version: v}
@@ -122,7 +122,7 @@ func (c *Config) run(ctx context.Context, res *Result) (string, error) {
 	}
 	part := filepath.Join(c.Dir, "."+file+".part")
 	sum, n, err := c.fetch(ctx, file, part)
-	var tl *imds.TooLargeError
+	var tl *imdsclient.TooLargeError
 	switch {
 	case errors.As(err, &tl):
 		os.Remove(part)

@@ -15,11 +15,11 @@ import (
 
 	"github.com/google/go-tpm/tpm2"
 
-	"github.com/giantswarm/vm-manager/gen/measure"
 	"github.com/giantswarm/vm-manager/guest/internal/attest"
-	"github.com/giantswarm/vm-manager/guest/internal/imds"
+	"github.com/giantswarm/vm-manager/guest/internal/imdsclient"
 	"github.com/giantswarm/vm-manager/guest/internal/pcrextend"
 	"github.com/giantswarm/vm-manager/guest/internal/swtpmtest"
+	"github.com/giantswarm/vm-manager/pkg/measure"
 )
 
 // fakeMerge stands in for the loop mount: it records the call and puts the
@@ -98,7 +98,7 @@ func runSysext(t *testing.T, h *host, max int64) *run {
 		logPath: filepath.Join(tmp, "tpm2-measure.log"), sock: sw.Socket()}
 	var out strings.Builder
 	r.res = Run(context.Background(), Config{
-		IMDS:     imds.New(srv.URL + "/giantswarm/v1"),
+		IMDS:     imdsclient.New(srv.URL + "/giantswarm/v1"),
 		Measure:  &pcrextend.Extender{TPMPath: sw.Socket(), LogPath: r.logPath},
 		Merge:    r.merge,
 		Dir:      r.dir,
@@ -217,7 +217,7 @@ func TestSysextNotAnExtension(t *testing.T) {
 	sw := swtpmtest.Start(t, "")
 	m := &fakeMerge{}
 	dir := t.TempDir()
-	res := Run(context.Background(), Config{IMDS: imds.New(srv.URL + "/giantswarm/v1"),
+	res := Run(context.Background(), Config{IMDS: imdsclient.New(srv.URL + "/giantswarm/v1"),
 		Measure: &pcrextend.Extender{TPMPath: sw.Socket(), LogPath: filepath.Join(dir, "log")}, Merge: m, Dir: dir})
 	if res.State != StateFailed || len(m.unmerged) != 1 {
 		t.Errorf("result %+v, unmerged %q", res, m.unmerged)
@@ -241,7 +241,7 @@ func TestLookup(t *testing.T) {
 func TestBadVersionRefused(t *testing.T) {
 	srv := httptest.NewServer((&host{version: "../../etc"}).handler())
 	t.Cleanup(srv.Close)
-	res := Run(context.Background(), Config{IMDS: imds.New(srv.URL + "/giantswarm/v1"), Dir: t.TempDir()})
+	res := Run(context.Background(), Config{IMDS: imdsclient.New(srv.URL + "/giantswarm/v1"), Dir: t.TempDir()})
 	if res.State != StateFailed || res.Version != "" {
 		t.Errorf("result %+v", res)
 	}

@@ -15,7 +15,7 @@ import (
 	"github.com/giantswarm/vm-manager/pkg/identity"
 	"github.com/giantswarm/vm-manager/pkg/mesh"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/apiserver"
-	"github.com/giantswarm/vm-manager/services/attestation/internal/store"
+	"github.com/giantswarm/vm-manager/services/attestation/internal/policystore"
 )
 
 // Config is what the attestation service needs.
@@ -76,7 +76,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	defer b.Close()
 	verifier := b.Verifier
-	st, err := store.Open(filepath.Join(cfg.StateDir, "attestation.db"))
+	st, err := policystore.Open(filepath.Join(cfg.StateDir, "attestation.db"))
 	if err != nil {
 		return err
 	}

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 )
 
 // The TLS pair goes together and must load; without either the gateway

@@ -10,10 +10,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/pkg/identity"
 	"github.com/giantswarm/vm-manager/pkg/identity/oidctest"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"google.golang.org/grpc"
 )
 

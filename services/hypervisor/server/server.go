@@ -23,16 +23,16 @@ import (
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/catalog"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/driver"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/execstream"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guest"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guestapi"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/host"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/imds"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/network"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/policysync"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/swtpm"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vm"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore"
 	"golang.org/x/sys/unix"
 )
 
@@ -134,7 +134,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	defer b.Close()
 	verifier := b.Verifier
 
-	st, err := store.Open(filepath.Join(cfg.StateDir, "hypervisor.db"))
+	st, err := vmstore.Open(filepath.Join(cfg.StateDir, "hypervisor.db"))
 	if err != nil {
 		return err
 	}
@@ -276,7 +276,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 // The guest side is what each network's IMDS serves guests from (mounted in
 // the userspace network stack).
-var _ imds.VMs = (*guest.NetworkView)(nil)
+var _ imds.VMs = (*guestapi.NetworkView)(nil)
 
 // listenNotify binds the vsock readiness port: the one asked for, else the
 // one recorded by an earlier run (guests booted then were told it), else a

@@ -1,5 +1,5 @@
 // Package apiserver implements the public AttestationService and the
-// pod-internal VerifierService over the store.
+// pod-internal VerifierService over the policy store.
 package apiserver
 
 import (
@@ -12,13 +12,13 @@ import (
 	"sync"
 	"time"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	"github.com/giantswarm/vm-manager/pkg/gate"
 	"github.com/giantswarm/vm-manager/pkg/identity"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/nonce"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/policy"
-	"github.com/giantswarm/vm-manager/services/attestation/internal/store"
+	"github.com/giantswarm/vm-manager/services/attestation/internal/policystore"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/verify"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -41,7 +41,7 @@ type Server struct {
 	// Unsafe, not Unimplemented: an RPC without a handler does not compile.
 	attestationv1.UnsafeAttestationServiceServer
 	attestationv1.UnsafeVerifierServiceServer
-	store  *store.Store
+	store  *policystore.Store
 	nonces *nonce.Store
 	// forget keeps a nonce from being issued to a VM being forgotten (its
 	// entry in nonces would outlive it): IssueNonce holds it shared.
@@ -54,7 +54,7 @@ type Server struct {
 }
 
 // New returns the services over a store, with no nonce outstanding.
-func New(st *store.Store, opts Options) (*Server, error) {
+func New(st *policystore.Store, opts Options) (*Server, error) {
 	log := opts.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -240,7 +240,7 @@ func (s *Server) BeginBoot(_ context.Context, req *attestationv1.BeginBootReques
 	defer s.vms.lock(req.GetVmId())()
 	vm, att, err := s.store.GetVM(req.GetVmId())
 	if apierr.CodeOf(err) == apierr.NotFound {
-		vm, att, err = &store.VM{ID: req.GetVmId()}, &attestationv1.Attestation{}, nil
+		vm, att, err = &policystore.VM{ID: req.GetVmId()}, &attestationv1.Attestation{}, nil
 	}
 	if err != nil {
 		return nil, err
@@ -248,13 +248,13 @@ func (s *Server) BeginBoot(_ context.Context, req *attestationv1.BeginBootReques
 	vm.Image, vm.KubernetesVersion, vm.DirectKernel = req.GetImage(), req.GetKubernetesVersion(), req.GetDirectKernel()
 	vm.KernelCmdlineExtra = req.GetKernelCmdlineExtra()
 	if fw := req.GetFirmware(); fw.GetSha256() != "" {
-		vm.Firmware = &store.Firmware{SHA256: fw.GetSha256(), Package: fw.GetPackage(), Version: fw.GetVersion()}
+		vm.Firmware = &policystore.Firmware{SHA256: fw.GetSha256(), Package: fw.GetPackage(), Version: fw.GetVersion()}
 	}
 	if ak != nil {
 		if vm.AKFingerprint != ak.Fingerprint() {
 			s.log.Info("attestation key registered", "vm", vm.ID, "ak", short(ak.Fingerprint()), "replaces", short(vm.AKFingerprint), "replaced_origin", vm.AKOrigin)
 		}
-		vm.AKPub, vm.AKFingerprint, vm.AKOrigin, vm.EKPub = ak.Public(), ak.Fingerprint(), store.OriginHost, req.GetEkPublic()
+		vm.AKPub, vm.AKFingerprint, vm.AKOrigin, vm.EKPub = ak.Public(), ak.Fingerprint(), policystore.OriginHost, req.GetEkPublic()
 	}
 	next := gate.NewBoot(req.GetRequired())
 	next.Boot = att.GetBoot() + 1

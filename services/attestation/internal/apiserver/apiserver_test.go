@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
-	"github.com/giantswarm/vm-manager/services/attestation/internal/store"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
+	"github.com/giantswarm/vm-manager/services/attestation/internal/policystore"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 )
@@ -48,11 +48,11 @@ type clock struct{ t time.Time }
 
 func (c *clock) now() time.Time { c.t = c.t.Add(time.Second); return c.t }
 
-func newServer(t *testing.T, path string, opts Options) (*Server, *store.Store, *clock) {
+func newServer(t *testing.T, path string, opts Options) (*Server, *policystore.Store, *clock) {
 	t.Helper()
-	st, err := store.Open(path)
+	st, err := policystore.Open(path)
 	if err != nil {
-		t.Fatalf("store.Open: %v", err)
+		t.Fatalf("policystore.Open: %v", err)
 	}
 	t.Cleanup(func() { st.Close() })
 	c := &clock{t: time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)}
@@ -65,7 +65,7 @@ func newServer(t *testing.T, path string, opts Options) (*Server, *store.Store, 
 	return s, st, c
 }
 
-func mustNew(t *testing.T, st *store.Store, opts Options) *Server {
+func mustNew(t *testing.T, st *policystore.Store, opts Options) *Server {
 	t.Helper()
 	s, err := New(st, opts)
 	if err != nil {
@@ -88,7 +88,7 @@ func wantCode(t *testing.T, err error, code apierr.Code) {
 
 func TestStoreSurvivesReopen(t *testing.T) {
 	path := tempDB(t)
-	st, err := store.Open(path)
+	st, err := policystore.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,15 +101,15 @@ func TestStoreSurvivesReopen(t *testing.T) {
 		t.Fatal(err)
 	}
 	// While open, a second Open of the same file is refused.
-	if st2, err := store.Open(path); err == nil {
+	if st2, err := policystore.Open(path); err == nil {
 		st2.Close()
-		t.Fatal("second store.Open of a held file succeeded")
+		t.Fatal("second policystore.Open of a held file succeeded")
 	}
 	if err := st.Close(); err != nil {
 		t.Fatal(err)
 	}
 
-	st, err = store.Open(path)
+	st, err = policystore.Open(path)
 	if err != nil {
 		t.Fatalf("reopen: %v", err)
 	}
@@ -139,7 +139,7 @@ func TestGetAttestationStatus(t *testing.T) {
 		{Options{Mode: attestationv1.Mode_MODE_VERIFY, LearnGolden: true}, []string{"learn mode"}},
 		{Options{Mode: attestationv1.Mode_MODE_NOOP, LearnGolden: true}, []string{"attestation=noop", "learn mode"}},
 	}
-	st, err := store.Open(path)
+	st, err := policystore.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,7 @@ import (
 
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	"github.com/giantswarm/vm-manager/pkg/mesh"
-	"github.com/giantswarm/vm-manager/services/attestation/internal/store"
+	"github.com/giantswarm/vm-manager/services/attestation/internal/policystore"
 	"github.com/google/go-tpm/tpm2"
 )
 
@@ -123,7 +123,7 @@ func grpcVerifier(b *testing.B, s *Server) func(context.Context, *attestationv1.
 // VMs, each with the software AK registered and one quote ready to verify.
 func benchServer(b *testing.B, n int) (*Server, []*attestationv1.VerifyQuoteRequest) {
 	b.Helper()
-	st, err := store.Open(tempDB(b))
+	st, err := policystore.Open(tempDB(b))
 	if err != nil {
 		b.Fatal(err)
 	}

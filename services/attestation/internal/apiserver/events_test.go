@@ -9,8 +9,8 @@ import (
 	"testing"
 	"unicode/utf16"
 
-	"github.com/giantswarm/vm-manager/gen/measure"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
+	"github.com/giantswarm/vm-manager/pkg/measure"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/verify"
 	"google.golang.org/protobuf/types/known/structpb"
 )

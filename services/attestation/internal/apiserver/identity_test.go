@@ -5,7 +5,7 @@ import (
 
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	"github.com/giantswarm/vm-manager/pkg/identity"
-	"github.com/giantswarm/vm-manager/services/attestation/internal/store"
+	"github.com/giantswarm/vm-manager/services/attestation/internal/policystore"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -20,7 +20,7 @@ func TestGoldenRecordsCaller(t *testing.T) {
 	for _, i := range []uint32{0, 2, 3, 4, 6, 7, 13} {
 		pcrs[i] = hex32('a')
 	}
-	if err := st.PutVM(&store.VM{ID: "0000abcd", Image: img}, &attestationv1.Attestation{Boot: 1, Ready: &attestationv1.Quote{Verified: true, Pcrs: pcrs}}); err != nil {
+	if err := st.PutVM(&policystore.VM{ID: "0000abcd", Image: img}, &attestationv1.Attestation{Boot: 1, Ready: &attestationv1.Quote{Verified: true, Pcrs: pcrs}}); err != nil {
 		t.Fatal(err)
 	}
 	ada := identity.NewContext(ctx, identity.Identity{Subject: "u-1", Email: "ada@example.com"})

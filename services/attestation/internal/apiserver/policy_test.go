@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
-	"github.com/giantswarm/vm-manager/services/attestation/internal/store"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
+	"github.com/giantswarm/vm-manager/services/attestation/internal/policystore"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -214,7 +214,7 @@ func TestClearGoldenAndReimport(t *testing.T) {
 
 // recordGolden simulates what RecordGolden stores: golden values in the
 // document and the time they were recorded.
-func recordGolden(t *testing.T, st *store.Store, c byte) {
+func recordGolden(t *testing.T, st *policystore.Store, c byte) {
 	t.Helper()
 	_, err := st.UpdatePolicy(img, func(old *attestationv1.ImagePolicy) (*attestationv1.ImagePolicy, error) {
 		g := policyDoc(t, true, c)

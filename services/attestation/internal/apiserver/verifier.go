@@ -10,13 +10,13 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	"github.com/giantswarm/vm-manager/pkg/gate"
 	"github.com/giantswarm/vm-manager/pkg/identity"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/nonce"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/policy"
-	"github.com/giantswarm/vm-manager/services/attestation/internal/store"
+	"github.com/giantswarm/vm-manager/services/attestation/internal/policystore"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/verify"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -128,7 +128,7 @@ func (s *Server) VerifyQuote(_ context.Context, req *attestationv1.VerifyQuoteRe
 	switch {
 	case vm.AKFingerprint == "":
 		return reject(fmt.Sprintf("ak %s is not the vTPM key of vm %s: no key is registered for it (the hypervisor registers the key it provisions in the vm's vTPM when the vm boots)", short(res.AKFingerprint), vm.ID))
-	case vm.AKFingerprint != res.AKFingerprint && vm.AKOrigin == store.OriginFirstUse:
+	case vm.AKFingerprint != res.AKFingerprint && vm.AKOrigin == policystore.OriginFirstUse:
 		return reject(fmt.Sprintf("ak %s is not the vTPM key of vm %s (pinned on first use: %s)", short(res.AKFingerprint), vm.ID, short(vm.AKFingerprint)))
 	case vm.AKFingerprint != res.AKFingerprint:
 		return reject(fmt.Sprintf("ak %s is not the vTPM key of vm %s (the host registered %s)", short(res.AKFingerprint), vm.ID, short(vm.AKFingerprint)))
@@ -186,7 +186,7 @@ func (s *Server) VerifyQuote(_ context.Context, req *attestationv1.VerifyQuoteRe
 // rejection does not replace a verified verdict of the same boot and stage:
 // anything in the guest can post a bad quote, and the boot's trust was
 // established by the first good one. It is logged all the same.
-func (s *Server) record(vm *store.VM, att *attestationv1.Attestation, stage attestationv1.Stage, q *attestationv1.Quote) (*attestationv1.VerifyQuoteResponse, error) {
+func (s *Server) record(vm *policystore.VM, att *attestationv1.Attestation, stage attestationv1.Stage, q *attestationv1.Quote) (*attestationv1.VerifyQuoteResponse, error) {
 	released := false
 	slot := &att.Ready
 	if stage == attestationv1.Stage_STAGE_INITRD {
@@ -295,7 +295,7 @@ func (s *Server) goldenEvents(image string) []verify.Event {
 // firmwareMismatch refuses a VM that boots another firmware build than the
 // one the image's golden values were recorded on (golden_firmware.sha256),
 // when both are known.
-func firmwareMismatch(doc *structpb.Struct, running *store.Firmware) string {
+func firmwareMismatch(doc *structpb.Struct, running *policystore.Firmware) string {
 	golden := doc.GetFields()["golden_firmware"].GetStructValue().GetFields()
 	want := golden["sha256"].GetStringValue()
 	if want == "" || running == nil || running.SHA256 == "" || strings.EqualFold(want, running.SHA256) {

@@ -7,9 +7,9 @@ import (
 	"testing"
 
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
-	"github.com/giantswarm/vm-manager/gen/vtpm"
-	"github.com/giantswarm/vm-manager/gen/vtpm/vtpmtest"
-	"github.com/giantswarm/vm-manager/services/attestation/internal/store"
+	"github.com/giantswarm/vm-manager/pkg/vtpm"
+	"github.com/giantswarm/vm-manager/pkg/vtpm/vtpmtest"
+	"github.com/giantswarm/vm-manager/services/attestation/internal/policystore"
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
@@ -126,7 +126,7 @@ func TestRegisteredKeyVerifiesOnFirstQuote(t *testing.T) {
 		t.Error("a verified initrd quote did not release user-data")
 	}
 	vm, _, _ := st.GetVM(vmA)
-	if vm.AKOrigin != store.OriginHost {
+	if vm.AKOrigin != policystore.OriginHost {
 		t.Errorf("origin %q", vm.AKOrigin)
 	}
 	// A key that is no AK is refused at registration.
@@ -143,7 +143,7 @@ func TestFirstUsePinUntilTheHostRegisters(t *testing.T) {
 	s, st, _ := newServer(t, tempDB(t), Options{Mode: attestationv1.Mode_MODE_VERIFY})
 	zeroPolicy(t, s, 0, 2, 3, 4, 6, 7)
 	pinned, host := softAK(t), softAK(t)
-	if err := st.PutVM(&store.VM{ID: vmA, Image: img, AKPub: pinned.Public, AKFingerprint: vtpm.Fingerprint(pinned.Public), AKOrigin: store.OriginFirstUse},
+	if err := st.PutVM(&policystore.VM{ID: vmA, Image: img, AKPub: pinned.Public, AKFingerprint: vtpm.Fingerprint(pinned.Public), AKOrigin: policystore.OriginFirstUse},
 		&attestationv1.Attestation{Boot: 3, Required: true}); err != nil {
 		t.Fatal(err)
 	}

@@ -5,9 +5,9 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
-	"github.com/giantswarm/vm-manager/services/attestation/internal/store"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
+	"github.com/giantswarm/vm-manager/services/attestation/internal/policystore"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -81,7 +81,7 @@ func TestVirtualMachineAttestation(t *testing.T) {
 
 func TestBeginBootKeepsPinnedAK(t *testing.T) {
 	s, st, _ := newServer(t, tempDB(t), Options{})
-	if err := st.PutVM(&store.VM{ID: "0000abcd", Image: img, AKPub: []byte{1, 2, 3}, AKFingerprint: "fp"}, &attestationv1.Attestation{Boot: 4}); err != nil {
+	if err := st.PutVM(&policystore.VM{ID: "0000abcd", Image: img, AKPub: []byte{1, 2, 3}, AKFingerprint: "fp"}, &attestationv1.Attestation{Boot: 4}); err != nil {
 		t.Fatal(err)
 	}
 	a, err := s.BeginBoot(ctx, &attestationv1.BeginBootRequest{VmId: "0000abcd", Image: "flatcar_4231.0.0", KubernetesVersion: "v1.34.0", Required: true})

@@ -3,7 +3,7 @@ package apiserver
 import (
 	"sync"
 
-	"github.com/giantswarm/vm-manager/services/attestation/internal/store"
+	"github.com/giantswarm/vm-manager/services/attestation/internal/policystore"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/verify"
 )
 
@@ -65,7 +65,7 @@ func newAKCache() *akCache { return &akCache{keys: map[string]*verify.AK{}} }
 
 // key returns the VM's registered key parsed, or nil when it has none or it
 // does not parse (Check then parses the quote's key and says why).
-func (c *akCache) key(vm *store.VM) *verify.AK {
+func (c *akCache) key(vm *policystore.VM) *verify.AK {
 	if len(vm.AKPub) == 0 {
 		return nil
 	}

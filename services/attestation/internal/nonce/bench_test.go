@@ -13,7 +13,7 @@ import (
 	"time"
 
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
-	"github.com/giantswarm/vm-manager/services/attestation/internal/store"
+	"github.com/giantswarm/vm-manager/services/attestation/internal/policystore"
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
@@ -40,7 +40,7 @@ func openDurable(tb testing.TB, path string) *durable {
 }
 
 // openDB opens a bbolt file with the buckets the old path wrote to, with
-// bbolt's defaults, as store.Open does (an fsync per committed transaction).
+// bbolt's defaults, as policystore.Open does (an fsync per committed transaction).
 func openDB(tb testing.TB, path string) *bolt.DB {
 	tb.Helper()
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
@@ -68,7 +68,7 @@ func vmRecord(tb testing.TB) []byte {
 	for i := range uint32(12) {
 		att.Initrd.Pcrs[i] = hex.EncodeToString(bytes.Repeat([]byte{byte(i)}, 32))
 	}
-	raw, err := json.Marshal(&store.VM{ID: "0a0b0c0d", Image: "test-guest_0.1.0", AKPub: make([]byte, 90), AKFingerprint: "sha256:" + hex.EncodeToString(make([]byte, 32)), AKOrigin: store.OriginHost, Attestation: mustJSON(tb, att)})
+	raw, err := json.Marshal(&policystore.VM{ID: "0a0b0c0d", Image: "test-guest_0.1.0", AKPub: make([]byte, 90), AKFingerprint: "sha256:" + hex.EncodeToString(make([]byte, 32)), AKOrigin: policystore.OriginHost, Attestation: mustJSON(tb, att)})
 	if err != nil {
 		tb.Fatal(err)
 	}

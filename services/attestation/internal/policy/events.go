@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/giantswarm/vm-manager/gen/measure"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
+	"github.com/giantswarm/vm-manager/pkg/measure"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/verify"
 )
 
@@ -60,7 +60,7 @@ func firstDifference(exp, got []verify.Event, firstWord int) string {
 		case bytes.Equal(exp[i].Digest, got[i].Digest):
 		case i >= firstWord && got[i].Type == verify.TypeUserspace:
 			// Both are words: the log's says what was extended instead
-			// (gen/measure marks a word its digest does not match).
+			// (pkg/measure marks a word its digest does not match).
 			return fmt.Sprintf("%s (expected %s)", got[i].Description, exp[i].Description)
 		default:
 			// The log's description of what came instead, unless it is

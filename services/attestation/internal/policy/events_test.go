@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/giantswarm/vm-manager/gen/measure"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
+	"github.com/giantswarm/vm-manager/pkg/measure"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/verify"
 )
 

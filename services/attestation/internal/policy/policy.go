@@ -9,7 +9,7 @@ import (
 	"sort"
 	"strconv"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"google.golang.org/protobuf/types/known/structpb"
 )
 

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/policy"
 	"google.golang.org/protobuf/types/known/structpb"
 )

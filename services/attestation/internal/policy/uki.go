@@ -6,8 +6,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
-	"github.com/giantswarm/vm-manager/gen/measure"
+	"github.com/giantswarm/vm-manager/pkg/measure"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"google.golang.org/protobuf/types/known/structpb"
 )
 

@@ -12,7 +12,7 @@ import (
 	"math/big"
 	"strings"
 
-	"github.com/giantswarm/vm-manager/gen/vtpm"
+	"github.com/giantswarm/vm-manager/pkg/vtpm"
 	"github.com/google/go-tpm/tpm2"
 )
 

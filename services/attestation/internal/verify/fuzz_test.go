@@ -13,7 +13,7 @@ import (
 	"github.com/google/go-eventlog/tcg"
 	"github.com/google/go-tpm/legacy/tpm2"
 
-	"github.com/giantswarm/vm-manager/gen/measure"
+	"github.com/giantswarm/vm-manager/pkg/measure"
 )
 
 // fuzzNonce is fixed so the seeds mean the same in every fuzz worker.

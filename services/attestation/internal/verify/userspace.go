@@ -8,7 +8,7 @@ import (
 	"github.com/google/go-eventlog/register"
 	"github.com/google/go-eventlog/tcg"
 
-	"github.com/giantswarm/vm-manager/gen/measure"
+	"github.com/giantswarm/vm-manager/pkg/measure"
 )
 
 // TypeUserspace is the Type of events from the userspace log (systemd's

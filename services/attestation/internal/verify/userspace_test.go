@@ -11,8 +11,8 @@ import (
 
 	"github.com/google/go-tpm/legacy/tpm2"
 
-	"github.com/giantswarm/vm-manager/gen/measure"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
+	"github.com/giantswarm/vm-manager/pkg/measure"
 )
 
 // The fixture's UKI: systemd-stub measures these sections into PCR 11 and
@@ -119,7 +119,7 @@ func TestUKIQuoteReplaysBothLogs(t *testing.T) {
 				t.Errorf("firmware events differ from the firmware log's own replay")
 			}
 
-			// PCR 11 is exactly what gen/measure says a UKI boot's is.
+			// PCR 11 is exactly what pkg/measure says a UKI boot's is.
 			p11 := ofPCRs(res.Events, 11)
 			want, err := measure.PCR11Events(ukiSectionDigests(), measure.PhaseInitrd)
 			if err != nil {

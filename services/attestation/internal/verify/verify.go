@@ -18,8 +18,8 @@ import (
 
 	"github.com/google/go-tpm/tpm2"
 
-	"github.com/giantswarm/vm-manager/gen/enumname"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
+	"github.com/giantswarm/vm-manager/sdk/enumname"
 )
 
 // Quote is a quote as the guest posts it (contract §5.2), already
@@ -38,7 +38,7 @@ type Quote struct {
 	// EventLog is binary_bios_measurements (TCG PC Client, crypto-agile);
 	// optional.
 	EventLog []byte
-	// UserspaceLog is the guest's tpm2-measure.log (gen/measure's format):
+	// UserspaceLog is the guest's tpm2-measure.log (pkg/measure's format):
 	// the extends after the firmware's, e.g. boot phases; optional.
 	UserspaceLog []byte
 	// Key, optional, is a key parsed before (the VM's registered AK): when

@@ -10,8 +10,8 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
-	"github.com/giantswarm/vm-manager/gen/enumname"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
+	"github.com/giantswarm/vm-manager/sdk/enumname"
 )
 
 // operation is one path+method and the RPC behind it.

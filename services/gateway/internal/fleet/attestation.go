@@ -6,8 +6,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"google.golang.org/protobuf/proto"
 )
 

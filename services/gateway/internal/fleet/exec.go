@@ -4,8 +4,8 @@ import (
 	"context"
 	"io"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"google.golang.org/grpc"
 )
 

@@ -3,8 +3,8 @@ package fleet
 import (
 	"context"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 )
 
 // capacity is a node's host report with what its VMs take.

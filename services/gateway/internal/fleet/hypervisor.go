@@ -5,8 +5,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"google.golang.org/protobuf/proto"
 )
 

@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/pkg/labels"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"google.golang.org/protobuf/proto"
 )
 

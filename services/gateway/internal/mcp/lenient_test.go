@@ -9,6 +9,7 @@ import (
 
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/sdk/defaults"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -23,8 +24,8 @@ func TestLenientArguments(t *testing.T) {
 	ready := hypervisorv1.WaitFor_WAIT_FOR_READY
 	yes := true
 	defaults := func(name string) *hypervisorv1.CreateVirtualMachineRequest {
-		return &hypervisorv1.CreateVirtualMachineRequest{Name: name, Cpus: proto.Int32(hypervisorv1.DefaultCPUs), MemoryMib: proto.Int32(hypervisorv1.DefaultMemoryMiB),
-			DiskGib: proto.Int32(hypervisorv1.DefaultDiskGiB), RequireAttestation: &yes, WaitFor: ready}
+		return &hypervisorv1.CreateVirtualMachineRequest{Name: name, Cpus: proto.Int32(defaults.CPUs), MemoryMib: proto.Int32(defaults.MemoryMiB),
+			DiskGib: proto.Int32(defaults.DiskGiB), RequireAttestation: &yes, WaitFor: ready}
 	}
 	sized := defaults("quick")
 	sized.Cpus, sized.MemoryMib = proto.Int32(4), proto.Int32(1024)

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"reflect"
 
-	"github.com/giantswarm/vm-manager/gen/enumname"
+	"github.com/giantswarm/vm-manager/sdk/enumname"
 	"github.com/giantswarm/vm-manager/services/gateway/internal/restjson"
 	"github.com/google/jsonschema-go/jsonschema"
 	"google.golang.org/protobuf/proto"

@@ -7,9 +7,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
-	"github.com/giantswarm/vm-manager/gen/enumname"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
+	"github.com/giantswarm/vm-manager/sdk/enumname"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 

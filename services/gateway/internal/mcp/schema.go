@@ -12,16 +12,17 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/google/jsonschema-go/jsonschema"
+
+	"github.com/giantswarm/vm-manager/sdk/defaults"
 )
 
 // namedDefaults are defaults the hypervisor applies too: one definition, in
 // the SDK, for both.
 var namedDefaults = map[string]any{
-	"cpus":      hypervisorv1.DefaultCPUs,
-	"memoryMiB": hypervisorv1.DefaultMemoryMiB,
-	"diskGiB":   hypervisorv1.DefaultDiskGiB,
+	"cpus":      defaults.CPUs,
+	"memoryMiB": defaults.MemoryMiB,
+	"diskGiB":   defaults.DiskGiB,
 }
 
 // argSchema is a tool's input schema with what decodeArgs needs besides it.

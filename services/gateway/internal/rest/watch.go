@@ -11,9 +11,9 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
-	"github.com/giantswarm/vm-manager/gen/enumname"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
+	"github.com/giantswarm/vm-manager/sdk/enumname"
 	"github.com/giantswarm/vm-manager/services/gateway/internal/restjson"
 	"google.golang.org/grpc/metadata"
 )

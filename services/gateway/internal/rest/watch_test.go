@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"google.golang.org/grpc"
 )
 

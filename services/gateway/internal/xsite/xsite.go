@@ -27,7 +27,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 )
 
 // Reasons a request is refused, the values of the refusal counter's reason

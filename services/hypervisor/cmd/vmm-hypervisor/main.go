@@ -20,7 +20,7 @@ import (
 	"github.com/giantswarm/vm-manager/pkg/statedir"
 	"github.com/giantswarm/vm-manager/pkg/tracing"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/execstream"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guest"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guestapi"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/host"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/imds"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/network"
@@ -60,7 +60,7 @@ func serveCommand() cli.Command {
 			defaultNet := fs.String("default-network", "VM_MANAGER_DEFAULT_NETWORK", "default", "network created at start and used by VMs created without one (empty: none)")
 			subnet := fs.String("network-subnet", "VM_MANAGER_NETWORK_SUBNET", "192.168.127.0/24", "IPv4 CIDR of the default network")
 			notifyPort := fs.Int("notify-port", "VM_MANAGER_NOTIFY_PORT", 0, "AF_VSOCK port for READY=1 on hosts with /dev/vhost-vsock (0: the recorded one, else any)")
-			guestSeries := fs.Int("metrics-guest-series-limit", "VM_MANAGER_METRICS_GUEST_SERIES_LIMIT", guest.DefaultGuestSeriesLimit, "series of one guest's systemd-report exported as vm_guest_* metrics; the rest are counted as dropped (>= 1)")
+			guestSeries := fs.Int("metrics-guest-series-limit", "VM_MANAGER_METRICS_GUEST_SERIES_LIMIT", guestapi.DefaultGuestSeriesLimit, "series of one guest's systemd-report exported as vm_guest_* metrics; the rest are counted as dropped (>= 1)")
 			natTCP := fs.Int("max-nat-flows-tcp", "VM_MANAGER_MAX_NAT_FLOWS_TCP", network.DefaultNATTCPPerVM, "open NAT TCP flows (host sockets) per VM; new ones over it are refused and counted (>= 1)")
 			natUDP := fs.Int("max-nat-flows-udp", "VM_MANAGER_MAX_NAT_FLOWS_UDP", network.DefaultNATUDPPerVM, "open NAT UDP flows (host sockets) per VM; new ones over it are dropped and counted (>= 1)")
 			natAll := fs.Int("max-nat-flows", "VM_MANAGER_MAX_NAT_FLOWS", network.DefaultNATFlows, "open NAT flows of all VMs together, at most half the descriptor limit (>= 1)")

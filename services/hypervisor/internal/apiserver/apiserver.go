@@ -1,5 +1,5 @@
 // Package apiserver implements vmmanager.hypervisor.v1.HypervisorService.
-// Handlers return domain errors (gen/apierr); pkg/mesh converts them to gRPC
+// Handlers return domain errors (sdk/apierr); pkg/mesh converts them to gRPC
 // statuses once.
 package apiserver
 

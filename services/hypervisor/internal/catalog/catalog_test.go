@@ -9,9 +9,9 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/pkg/logging/logtest"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 )
 
 // files writes name → content into a new temp directory.

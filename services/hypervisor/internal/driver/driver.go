@@ -21,9 +21,9 @@ import (
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/logtail"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/proc"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/swtpm"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vm"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore/storepb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 

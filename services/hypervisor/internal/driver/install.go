@@ -8,7 +8,7 @@ import (
 	"os"
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore/storepb"
 )
 
 // compareChunk is VerifyInstall's read unit.

@@ -9,13 +9,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/driver"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vm"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore/storepb"
 )
 
 type noImages struct{}
@@ -37,7 +37,7 @@ func TestRestoreEndsStrayProcesses(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	st, err := store.Open(filepath.Join(dir, "hypervisor.db"))
+	st, err := vmstore.Open(filepath.Join(dir, "hypervisor.db"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,8 +12,8 @@ import (
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/bootphase"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/proc"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vm"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore/storepb"
 )
 
 // run is one VM's QEMU and swtpm, started or adopted.

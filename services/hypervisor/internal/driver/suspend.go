@@ -16,9 +16,9 @@ import (
 	"time"
 
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/swtpm"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vm"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore/storepb"
 )
 
 // Suspend writes a VM's RAM, device state and vTPM state (swtpm's state

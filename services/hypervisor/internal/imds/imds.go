@@ -19,10 +19,10 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
-	"github.com/giantswarm/vm-manager/gen/imdswire"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/pkg/imdswire"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 )
 
 // Address and BasePath make up the base URL guests are given.

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore/storepb"
 )
 
 // BenchmarkPublish is the cost of one change to the VM that makes it, with

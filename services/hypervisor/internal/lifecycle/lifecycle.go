@@ -6,8 +6,8 @@ package lifecycle
 import (
 	"fmt"
 
-	"github.com/giantswarm/vm-manager/gen/enumname"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/sdk/enumname"
 )
 
 type state = hypervisorv1.State

@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 )
 
 // Redial backoff of Attach while QEMU's socket is missing or refuses.

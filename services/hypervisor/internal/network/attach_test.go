@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 )
 
 func mustMAC(s string) net.HardwareAddr {

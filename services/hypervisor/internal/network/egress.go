@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 )
 
 // Limits of a network's egress rules and DNS records.

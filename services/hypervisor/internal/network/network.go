@@ -12,7 +12,7 @@ import (
 	"sync/atomic"
 
 	"github.com/containers/gvisor-tap-vsock/pkg/types"
-	"github.com/giantswarm/vm-manager/gen/apierr"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 )
 
 const (

@@ -12,7 +12,7 @@ import (
 	"net/netip"
 	"regexp"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 )
 
 // Prefix bounds of a network CIDR.

@@ -11,8 +11,8 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 )
 
 // Store persists network records (spec, gateway, leases).

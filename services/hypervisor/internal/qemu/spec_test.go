@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 )
 
 const vmDir = "/var/lib/vmm/vms/0a1b2c3d"

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/giantswarm/vm-manager/gen/vtpm"
+	"github.com/giantswarm/vm-manager/pkg/vtpm"
 	"github.com/google/go-tpm/tpm2"
 	"github.com/google/go-tpm/tpm2/transport"
 )

@@ -16,7 +16,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/proc"
 )
 

@@ -12,7 +12,7 @@ import (
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/consolelog"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/logtail"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore/storepb"
 )
 
 // The console loop keeps console.log and console.log.1 under the cap from

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/sshexec"
 )
 

@@ -6,10 +6,10 @@ import (
 
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
-	"github.com/giantswarm/vm-manager/gen/vtpm"
 	"github.com/giantswarm/vm-manager/pkg/gate"
+	"github.com/giantswarm/vm-manager/pkg/vtpm"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore/storepb"
 )
 
 // This file is the VM's vTPM identity: the keys the host provisions in the

@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/imds"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore/storepb"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )

@@ -24,16 +24,16 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/forward"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guest"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guestapi"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/imds"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/lifecycle"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/network"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore/storepb"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
 )
@@ -63,7 +63,7 @@ type Config struct {
 	// KillGrace is the SIGTERM→SIGKILL grace.
 	KillGrace time.Duration
 	// GuestSeriesLimit is how many series of a guest's report are exported
-	// (--metrics-guest-series-limit; guest.DefaultGuestSeriesLimit when 0).
+	// (--metrics-guest-series-limit; guestapi.DefaultGuestSeriesLimit when 0).
 	GuestSeriesLimit int
 	// StopVMsOnExit powers VMs down when the hypervisor stops (a pod, whose
 	// end kills its children anyway). By default they keep running for the
@@ -147,7 +147,7 @@ type Manager struct {
 	nets    *network.Registry
 	events  *lifecycle.Broker
 	illegal atomic.Uint64
-	guest   *guest.Side
+	guest   *guestapi.Side
 	imds    *imds.Guard
 	closing bool
 	wg      sync.WaitGroup
@@ -222,7 +222,7 @@ func New(cfg Config, log *slog.Logger, st Store, images ImageResolver, verifier 
 		cancel()
 		return nil, err
 	}
-	m.guest = guest.New(m, verifier, guest.Config{ImageDir: cfg.ImageDir, SeriesLimit: cfg.GuestSeriesLimit}, log)
+	m.guest = guestapi.New(m, verifier, guestapi.Config{ImageDir: cfg.ImageDir, SeriesLimit: cfg.GuestSeriesLimit}, log)
 	m.imds = imds.NewGuard(cfg.IMDS)
 	m.nets = network.NewRegistry(ctx, st, func(name string) http.Handler {
 		return m.activeIMDS(name, m.tracedIMDS(name, imds.New(m.guest.Network(name), m.imds, log.With("network", name))))
@@ -349,7 +349,7 @@ func (m *Manager) Get(id string) (*hypervisorv1.VirtualMachine, error) {
 }
 
 // Guest is the guest-facing side: what the IMDS serves, the guests' reports.
-func (m *Manager) Guest() *guest.Side { return m.guest }
+func (m *Manager) Guest() *guestapi.Side { return m.guest }
 
 // Record returns a copy of one VM's stored record.
 func (m *Manager) Record(id string) (*storepb.VirtualMachine, error) {
@@ -372,7 +372,7 @@ func (m *Manager) List() []*hypervisorv1.VirtualMachine {
 }
 
 // Leased calls fn with the record of the VM holding the lease on ip in
-// network, under the record's lock (guest.Records).
+// network, under the record's lock (guestapi.Records).
 func (m *Manager) Leased(network string, ip netip.Addr, fn func(*storepb.VirtualMachine)) bool {
 	m.mu.Lock()
 	mc := m.leases[lease{network, ip.Unmap()}]

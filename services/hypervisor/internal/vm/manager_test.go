@@ -13,13 +13,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
-	"github.com/giantswarm/vm-manager/gen/vtpm"
+	"github.com/giantswarm/vm-manager/pkg/vtpm"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore/storepb"
 	"google.golang.org/grpc"
 )
 
@@ -76,7 +76,7 @@ type harness struct {
 	limits Limits        // of the next start
 	tweak  func(*Config) // changes the next start's configuration
 	dir    string
-	st     *store.Store
+	st     *vmstore.Store
 	drv    *fakeDriver
 	wrap   func(*fakeDriver) Driver // the driver the manager gets, when set
 	att    *bootLog
@@ -89,7 +89,7 @@ type harness struct {
 func newHarness(t *testing.T) *harness {
 	t.Helper()
 	dir := t.TempDir()
-	st, err := store.Open(filepath.Join(dir, "hypervisor.db"))
+	st, err := vmstore.Open(filepath.Join(dir, "hypervisor.db"))
 	if err != nil {
 		t.Fatal(err)
 	}

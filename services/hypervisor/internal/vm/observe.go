@@ -5,9 +5,9 @@ import (
 	"path/filepath"
 	"syscall"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/pkg/gate"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/logtail"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/proc"
 	"google.golang.org/protobuf/proto"

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
 	"google.golang.org/grpc"
 )

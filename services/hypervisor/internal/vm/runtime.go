@@ -11,9 +11,9 @@ import (
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/pkg/gate"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/bootphase"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guest"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guestapi"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/logtail"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore/storepb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
@@ -237,7 +237,7 @@ func (m *Manager) onNotify(mc *machine, rt *runtime, ready bool, status string) 
 				r.BootPhases = bootphase.WithGuest(r.GetBootPhases(), g, rt.marks.Start, rt.marks.QEMUReady, now)
 			}
 			// READY=1 keeps an attestation rejection: the guest is up, not trusted.
-			if !strings.HasPrefix(r.GetLastError(), guest.RejectedPrefix) {
+			if !strings.HasPrefix(r.GetLastError(), guestapi.RejectedPrefix) {
 				r.LastError = ""
 			}
 		}

@@ -9,8 +9,8 @@ import (
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore/storepb"
 )
 
 // A create killed after its lease was written but before its record, or a
@@ -19,7 +19,7 @@ import (
 // them; a directory it cannot tell was deleted stays.
 func TestSweepDeletedAtStart(t *testing.T) {
 	dir := t.TempDir()
-	st, err := store.Open(filepath.Join(dir, "hypervisor.db"))
+	st, err := vmstore.Open(filepath.Join(dir, "hypervisor.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +129,7 @@ func TestFreeIDAvoidsTakenIDs(t *testing.T) {
 // rest random: the fleet gateway routes by it.
 func TestIDPrefix(t *testing.T) {
 	dir := t.TempDir()
-	st, err := store.Open(filepath.Join(dir, "hypervisor.db"))
+	st, err := vmstore.Open(filepath.Join(dir, "hypervisor.db"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,9 +8,10 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
-	"github.com/giantswarm/vm-manager/gen/enumname"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
+	"github.com/giantswarm/vm-manager/sdk/defaults"
+	"github.com/giantswarm/vm-manager/sdk/enumname"
 )
 
 // Limits of a VM's metadata: it lives in the VM record and is served key by
@@ -96,21 +97,21 @@ func validate(req *hypervisorv1.CreateVirtualMachineRequest, images ImageResolve
 	}
 	// 0, like leaving a size out, means the default: the original's API
 	// filled defaults over zero values, and its clients send 0 for "unset".
-	r.cpus = orDefault(req.GetCpus(), hypervisorv1.DefaultCPUs)
+	r.cpus = orDefault(req.GetCpus(), defaults.CPUs)
 	if r.cpus < 1 || r.cpus > 256 {
 		return nil, apierr.Invalidf("cpus", "cpus %d is not within 1..256", r.cpus)
 	}
 	if lim.MaxCPUs > 0 && r.cpus > lim.MaxCPUs {
 		return nil, apierr.Invalidf("cpus", "cpus %d is above this host's maximum of %d (--max-cpus)", r.cpus, lim.MaxCPUs)
 	}
-	r.memoryMiB = orDefault(req.GetMemoryMib(), hypervisorv1.DefaultMemoryMiB)
+	r.memoryMiB = orDefault(req.GetMemoryMib(), defaults.MemoryMiB)
 	if r.memoryMiB < 256 {
 		return nil, apierr.Invalidf("memory_mib", "memory_mib %d is below 256", r.memoryMiB)
 	}
 	if lim.MaxMemoryMiB > 0 && r.memoryMiB > lim.MaxMemoryMiB {
 		return nil, apierr.Invalidf("memory_mib", "memory_mib %d is above this host's maximum of %d (--max-memory-mib)", r.memoryMiB, lim.MaxMemoryMiB)
 	}
-	r.diskGiB = orDefault(req.GetDiskGib(), hypervisorv1.DefaultDiskGiB)
+	r.diskGiB = orDefault(req.GetDiskGib(), defaults.DiskGiB)
 	if r.diskGiB < 1 || r.diskGiB > 4096 {
 		return nil, apierr.Invalidf("disk_gib", "disk_gib %d is not within 1..4096", r.diskGiB)
 	}

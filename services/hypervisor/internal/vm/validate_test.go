@@ -6,8 +6,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
+	"github.com/giantswarm/vm-manager/sdk/defaults"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -45,7 +46,7 @@ func TestValidateZeroIsDefault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.cpus != hypervisorv1.DefaultCPUs || r.memoryMiB != hypervisorv1.DefaultMemoryMiB || r.diskGiB != hypervisorv1.DefaultDiskGiB ||
+	if r.cpus != defaults.CPUs || r.memoryMiB != defaults.MemoryMiB || r.diskGiB != defaults.DiskGiB ||
 		r.waitFor != hypervisorv1.WaitFor_WAIT_FOR_READY {
 		t.Errorf("zero values gave cpus %d, memory_mib %d, disk_gib %d, wait_for %v", r.cpus, r.memoryMiB, r.diskGiB, r.waitFor)
 	}

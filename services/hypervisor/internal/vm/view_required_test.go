@@ -3,7 +3,7 @@ package vm
 import (
 	"testing"
 
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore/storepb"
 )
 
 // TestViewWritesRequiredObjects: a record before its first boot (no

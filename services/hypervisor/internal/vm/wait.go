@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/giantswarm/vm-manager/gen/apierr"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/lifecycle"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/store/storepb"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore/storepb"
 )
 
 func (m *Manager) deadline(w hypervisorv1.WaitFor) time.Duration {
