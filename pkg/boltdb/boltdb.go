@@ -56,6 +56,32 @@ func CreateBuckets(names ...[]byte) func(*bolt.Tx) error {
 	}
 }
 
+// RewriteValues is for a migration that rewrites the records of a bucket:
+// rewrite gets each key and value and answers the new value, with write
+// false to leave the key as it is. The writes happen after the walk (bbolt
+// forbids changing a bucket ForEach walks); an error of rewrite or of a write
+// stops it and is the answer.
+func RewriteValues(b *bolt.Bucket, rewrite func(k, v []byte) (newV []byte, write bool, err error)) error {
+	type update struct{ k, v []byte }
+	var updates []update
+	if err := b.ForEach(func(k, v []byte) error {
+		nv, write, err := rewrite(k, v)
+		if err != nil || !write {
+			return err
+		}
+		updates = append(updates, update{append([]byte(nil), k...), nv})
+		return nil
+	}); err != nil {
+		return err
+	}
+	for _, u := range updates {
+		if err := b.Put(u.k, u.v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Latest is the version the binary writes.
 func (s Schema) Latest() int {
 	if n := len(s.Migrations); n > 0 {

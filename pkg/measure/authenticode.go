@@ -27,26 +27,25 @@ func Authenticode(image []byte) ([]byte, error) {
 	}
 	peOff := int(binary.LittleEndian.Uint32(image[0x3c:]))
 	optOff := peOff + 4 + 20
-	var sizeOfHeaders uint32
+	// PE32+ and PE32 differ in the data directories' offset (112 and 96
+	// bytes into the optional header); the rest is read the same.
+	var sizeOfHeaders, numDirs uint32
+	var dirs []pe.DataDirectory
 	var certDirOff int
-	var certOff, certSize uint32
 	switch oh := f.OptionalHeader.(type) {
 	case *pe.OptionalHeader64:
-		sizeOfHeaders = oh.SizeOfHeaders
+		sizeOfHeaders, numDirs, dirs = oh.SizeOfHeaders, oh.NumberOfRvaAndSizes, oh.DataDirectory[:]
 		certDirOff = optOff + 112 + 4*8
-		if oh.NumberOfRvaAndSizes > pe.IMAGE_DIRECTORY_ENTRY_SECURITY {
-			d := oh.DataDirectory[pe.IMAGE_DIRECTORY_ENTRY_SECURITY]
-			certOff, certSize = d.VirtualAddress, d.Size
-		}
 	case *pe.OptionalHeader32:
-		sizeOfHeaders = oh.SizeOfHeaders
+		sizeOfHeaders, numDirs, dirs = oh.SizeOfHeaders, oh.NumberOfRvaAndSizes, oh.DataDirectory[:]
 		certDirOff = optOff + 96 + 4*8
-		if oh.NumberOfRvaAndSizes > pe.IMAGE_DIRECTORY_ENTRY_SECURITY {
-			d := oh.DataDirectory[pe.IMAGE_DIRECTORY_ENTRY_SECURITY]
-			certOff, certSize = d.VirtualAddress, d.Size
-		}
 	default:
 		return nil, errors.New("PE image without an optional header")
+	}
+	var certOff, certSize uint32
+	if numDirs > pe.IMAGE_DIRECTORY_ENTRY_SECURITY {
+		d := dirs[pe.IMAGE_DIRECTORY_ENTRY_SECURITY]
+		certOff, certSize = d.VirtualAddress, d.Size
 	}
 	checksumOff := optOff + 64
 	if int(sizeOfHeaders) > len(image) || certDirOff+8 > int(sizeOfHeaders) {

@@ -33,6 +33,8 @@ type Code string
 // The codes of the original vm-manager's REST API, plus the ones a split
 // service needs (unauthenticated, forbidden, unavailable) and the one of a
 // per-host bound (resource_exhausted: too many VMs, networks or forwards).
+// One constant a line, so parts of the list look alike; kept, as each is
+// its own code.
 const (
 	InvalidRequest  Code = "invalid_request"
 	NotFound        Code = "not_found"

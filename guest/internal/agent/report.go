@@ -111,22 +111,24 @@ func buildReport(proc string, now time.Time, att bootResults) (*Report, error) {
 	return r, nil
 }
 
-func procFields(proc, name string) []string {
+// procText is the text of the file name under proc (/proc); empty when it
+// cannot be read, so that its metrics are left out.
+func procText(proc, name string) string {
 	b, err := os.ReadFile(filepath.Join(proc, name))
 	if err != nil {
-		return nil
+		return ""
 	}
-	return strings.Fields(string(b))
+	return string(b)
+}
+
+func procFields(proc, name string) []string {
+	return strings.Fields(procText(proc, name))
 }
 
 // procStat reads /proc/stat's single-number lines ("ctxt 123").
 func procStat(proc string) map[string]uint64 {
-	b, err := os.ReadFile(filepath.Join(proc, "stat"))
-	if err != nil {
-		return nil
-	}
 	m := map[string]uint64{}
-	for _, line := range strings.Split(string(b), "\n") {
+	for _, line := range strings.Split(procText(proc, "stat"), "\n") {
 		f := strings.Fields(line)
 		if len(f) != 2 {
 			continue
@@ -140,12 +142,8 @@ func procStat(proc string) map[string]uint64 {
 
 // meminfo reads /proc/meminfo's "<Key>: <n> kB" lines as bytes.
 func meminfo(proc string) map[string]uint64 {
-	b, err := os.ReadFile(filepath.Join(proc, "meminfo"))
-	if err != nil {
-		return nil
-	}
 	m := map[string]uint64{}
-	for _, line := range strings.Split(string(b), "\n") {
+	for _, line := range strings.Split(procText(proc, "meminfo"), "\n") {
 		k, v, ok := strings.Cut(line, ":")
 		if !ok {
 			continue

@@ -109,6 +109,34 @@ func (c *Client) get(ctx context.Context, key string) (*Response, error) {
 // Get fetches key, retrying transport errors and 5xx; pass is the set of
 // statuses returned as they are rather than retried (always 200 and 404).
 func (c *Client) Get(ctx context.Context, key string, pass ...int) (*Response, error) {
+	var got *Response
+	err := c.retry(ctx, func() (retry bool, err error) {
+		r, err := c.get(ctx, key)
+		if err != nil {
+			return true, err
+		}
+		switch {
+		case r.Status == http.StatusOK, r.Status == http.StatusNotFound:
+			got = r
+			return false, nil
+		case slices.Contains(pass, r.Status):
+			got = r
+			return false, nil
+		case r.Status >= 500:
+			return true, fmt.Errorf("GET %s: %d %s: %s", key, r.Status, http.StatusText(r.Status), Snippet(r.Body))
+		default:
+			got = r
+			return false, fmt.Errorf("GET %s: %d %s: %s", key, r.Status, http.StatusText(r.Status), Snippet(r.Body))
+		}
+	})
+	return got, err
+}
+
+// retry runs attempt up to Attempts times, waiting Backoff (doubled after
+// each wait) between them, until one says not to retry: its error is the
+// answer. When the attempts or ctx run out first, the answer is the last
+// attempt's error, or ctx's when there was none.
+func (c *Client) retry(ctx context.Context, attempt func() (retry bool, err error)) error {
 	backoff := c.Backoff
 	if backoff <= 0 {
 		backoff = 200 * time.Millisecond
@@ -121,27 +149,16 @@ func (c *Client) Get(ctx context.Context, key string, pass ...int) (*Response, e
 			}
 			backoff *= 2
 		}
-		r, err := c.get(ctx, key)
-		if err != nil {
-			last = err
-			continue
+		retry, err := attempt()
+		if !retry {
+			return err
 		}
-		switch {
-		case r.Status == http.StatusOK, r.Status == http.StatusNotFound:
-			return r, nil
-		case slices.Contains(pass, r.Status):
-			return r, nil
-		case r.Status >= 500:
-			last = fmt.Errorf("GET %s: %d %s: %s", key, r.Status, http.StatusText(r.Status), Snippet(r.Body))
-			continue
-		default:
-			return r, fmt.Errorf("GET %s: %d %s: %s", key, r.Status, http.StatusText(r.Status), Snippet(r.Body))
-		}
+		last = err
 	}
 	if last == nil {
 		last = ctx.Err()
 	}
-	return nil, last
+	return last
 }
 
 // Text fetches a plain-text key; ErrNotFound for a 404.
@@ -262,28 +279,16 @@ func (c *Client) SysupdateFile(ctx context.Context, component, file string, w io
 		}
 	}
 	key := "/sysupdate/" + component + "/" + file
-	backoff := c.Backoff
-	if backoff <= 0 {
-		backoff = 200 * time.Millisecond
-	}
-	var last error
-	for i := 0; i < c.attempts(); i++ {
-		if i > 0 {
-			if err := c.sleep(ctx, backoff); err != nil {
-				break
-			}
-			backoff *= 2
-		}
-		n, retry, err := c.stream(ctx, key, w, max)
+	var n int64
+	err := c.retry(ctx, func() (retry bool, err error) {
+		var written int64
+		written, retry, err = c.stream(ctx, key, w, max)
 		if !retry {
-			return n, err
+			n = written
 		}
-		last = err
-	}
-	if last == nil {
-		last = ctx.Err()
-	}
-	return 0, last
+		return retry, err
+	})
+	return n, err
 }
 
 // stream is one attempt of SysupdateFile; retry says nothing was written and

@@ -75,7 +75,6 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer b.Close()
-	verifier := b.Verifier
 	st, err := policystore.Open(filepath.Join(cfg.StateDir, "attestation.db"))
 	if err != nil {
 		return err
@@ -92,7 +91,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// Two servers: what the gateway may dial (every call verified), and
 	// what only the hypervisor may (on a socket outside the runtime
 	// directory).
-	public := mesh.NewServer(log, verifier.ServerOptions()...)
+	public := mesh.NewServer(log, b.Verifier.ServerOptions()...)
 	attestationv1.RegisterAttestationServiceServer(public, api)
 	internal := mesh.NewServer(log)
 	attestationv1.RegisterVerifierServiceServer(internal, api)
@@ -107,7 +106,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	public.SetServing()
 	internal.SetServing()
-	log.Info("attestation serving", "socket", cfg.Socket, "verifier_socket", cfg.VerifierSocket, "state", cfg.StateDir, "mode", cfg.Mode, "learn_golden", cfg.LearnGolden, "oidc_issuer", verifier.Issuer())
+	log.Info("attestation serving", "socket", cfg.Socket, "verifier_socket", cfg.VerifierSocket, "state", cfg.StateDir, "mode", cfg.Mode, "learn_golden", cfg.LearnGolden, "oidc_issuer", b.Verifier.Issuer())
 
 	if err := mesh.ServeAll(ctx, map[*mesh.Server]net.Listener{public: pln, internal: vln}); err != nil {
 		return err

@@ -5,13 +5,14 @@ package main
 import (
 	"cmp"
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 
 	"github.com/giantswarm/vm-manager/pkg/cli"
 	"github.com/giantswarm/vm-manager/pkg/identity"
-	"github.com/giantswarm/vm-manager/pkg/logging"
 	"github.com/giantswarm/vm-manager/pkg/mesh"
+	"github.com/giantswarm/vm-manager/pkg/observe"
 	"github.com/giantswarm/vm-manager/pkg/statedir"
 	"github.com/giantswarm/vm-manager/pkg/tracing"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/nonce"
@@ -32,23 +33,13 @@ func main() {
 			learnAck := fs.Bool("attestation-learn-golden-acknowledge", "VM_MANAGER_ATTESTATION_LEARN_GOLDEN_ACKNOWLEDGE", false, "confirm learn mode: boots nobody has vouched for get their user-data while it is on")
 			maxNonces := fs.Int("max-nonces", "VM_MANAGER_MAX_NONCES", nonce.DefaultMax, "outstanding attestation nonces of all VMs together, kept in memory; at the bound the oldest is dropped (counted in GET /api/v1/attestation)")
 			oidc := identity.Flags(fs)
-			logger := logging.Flags(fs, "info", "attestation")
-			tracer := tracing.Flags(fs)
-			return func(ctx context.Context) error {
-				log, err := logger()
-				if err != nil {
-					return err
-				}
-				stopTracing, err := tracing.Start(ctx, tracer(), tracing.Attestation, false, log)
-				if err != nil {
-					return err
-				}
-				defer stopTracing()
+			serve := observe.Flags(fs, "info", "attestation", tracing.Attestation, false)
+			return serve(func(ctx context.Context, log *slog.Logger) error {
 				sock := cmp.Or(*socket, filepath.Join(*runDir, mesh.AttestationSocket))
 				vsock := cmp.Or(*verifierSocket, filepath.Join(*stateDir, mesh.VerifierSocket))
 				return server.Run(ctx, server.Config{StateDir: *stateDir, Socket: sock, VerifierSocket: vsock, Mode: *mode,
 					LearnGolden: *learn, LearnGoldenAcknowledged: *learnAck, MaxNonces: *maxNonces, Identity: oidc()}, log)
-			}
+			})
 		},
 	}))
 }

@@ -42,12 +42,8 @@ func Validate(ref string, doc *structpb.Struct) error {
 			return err
 		}
 	}
-	if m, ok, err := object(f, "pcr13", "pcr13", "an object of kubernetes version to hex digest"); err != nil {
+	if err := digestObject(f, "pcr13", "pcr13", "an object of kubernetes version to hex digest"); err != nil {
 		return err
-	} else if ok {
-		if err := digests("pcr13", m); err != nil {
-			return err
-		}
 	}
 	if err := validateUKI(f); err != nil {
 		return err
@@ -106,6 +102,16 @@ func GoldenPCRs(doc *structpb.Struct) []uint32 {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
 	return out
+}
+
+// digestObject checks an optional object of names to hex digests (object,
+// then digests).
+func digestObject(f map[string]*structpb.Value, key, path, what string) error {
+	m, ok, err := object(f, key, path, what)
+	if err != nil || !ok {
+		return err
+	}
+	return digests(path, m)
 }
 
 // object is the object at f[key]; ok is false when there is none, and a

@@ -32,20 +32,12 @@ func validateUKI(f map[string]*structpb.Value) error {
 				return err
 			}
 		}
-		if m, ok, err := object(u.GetFields(), "authenticode", "uki.authenticode", "an object of EFI application to the hex sha256 of its Authenticode hash"); err != nil {
+		if err := digestObject(u.GetFields(), "authenticode", "uki.authenticode", "an object of EFI application to the hex sha256 of its Authenticode hash"); err != nil {
 			return err
-		} else if ok {
-			if err := digests("uki.authenticode", m); err != nil {
-				return err
-			}
 		}
 	}
-	if m, ok, err := object(f, "sysext", "sysext", "an object of kubernetes version to the hex sha256 of its kubernetes_<version>.raw"); err != nil {
+	if err := digestObject(f, "sysext", "sysext", "an object of kubernetes version to the hex sha256 of its kubernetes_<version>.raw"); err != nil {
 		return err
-	} else if ok {
-		if err := digests("sysext", m); err != nil {
-			return err
-		}
 	}
 
 	doc := &structpb.Struct{Fields: f}

@@ -72,36 +72,21 @@ const (
 // markFirstUse labels every pinned key of a version-2 database: all of them
 // were pinned by a first verified initrd quote.
 func markFirstUse(tx *bolt.Tx) error {
-	b := tx.Bucket(bucketVMs)
-	type update struct{ k, v []byte }
-	var updates []update
-	if err := b.ForEach(func(k, v []byte) error {
+	return boltdb.RewriteValues(tx.Bucket(bucketVMs), func(k, v []byte) ([]byte, bool, error) {
 		var vm map[string]json.RawMessage
 		if err := json.Unmarshal(v, &vm); err != nil {
-			return fmt.Errorf("vm %s: %w", k, err)
+			return nil, false, fmt.Errorf("vm %s: %w", k, err)
 		}
 		if _, pinned := vm["akFingerprint"]; !pinned {
-			return nil
+			return nil, false, nil
 		}
 		if _, has := vm["akOrigin"]; has {
-			return nil
+			return nil, false, nil
 		}
 		vm["akOrigin"], _ = json.Marshal(OriginFirstUse)
 		raw, err := json.Marshal(vm)
-		if err != nil {
-			return err
-		}
-		updates = append(updates, update{append([]byte(nil), k...), raw})
-		return nil
-	}); err != nil {
-		return err
-	}
-	for _, u := range updates {
-		if err := b.Put(u.k, u.v); err != nil {
-			return err
-		}
-	}
-	return nil
+		return raw, err == nil, err
+	})
 }
 
 // ephemeralNonces drops the outstanding nonces (a guest holding one retries

@@ -6,13 +6,14 @@ package main
 import (
 	"cmp"
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 
 	"github.com/giantswarm/vm-manager/pkg/cli"
 	"github.com/giantswarm/vm-manager/pkg/identity"
-	"github.com/giantswarm/vm-manager/pkg/logging"
 	"github.com/giantswarm/vm-manager/pkg/mesh"
+	"github.com/giantswarm/vm-manager/pkg/observe"
 	"github.com/giantswarm/vm-manager/pkg/tracing"
 	"github.com/giantswarm/vm-manager/services/gateway/server"
 )
@@ -34,18 +35,8 @@ func main() {
 			tlsKey := fs.String("tls-key-file", "VM_MANAGER_TLS_KEY_FILE", "", "the private key (PEM) of --tls-cert-file")
 			fleetMode := fleetFlags(fs)
 			metricsOn := fs.Bool("metrics-enabled", "VM_MANAGER_METRICS_ENABLED", false, "serve Prometheus metrics at /metrics (VMs, networks, requests per surface)")
-			logger := logging.Flags(fs, "info", "gateway")
-			tracer := tracing.Flags(fs)
-			return func(ctx context.Context) error {
-				log, err := logger()
-				if err != nil {
-					return err
-				}
-				stopTracing, err := tracing.Start(ctx, tracer(), tracing.Gateway, true, log)
-				if err != nil {
-					return err
-				}
-				defer stopTracing()
+			serve := observe.Flags(fs, "info", "gateway", tracing.Gateway, true)
+			return serve(func(ctx context.Context, log *slog.Logger) error {
 				disc, caFile, err := fleetMode(log)
 				if err != nil {
 					return err
@@ -88,7 +79,7 @@ func main() {
 					}
 					return err
 				}
-			}
+			})
 		},
 	}))
 }

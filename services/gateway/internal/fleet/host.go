@@ -66,12 +66,9 @@ func nodeLabels(n *node, h *hypervisorv1.Host) map[string]string {
 // the nodes that answered, a line per node, a warning per node that did not.
 func (h *Hypervisor) GetHost(ctx context.Context, req *hypervisorv1.GetHostRequest) (*hypervisorv1.Host, error) {
 	if req.GetNode() != "" {
-		n, err := h.r.named(req.GetNode())
-		if err != nil {
-			return nil, err
-		}
-		host, err := n.hv.GetHost(ctx, &hypervisorv1.GetHostRequest{})
-		return host, nodeErr(ctx, n, err)
+		return onNamed(ctx, h.r, req.GetNode(), func(ctx context.Context, n *node) (*hypervisorv1.Host, error) {
+			return n.hv.GetHost(ctx, &hypervisorv1.GetHostRequest{})
+		})
 	}
 	sum := &hypervisorv1.Host{Hostname: "fleet"}
 	for _, x := range fanOut(ctx, h.r, capacityOf) {

@@ -7,7 +7,6 @@ import (
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/sdk/apierr"
-	"google.golang.org/protobuf/proto"
 )
 
 // Hypervisor is HypervisorService at fleet level: a call naming a VM goes
@@ -125,18 +124,16 @@ func (h *Hypervisor) UpdateVirtualMachineLifetime(ctx context.Context, req *hype
 // warning naming it.
 func (h *Hypervisor) ListVirtualMachines(ctx context.Context, req *hypervisorv1.ListVirtualMachinesRequest) (*hypervisorv1.ListVirtualMachinesResponse, error) {
 	if req.GetNode() != "" {
-		n, err := h.r.named(req.GetNode())
-		if err != nil {
-			return nil, err
-		}
-		resp, err := n.hv.ListVirtualMachines(ctx, &hypervisorv1.ListVirtualMachinesRequest{})
-		if err != nil {
-			return nil, nodeErr(ctx, n, err)
-		}
-		for _, vm := range resp.GetVms() {
-			vm.Node = n.Name
-		}
-		return resp, nil
+		return onNamed(ctx, h.r, req.GetNode(), func(ctx context.Context, n *node) (*hypervisorv1.ListVirtualMachinesResponse, error) {
+			resp, err := n.hv.ListVirtualMachines(ctx, &hypervisorv1.ListVirtualMachinesRequest{})
+			if err != nil {
+				return nil, err
+			}
+			for _, vm := range resp.GetVms() {
+				vm.Node = n.Name
+			}
+			return resp, nil
+		})
 	}
 	out := &hypervisorv1.ListVirtualMachinesResponse{}
 	for _, x := range fanOut(ctx, h.r, func(ctx context.Context, n *node) (*hypervisorv1.ListVirtualMachinesResponse, error) {
@@ -164,14 +161,10 @@ func (h *Hypervisor) ListVirtualMachines(ctx context.Context, req *hypervisorv1.
 // its node), sorted by id, newest version first, then by node.
 func (h *Hypervisor) ListImages(ctx context.Context, req *hypervisorv1.ListImagesRequest) (*hypervisorv1.ListImagesResponse, error) {
 	out := &hypervisorv1.ListImagesResponse{}
-	for _, x := range h.perNode(ctx, req.GetNode(), func(ctx context.Context, n *node) (proto.Message, error) {
-		return n.hv.ListImages(ctx, &hypervisorv1.ListImagesRequest{})
-	}, &out.Warnings) {
-		for _, img := range x.val.(*hypervisorv1.ListImagesResponse).GetImages() {
-			img.Node = x.node.Name
-			out.Images = append(out.Images, img)
-		}
-	}
+	out.Images = mergeLists(ctx, h.r, req.GetNode(), &out.Warnings, func(ctx context.Context, n *node) ([]*hypervisorv1.Image, error) {
+		resp, err := n.hv.ListImages(ctx, &hypervisorv1.ListImagesRequest{})
+		return resp.GetImages(), err
+	}, func(img *hypervisorv1.Image, node string) { img.Node = node })
 	// Each node's list is already in the contract's order; keep it within
 	// an id and merge by id.
 	slices.SortStableFunc(out.Images, func(a, b *hypervisorv1.Image) int { return strings.Compare(a.GetId(), b.GetId()) })
@@ -182,38 +175,48 @@ func (h *Hypervisor) ListImages(ctx context.Context, req *hypervisorv1.ListImage
 // sorted by name, then node.
 func (h *Hypervisor) ListNetworks(ctx context.Context, req *hypervisorv1.ListNetworksRequest) (*hypervisorv1.ListNetworksResponse, error) {
 	out := &hypervisorv1.ListNetworksResponse{}
-	for _, x := range h.perNode(ctx, req.GetNode(), func(ctx context.Context, n *node) (proto.Message, error) {
-		return n.hv.ListNetworks(ctx, &hypervisorv1.ListNetworksRequest{})
-	}, &out.Warnings) {
-		for _, net := range x.val.(*hypervisorv1.ListNetworksResponse).GetNetworks() {
-			net.Node = x.node.Name
-			out.Networks = append(out.Networks, net)
-		}
-	}
+	out.Networks = mergeLists(ctx, h.r, req.GetNode(), &out.Warnings, func(ctx context.Context, n *node) ([]*hypervisorv1.Network, error) {
+		resp, err := n.hv.ListNetworks(ctx, &hypervisorv1.ListNetworksRequest{})
+		return resp.GetNetworks(), err
+	}, func(net *hypervisorv1.Network, node string) { net.Node = node })
 	slices.SortStableFunc(out.Networks, func(a, b *hypervisorv1.Network) int {
 		return strings.Compare(a.GetSpec().GetName(), b.GetSpec().GetName())
 	})
 	return out, nil
 }
 
+// mergeLists runs list on the named node, or on every node, and joins the
+// lists that came, in index order, each item stamped with its node by
+// setNode; a node that did not answer is a warning.
+func mergeLists[T any](ctx context.Context, r *Router, name string, warnings *[]string, list func(context.Context, *node) ([]T, error), setNode func(T, string)) []T {
+	var out []T
+	for _, x := range perNode(ctx, r, name, list, warnings) {
+		for _, v := range x.val {
+			setNode(v, x.node.Name)
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
 // perNode runs f on the named node, or on every node; the answers that
 // came, in index order, with a warning per node that did not.
-func (h *Hypervisor) perNode(ctx context.Context, name string, f func(context.Context, *node) (proto.Message, error), warnings *[]string) []result[proto.Message] {
+func perNode[T any](ctx context.Context, r *Router, name string, f func(context.Context, *node) (T, error), warnings *[]string) []result[T] {
 	if name != "" {
-		n, err := h.r.named(name)
+		n, err := r.named(name)
 		if err == nil {
-			var v proto.Message
+			var v T
 			v, err = f(ctx, n)
 			if err == nil {
-				return []result[proto.Message]{{node: n, val: v}}
+				return []result[T]{{node: n, val: v}}
 			}
 			err = nodeErr(ctx, n, err)
 		}
 		*warnings = append(*warnings, apierr.MessageOf(err))
 		return nil
 	}
-	var out []result[proto.Message]
-	for _, x := range fanOut(ctx, h.r, f) {
+	var out []result[T]
+	for _, x := range fanOut(ctx, r, f) {
 		if x.err != nil {
 			*warnings = append(*warnings, warning(x.node, x.err))
 			continue
@@ -224,7 +227,10 @@ func (h *Hypervisor) perNode(ctx context.Context, name string, f func(context.Co
 }
 
 // GetImage is the image on the named node, or on the first node (by index)
-// whose catalog has it.
+// whose catalog has it. Its call, like GetNetwork's and CreateNetwork's,
+// stamps the node on the message it answers: kept one per RPC, as each calls
+// its own method and the generated messages have no setter for Node to write
+// the stamp once (the routing is firstFound's and everywhere's).
 func (h *Hypervisor) GetImage(ctx context.Context, req *hypervisorv1.GetImageRequest) (*hypervisorv1.Image, error) {
 	return firstFound(ctx, h.r, req.GetNode(), func(ctx context.Context, n *node) (*hypervisorv1.Image, error) {
 		img, err := n.hv.GetImage(ctx, req)
@@ -253,12 +259,7 @@ func (h *Hypervisor) GetNetwork(ctx context.Context, req *hypervisorv1.GetNetwor
 func firstFound[T any](ctx context.Context, r *Router, name string, f func(context.Context, *node) (T, error)) (T, error) {
 	var zero T
 	if name != "" {
-		n, err := r.named(name)
-		if err != nil {
-			return zero, err
-		}
-		v, err := f(ctx, n)
-		return v, nodeErr(ctx, n, err)
+		return onNamed(ctx, r, name, f)
 	}
 	var notFound, other error
 	for _, x := range fanOut(ctx, r, f) {

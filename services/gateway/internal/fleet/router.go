@@ -187,6 +187,19 @@ func (r *Router) forVM(id string) (*node, error) {
 	return n, nil
 }
 
+// onNamed runs f on the member called name, for calls with an explicit
+// node: named's error when there is none or it is not ready, else f's
+// answer, its error as nodeErr says.
+func onNamed[T any](ctx context.Context, r *Router, name string, f func(context.Context, *node) (T, error)) (T, error) {
+	n, err := r.named(name)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	v, err := f(ctx, n)
+	return v, nodeErr(ctx, n, err)
+}
+
 // named is the member called name, for calls with an explicit node.
 func (r *Router) named(name string) (*node, error) {
 	ns, _ := r.nodes()
@@ -298,12 +311,7 @@ func (r *Router) Healthy(ctx context.Context) error {
 func everywhere[T comparable](ctx context.Context, r *Router, name string, f func(context.Context, *node) (T, error)) (T, error) {
 	var zero T
 	if name != "" {
-		n, err := r.named(name)
-		if err != nil {
-			return zero, err
-		}
-		v, err := f(ctx, n)
-		return v, nodeErr(ctx, n, err)
+		return onNamed(ctx, r, name, f)
 	}
 	res := fanOut(ctx, r, f)
 	if len(res) == 0 {

@@ -1,11 +1,6 @@
 package metrics
 
 import (
-	"context"
-	"log/slog"
-	"slices"
-	"time"
-
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -23,38 +18,14 @@ var (
 // from the start.
 var limitNames = []string{"vms", "networks", "forwards_per_vm", "watchers", "watch_buffer"}
 
-// boundsCollector exports what the hypervisor's per-VM and per-host bounds
-// refused or cut (TelemetryService.GetBoundCounters) at scrape time.
-type boundsCollector struct {
-	hv      Source
-	log     *slog.Logger
-	timeout time.Duration
-	errors  *prometheus.CounterVec // the host collector's vm_manager_scrape_errors_total
-}
+// boundsDescs are what collectBounds exports.
+var boundsDescs = append([]*prometheus.Desc{descIMDSLimited, descIMDSTooLarge, descConsoleRot, descConsoleMoved, descConsoleDrop, descLimitRefusals, descLifetimeActs}, execDescs...)
 
-func (c *boundsCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range append([]*prometheus.Desc{descIMDSLimited, descIMDSTooLarge, descConsoleRot, descConsoleMoved, descConsoleDrop, descLimitRefusals, descLifetimeActs}, execDescs...) {
-		ch <- d
-	}
-}
-
-func (c *boundsCollector) Collect(ch chan<- prometheus.Metric) {
-	if c.hv == nil {
-		return
-	}
-	r, ok := optionalCounters(c.timeout, c.errors, c.log, "bound counters", func(ctx context.Context) (*hypervisorv1.GetBoundCountersResponse, error) {
-		return c.hv.GetBoundCounters(ctx, &hypervisorv1.GetBoundCountersRequest{})
-	})
-	if !ok {
-		return
-	}
-	seen := map[string]bool{}
-	for _, vm := range r.GetVms() {
+// collectBounds exports what the hypervisor's per-VM and per-host bounds
+// refused or cut (TelemetryService.GetBoundCounters).
+func collectBounds(ch chan<- prometheus.Metric, r *hypervisorv1.GetBoundCountersResponse) {
+	for _, vm := range onePerID(r.GetVms(), (*hypervisorv1.VirtualMachineBoundCounters).GetVmId) {
 		id := vm.GetVmId()
-		if id == "" || seen[id] {
-			continue
-		}
-		seen[id] = true
 		ch <- counter(descIMDSLimited, float64(vm.GetImdsRateLimitedTotal()), id)
 		for _, body := range []string{"quote", "report"} {
 			ch <- counter(descIMDSTooLarge, float64(vm.GetImdsBodyTooLargeTotal()[body]), id, body)
@@ -65,13 +36,7 @@ func (c *boundsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	collectLifetimeActions(ch, r.GetLifetimeActionsTotal())
 	refused := r.GetRefusedTotal()
-	names := append([]string(nil), limitNames...)
-	for name := range refused {
-		if !slices.Contains(names, name) {
-			names = append(names, name)
-		}
-	}
-	for _, name := range names {
+	for _, name := range exposedKeys(limitNames, refused) {
 		ch <- counter(descLimitRefusals, float64(refused[name]), name)
 	}
 	collectExec(ch, r.GetExecSessions())

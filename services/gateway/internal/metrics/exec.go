@@ -1,8 +1,6 @@
 package metrics
 
 import (
-	"slices"
-
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -30,13 +28,7 @@ func collectExec(ch chan<- prometheus.Metric, e *hypervisorv1.ExecSessionCounter
 	ch <- counter(descExecStarted, float64(e.GetStartedTotal()))
 	ch <- counter(descExecRefused, float64(e.GetRefusedTotal()))
 	ended := e.GetEndedTotal()
-	reasons := append([]string(nil), execReasons...)
-	for r := range ended {
-		if !slices.Contains(reasons, r) {
-			reasons = append(reasons, r)
-		}
-	}
-	for _, r := range reasons {
+	for _, r := range exposedKeys(execReasons, ended) {
 		ch <- counter(descExecEnded, float64(ended[r]), r)
 	}
 }

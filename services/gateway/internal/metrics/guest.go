@@ -1,7 +1,6 @@
 package metrics
 
 import (
-	"log/slog"
 	"slices"
 	"time"
 
@@ -34,10 +33,7 @@ var (
 // consistent itself: a name another guest already exports with another type
 // is left out.
 type guestCollector struct {
-	hv      Source
-	log     *slog.Logger
-	timeout time.Duration
-	errors  *prometheus.CounterVec // the host collector's vm_manager_scrape_errors_total
+	hypervisorScrape
 }
 
 func (c *guestCollector) Describe(chan<- *prometheus.Desc) {}
@@ -58,13 +54,8 @@ func (c *guestCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	now := time.Now()
 	types := map[string]hypervisorv1.GuestSeriesType{}
-	seen := map[string]bool{}
-	for _, vm := range r.GetVms() {
+	for _, vm := range onePerID(r.GetVms(), (*hypervisorv1.VirtualMachineGuestSeries).GetVmId) {
 		id := vm.GetVmId()
-		if id == "" || seen[id] {
-			continue
-		}
-		seen[id] = true
 		ch <- counter(descGuestReports, float64(vm.GetReportsTotal()), id)
 		for _, reason := range guestReasons {
 			ch <- counter(descGuestDropped, float64(vm.GetSeriesDroppedTotal()[reason]), id, reason)

@@ -153,7 +153,7 @@ func (c *hostCollector) fetch() *snapshot {
 		s.networks, s.netErr = r.GetNetworks(), err
 	})
 	r, err := c.hv.ListVirtualMachines(ctx, &hypervisorv1.ListVirtualMachinesRequest{})
-	s.vms, s.vmsErr = dedupVMs(r.GetVms()), err
+	s.vms, s.vmsErr = onePerID(r.GetVms(), (*hypervisorv1.VirtualMachine).GetId), err
 	if err == nil {
 		var mu sync.Mutex
 		sem := make(chan struct{}, metricsParallel)
@@ -184,19 +184,6 @@ func (c *hostCollector) fetch() *snapshot {
 		s.errors++
 	}
 	return s
-}
-
-func dedupVMs(vms []*hypervisorv1.VirtualMachine) []*hypervisorv1.VirtualMachine {
-	seen := make(map[string]bool, len(vms))
-	out := vms[:0:0]
-	for _, vm := range vms {
-		if vm.GetId() == "" || seen[vm.GetId()] {
-			continue
-		}
-		seen[vm.GetId()] = true
-		out = append(out, vm)
-	}
-	return out
 }
 
 func (c *hostCollector) Collect(ch chan<- prometheus.Metric) {

@@ -1,7 +1,6 @@
 package metrics
 
 import (
-	"slices"
 	"strings"
 	"time"
 
@@ -51,13 +50,7 @@ func collectLifetime(ch chan<- prometheus.Metric, vm *hypervisorv1.VirtualMachin
 
 // collectLifetimeActions exports lifetime_actions_total.
 func collectLifetimeActions(ch chan<- prometheus.Metric, acts map[string]uint64) {
-	keys := append([]string(nil), lifetimeActionKeys...)
-	for k := range acts {
-		if !slices.Contains(keys, k) {
-			keys = append(keys, k)
-		}
-	}
-	for _, k := range keys {
+	for _, k := range exposedKeys(lifetimeActionKeys, acts) {
 		reason, action, ok := strings.Cut(k, "_")
 		if !ok {
 			continue

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"runtime"
+	"slices"
 	"time"
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
@@ -37,8 +38,8 @@ type Metrics struct {
 	log      *slog.Logger
 	host     *hostCollector
 	guest    *guestCollector
-	bounds   *boundsCollector
-	suspend  *suspendCollector
+	bounds   *countersCollector[*hypervisorv1.GetBoundCountersResponse]
+	suspend  *countersCollector[*hypervisorv1.SuspendCounters]
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	refused  *prometheus.CounterVec
@@ -71,9 +72,15 @@ func New(hv Source, log *slog.Logger) *Metrics {
 		refused: newRefused(),
 	}
 	m.host = newHostCollector(hv, log, DefaultScrapeTimeout)
-	m.guest = &guestCollector{hv: hv, log: log, timeout: DefaultScrapeTimeout, errors: m.host.scrapeErrors}
-	m.bounds = &boundsCollector{hv: hv, log: log, timeout: DefaultScrapeTimeout, errors: m.host.scrapeErrors}
-	m.suspend = &suspendCollector{hv: hv, log: log, timeout: DefaultScrapeTimeout, errors: m.host.scrapeErrors}
+	scrape := hypervisorScrape{hv: hv, log: log, timeout: DefaultScrapeTimeout, errors: m.host.scrapeErrors}
+	m.guest = &guestCollector{hypervisorScrape: scrape}
+	// What the hypervisor's per-VM and per-host bounds refused or cut.
+	m.bounds = newCountersCollector(scrape, "bound counters", boundsDescs, func(ctx context.Context, hv Source) (*hypervisorv1.GetBoundCountersResponse, error) {
+		return hv.GetBoundCounters(ctx, &hypervisorv1.GetBoundCountersRequest{})
+	}, collectBounds)
+	m.suspend = newCountersCollector(scrape, "suspend counters", suspendDescs, func(ctx context.Context, hv Source) (*hypervisorv1.SuspendCounters, error) {
+		return hv.GetSuspendCounters(ctx, &hypervisorv1.GetSuspendCountersRequest{})
+	}, collectSuspend)
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "vm_manager_build_info",
 		Help: "Always 1; the labels say which build serves.",
@@ -133,19 +140,80 @@ func scrapeContext(timeout time.Duration) (context.Context, context.CancelFunc) 
 	return context.WithTimeout(context.Background(), timeout)
 }
 
-// optionalCounters calls a TelemetryService method for a scrape. A failure
-// is counted as the hypervisor's scrape error, except Unimplemented: an
-// older hypervisor has no such counters.
-func optionalCounters[T any](timeout time.Duration, errs *prometheus.CounterVec, log *slog.Logger, what string, call func(context.Context) (T, error)) (T, bool) {
-	ctx, cancel := scrapeContext(timeout)
+// hypervisorScrape is what the collectors that ask the hypervisor at scrape
+// time (besides the host collector) share: its TelemetryService, the bound
+// of a call, and where a failed call is logged and counted.
+type hypervisorScrape struct {
+	hv      Source
+	log     *slog.Logger
+	timeout time.Duration
+	errors  *prometheus.CounterVec // the host collector's vm_manager_scrape_errors_total
+}
+
+// countersCollector exports the answer of one TelemetryService counters
+// call (what, as logged) at scrape time: export turns it into descs'
+// metrics.
+type countersCollector[T any] struct {
+	hypervisorScrape
+	what   string
+	descs  []*prometheus.Desc
+	call   func(context.Context, Source) (T, error)
+	export func(chan<- prometheus.Metric, T)
+}
+
+func newCountersCollector[T any](s hypervisorScrape, what string, descs []*prometheus.Desc, call func(context.Context, Source) (T, error), export func(chan<- prometheus.Metric, T)) *countersCollector[T] {
+	return &countersCollector[T]{hypervisorScrape: s, what: what, descs: descs, call: call, export: export}
+}
+
+func (c *countersCollector[T]) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+// Collect exports nothing when the call fails. A failure is counted as the
+// hypervisor's scrape error, except Unimplemented: an older hypervisor has
+// no such counters.
+func (c *countersCollector[T]) Collect(ch chan<- prometheus.Metric) {
+	if c.hv == nil {
+		return
+	}
+	ctx, cancel := scrapeContext(c.timeout)
 	defer cancel()
-	r, err := call(ctx)
+	r, err := c.call(ctx, c.hv)
 	if err != nil {
 		if status.Code(err) != codes.Unimplemented {
-			errs.WithLabelValues(backendHypervisor).Inc()
+			c.errors.WithLabelValues(backendHypervisor).Inc()
 		}
-		log.Debug("metrics: "+what, "error", err)
-		return r, false
+		c.log.Debug("metrics: "+c.what, "error", err)
+		return
 	}
-	return r, true
+	c.export(ch, r)
+}
+
+// exposedKeys are the keys of a counter by key (a reason, a bound) to
+// export: known, each exposed from the start, in order, then whatever other
+// key counts has (one a newer hypervisor added).
+func exposedKeys(known []string, counts map[string]uint64) []string {
+	keys := append([]string(nil), known...)
+	for k := range counts {
+		if !slices.Contains(keys, k) {
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
+// onePerID is entries without those with no id or with the id of an earlier
+// one: a series exported twice would fail the scrape.
+func onePerID[T any](entries []T, id func(T) string) []T {
+	seen := make(map[string]bool, len(entries))
+	out := entries[:0:0]
+	for _, e := range entries {
+		if k := id(e); k != "" && !seen[k] {
+			seen[k] = true
+			out = append(out, e)
+		}
+	}
+	return out
 }

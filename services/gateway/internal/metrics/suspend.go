@@ -1,10 +1,6 @@
 package metrics
 
 import (
-	"context"
-	"log/slog"
-	"time"
-
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -18,30 +14,11 @@ var (
 	descResumeSeconds  = desc("vm_manager_resume_seconds_total", "Time the successful resumes took until the guest ran, summed (divide by vm_manager_resumes_total{result=\"ok\"}).")
 )
 
-// suspendCollector exports TelemetryService.GetSuspendCounters at scrape time.
-type suspendCollector struct {
-	hv      Source
-	log     *slog.Logger
-	timeout time.Duration
-	errors  *prometheus.CounterVec
-}
+// suspendDescs are what collectSuspend exports.
+var suspendDescs = []*prometheus.Desc{descSuspends, descResumes, descSuspendSeconds, descResumeSeconds}
 
-func (c *suspendCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descSuspends, descResumes, descSuspendSeconds, descResumeSeconds} {
-		ch <- d
-	}
-}
-
-func (c *suspendCollector) Collect(ch chan<- prometheus.Metric) {
-	if c.hv == nil {
-		return
-	}
-	r, ok := optionalCounters(c.timeout, c.errors, c.log, "suspend counters", func(ctx context.Context) (*hypervisorv1.SuspendCounters, error) {
-		return c.hv.GetSuspendCounters(ctx, &hypervisorv1.GetSuspendCountersRequest{})
-	})
-	if !ok {
-		return
-	}
+// collectSuspend exports TelemetryService.GetSuspendCounters.
+func collectSuspend(ch chan<- prometheus.Metric, r *hypervisorv1.SuspendCounters) {
 	ch <- counter(descSuspends, float64(r.GetSuspendsTotal()), "ok")
 	ch <- counter(descSuspends, float64(r.GetSuspendFailuresTotal()), "failed")
 	ch <- counter(descResumes, float64(r.GetResumesTotal()), "ok")

@@ -119,20 +119,11 @@ func imagePushCommand(ia *imageArgs, stdout io.Writer) cli.Command {
 }
 
 func imagePullCommand(ia *imageArgs, stdout io.Writer) cli.Command {
-	return cli.Command{
-		Name:  "image pull",
-		Usage: "<ref>: install a guest image OCI artifact (registry/repository:tag or @sha256:…) into the image directory",
-		Setup: func(fs *cli.FlagSet) func(context.Context) error {
-			stateDir := fs.String("state-dir", "VM_MANAGER_STATE_DIR", statedir.Default(), "state directory")
-			imageDir := fs.String("image-dir", "VM_MANAGER_IMAGE_DIR", "", "image directory to install into (default <state-dir>/images)")
+	return catalogCommand(ia, "image pull", "<ref>: install a guest image OCI artifact (registry/repository:tag or @sha256:…) into the image directory",
+		"image directory to install into (default <state-dir>/images)", func(fs *cli.FlagSet) func(ctx context.Context, ref, dir string) error {
 			plain := fs.Bool("plain-http", "VM_MANAGER_REGISTRY_PLAIN_HTTP", false, "talk HTTP, not HTTPS, to the registry (lab registries)")
 			logger := logging.Flags(fs, "warn", "hypervisor")
-			return func(ctx context.Context) error {
-				if len(ia.args) != 1 {
-					return fmt.Errorf("want one <ref>, got %q", ia.args)
-				}
-				ref := ia.args[0]
-				dir := cmp.Or(*imageDir, filepath.Join(*stateDir, "images"))
+			return func(ctx context.Context, ref, dir string) error {
 				log, err := logger()
 				if err != nil {
 					return err
@@ -150,6 +141,28 @@ func imagePullCommand(ia *imageArgs, stdout io.Writer) cli.Command {
 					fmt.Fprintf(stdout, "  %s\n", f)
 				}
 				return nil
+			}
+		})
+}
+
+// catalogCommand is an image command on one <ref> in the image directory,
+// pull or measure: it defines --state-dir and --image-dir (described by
+// imageHelp; default <state-dir>/images, as serve's), and setup the
+// command's own flags as cli.Command.Setup does. What setup returns runs
+// with the ref and the directory.
+func catalogCommand(ia *imageArgs, name, usage, imageHelp string, setup func(fs *cli.FlagSet) func(ctx context.Context, ref, dir string) error) cli.Command {
+	return cli.Command{
+		Name:  name,
+		Usage: usage,
+		Setup: func(fs *cli.FlagSet) func(context.Context) error {
+			stateDir := fs.String("state-dir", "VM_MANAGER_STATE_DIR", statedir.Default(), "state directory")
+			imageDir := fs.String("image-dir", "VM_MANAGER_IMAGE_DIR", "", imageHelp)
+			run := setup(fs)
+			return func(ctx context.Context) error {
+				if len(ia.args) != 1 {
+					return fmt.Errorf("want one <ref>, got %q", ia.args)
+				}
+				return run(ctx, ia.args[0], cmp.Or(*imageDir, filepath.Join(*stateDir, "images")))
 			}
 		},
 	}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
@@ -15,8 +16,8 @@ import (
 	"github.com/giantswarm/vm-manager/pkg/cli"
 	"github.com/giantswarm/vm-manager/pkg/identity"
 	"github.com/giantswarm/vm-manager/pkg/labels"
-	"github.com/giantswarm/vm-manager/pkg/logging"
 	"github.com/giantswarm/vm-manager/pkg/mesh"
+	"github.com/giantswarm/vm-manager/pkg/observe"
 	"github.com/giantswarm/vm-manager/pkg/statedir"
 	"github.com/giantswarm/vm-manager/pkg/tracing"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/execstream"
@@ -44,15 +45,14 @@ func serveCommand() cli.Command {
 		Name:  "serve",
 		Usage: "serve the HypervisorService on a unix socket",
 		Setup: func(fs *cli.FlagSet) func(context.Context) error {
+			// One line a flag: runs of them look alike; kept, as each
+			// defines its own flag, variable, default and help.
 			stateDir := fs.String("state-dir", "VM_MANAGER_STATE_DIR", statedir.Default(), "state directory (hypervisor.db, VM directories)")
 			imageDir := fs.String("image-dir", "VM_MANAGER_IMAGE_DIR", "", "image catalog directory (default <state-dir>/images)")
 			runDir := fs.String("run-dir", "VM_MANAGER_RUN_DIR", mesh.DefaultRunDir(), "runtime directory for the unix sockets")
 			socket := fs.String("socket", "VM_MANAGER_HYPERVISOR_SOCKET", "", "socket to serve on (default <run-dir>/"+mesh.HypervisorSocket+")")
 			verifierSock := fs.String("verifier-socket", "VM_MANAGER_VERIFIER_SOCKET", "", "attestation's VerifierService socket (default <state-dir>/"+mesh.VerifierSocket+")")
-			qemu := fs.String("qemu", "VM_MANAGER_QEMU", "qemu-system-x86_64", "QEMU binary")
-			swtpm := fs.String("swtpm", "VM_MANAGER_SWTPM", "swtpm", "swtpm binary")
-			ovmfCode := fs.String("ovmf-code", "VM_MANAGER_OVMF_CODE", "", "OVMF code image (default: the first known pair found)")
-			ovmfVars := fs.String("ovmf-vars", "VM_MANAGER_OVMF_VARS", "", "OVMF variable store template (default: the pair's VARS file)")
+			hostConfig := hostFlags(fs)
 			installTimeout := fs.Duration("install-timeout", "VM_MANAGER_INSTALL_TIMEOUT", 5*time.Minute, "how long a UKI image's installer boot may take before the VM fails")
 			bootTimeout := fs.Duration("boot-timeout", "VM_MANAGER_BOOT_TIMEOUT", 4*time.Minute, "how long a boot may take to send READY=1 before the VM is marked running")
 			stopTimeout := fs.Duration("stop-timeout", "VM_MANAGER_STOP_TIMEOUT", 30*time.Second, "the graceful power-down window before SIGTERM and SIGKILL")
@@ -91,18 +91,8 @@ func serveCommand() cli.Command {
 			nodeName := fs.String("node-name", "VM_MANAGER_NODE_NAME", "", "this node's name in a fleet, reported in the host report")
 			nodeLabels := fs.String("node-labels", "VM_MANAGER_NODE_LABELS", "", "this node's labels in a fleet, k=v,...: reported in the host report, matched by a create's node_selector")
 			oidc := identity.Flags(fs)
-			logger := logging.Flags(fs, "info", "hypervisor")
-			tracer := tracing.Flags(fs)
-			return func(ctx context.Context) error {
-				log, err := logger()
-				if err != nil {
-					return err
-				}
-				stopTracing, err := tracing.Start(ctx, tracer(), tracing.Hypervisor, false, log)
-				if err != nil {
-					return err
-				}
-				defer stopTracing()
+			serve := observe.Flags(fs, "info", "hypervisor", tracing.Hypervisor, false)
+			return serve(func(ctx context.Context, log *slog.Logger) error {
 				if *notifyPort < 0 || *notifyPort > 1<<32-1 {
 					return fmt.Errorf("--notify-port=%d: want 0..4294967295", *notifyPort)
 				}
@@ -149,7 +139,8 @@ func serveCommand() cli.Command {
 				if err != nil {
 					return err
 				}
-				hostCfg := host.Config{QEMUBinary: *qemu, SwtpmBinary: *swtpm, OVMFCode: *ovmfCode, OVMFVars: *ovmfVars, ForceTCG: *accel == "tcg", Node: node}
+				hostCfg := hostConfig()
+				hostCfg.ForceTCG, hostCfg.Node = *accel == "tcg", node
 				return server.Run(ctx, server.Config{
 					StateDir:         *stateDir,
 					ImageDir:         *imageDir,
@@ -181,7 +172,7 @@ func serveCommand() cli.Command {
 					Watch:              vm.WatchLimits{MaxWatchers: *maxWatchers, Buffer: *watchBuffer, Retain: *watchRetain},
 					Exec:               execstream.Config{MaxSessions: *maxExec, IdleTimeout: *execIdle, MaxDuration: *execMax},
 				}, log)
-			}
+			})
 		},
 	}
 }

@@ -17,7 +17,6 @@ import (
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/pkg/cli"
 	"github.com/giantswarm/vm-manager/pkg/logging"
-	"github.com/giantswarm/vm-manager/pkg/statedir"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/catalog"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/driver"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/host"
@@ -33,23 +32,13 @@ import (
 const DefaultMeasuredPCRs = "2,3,4,6,7,9,12"
 
 func imageMeasureCommand(ia *imageArgs, stdout io.Writer) cli.Command {
-	return cli.Command{
-		Name:  "image measure",
-		Usage: "<ref>: boot a UKI image's disk once on this host's firmware and record its golden PCRs in <stem>.policy.json",
-		Setup: func(fs *cli.FlagSet) func(context.Context) error {
-			stateDir := fs.String("state-dir", "VM_MANAGER_STATE_DIR", statedir.Default(), "state directory")
-			imageDir := fs.String("image-dir", "VM_MANAGER_IMAGE_DIR", "", "image directory (default <state-dir>/images)")
-			qemuBin := fs.String("qemu", "VM_MANAGER_QEMU", "qemu-system-x86_64", "QEMU binary")
-			swtpmBin := fs.String("swtpm", "VM_MANAGER_SWTPM", "swtpm", "swtpm binary")
-			ovmfCode := fs.String("ovmf-code", "VM_MANAGER_OVMF_CODE", "", "OVMF code image (default: the first known pair found)")
-			ovmfVars := fs.String("ovmf-vars", "VM_MANAGER_OVMF_VARS", "", "OVMF variable store template (default: the pair's VARS file)")
+	return catalogCommand(ia, "image measure", "<ref>: boot a UKI image's disk once on this host's firmware and record its golden PCRs in <stem>.policy.json",
+		"image directory (default <state-dir>/images)", func(fs *cli.FlagSet) func(ctx context.Context, ref, dir string) error {
+			hostConfig := hostFlags(fs)
 			pcrList := fs.String("pcrs", "VM_MANAGER_MEASURE_PCRS", DefaultMeasuredPCRs, "PCRs to record, comma-separated")
 			timeout := fs.Duration("timeout", "VM_MANAGER_MEASURE_TIMEOUT", 3*time.Minute, "how long the boot may take to start the kernel")
 			logger := logging.Flags(fs, "warn", "hypervisor")
-			return func(ctx context.Context) error {
-				if len(ia.args) != 1 {
-					return fmt.Errorf("want one <ref>, got %q", ia.args)
-				}
+			return func(ctx context.Context, ref, dir string) error {
 				pcrs, err := parsePCRs(*pcrList)
 				if err != nil {
 					return err
@@ -58,27 +47,27 @@ func imageMeasureCommand(ia *imageArgs, stdout io.Writer) cli.Command {
 				if err != nil {
 					return err
 				}
-				dir := cmp.Or(*imageDir, filepath.Join(*stateDir, "images"))
 				cat, err := catalog.Load(dir, log)
 				if err != nil {
 					return err
 				}
-				img, err := cat.Get(ia.args[0])
+				img, err := cat.Get(ref)
 				if err != nil {
 					return err
 				}
-				report := host.New(host.Config{QEMUBinary: *qemuBin, SwtpmBinary: *swtpmBin, OVMFCode: *ovmfCode, OVMFVars: *ovmfVars}).Report(ctx)
+				hc := hostConfig()
+				report := host.New(hc).Report(ctx)
 				if report.GetOvmfCode() == "" || report.GetOvmfVars() == "" {
 					return fmt.Errorf("no OVMF code and variable store found (--ovmf-code, --ovmf-vars)")
 				}
-				version, err := qemu.ProbeVersion(ctx, *qemuBin)
+				version, err := qemu.ProbeVersion(ctx, hc.QEMUBinary)
 				if err != nil {
 					return err
 				}
 				// TCG: the PCRs do not depend on the accelerator, and a
 				// measuring boot needs no KVM probe.
 				drv := driver.New(driver.Config{
-					QEMUBinary: *qemuBin, SwtpmBinary: *swtpmBin, QEMUVersion: version,
+					QEMUBinary: hc.QEMUBinary, SwtpmBinary: hc.SwtpmBinary, QEMUVersion: version,
 					OVMFCode: report.GetOvmfCode(), OVMFVars: report.GetOvmfVars(),
 					Accelerator: hypervisorv1.Accelerator_ACCELERATOR_TCG,
 				}, log)
@@ -102,8 +91,7 @@ func imageMeasureCommand(ia *imageArgs, stdout io.Writer) cli.Command {
 					*pcrList, img.GetRef(), cmp.Or(fw.GetPackage(), "unpackaged"), fw.GetVersion(), fw.GetSha256(), path, time.Since(start).Round(100*time.Millisecond))
 				return nil
 			}
-		},
-	}
+		})
 }
 
 func parsePCRs(s string) ([]uint, error) {

@@ -89,7 +89,9 @@ func consoleHas(path string, marker []byte) bool {
 	return err == nil && bytes.Contains(b, marker)
 }
 
-// copyDisk copies src to the start of a sparse file of size bytes.
+// copyDisk copies src to the start of a sparse file of size bytes. Its
+// open, copy and close steps are like guestimage's fetchFile; kept apart: the
+// files, flags and checks differ, and the steps are Go's usual ones.
 func copyDisk(src, dst string, size int64) error {
 	in, err := os.Open(src)
 	if err != nil {

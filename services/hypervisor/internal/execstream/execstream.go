@@ -16,6 +16,7 @@ import (
 	"time"
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/pkg/bound"
 	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/sshexec"
 )
@@ -69,15 +70,9 @@ type Service struct {
 // New returns a Service over open. Its sessions end when ctx does, so that
 // an open terminal does not hold the hypervisor's drain for its whole timeout.
 func New(ctx context.Context, cfg Config, open Opener, log *slog.Logger) *Service {
-	if cfg.MaxSessions <= 0 {
-		cfg.MaxSessions = DefaultMaxSessions
-	}
-	if cfg.IdleTimeout <= 0 {
-		cfg.IdleTimeout = DefaultIdleTimeout
-	}
-	if cfg.MaxDuration <= 0 {
-		cfg.MaxDuration = DefaultMaxDuration
-	}
+	bound.Default(&cfg.MaxSessions, DefaultMaxSessions)
+	bound.Default(&cfg.IdleTimeout, DefaultIdleTimeout)
+	bound.Default(&cfg.MaxDuration, DefaultMaxDuration)
 	return &Service{ctx: ctx, cfg: cfg, open: open, log: log, slots: make(chan struct{}, cfg.MaxSessions),
 		ended: map[string]uint64{EndExit: 0, EndClient: 0, EndIdle: 0, EndMaxDuration: 0, EndShutdown: 0, EndError: 0}}
 }

@@ -251,7 +251,9 @@ func (g *guestReport) summary(now time.Time) *hypervisorv1.GuestMetrics {
 }
 
 // readReport parses the upload kept at path; nil and a note when there is
-// none, or when it is not a systemd-report.
+// none, or when it is not a systemd-report. Its chain of error checks has
+// the shape of swtpm's CA creation; kept: Go's error idiom over different
+// calls, nothing to share.
 func readReport(path string, limit int) (*guestReport, string) {
 	if path == "" {
 		return nil, noteNoReport

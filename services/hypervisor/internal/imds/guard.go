@@ -6,6 +6,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/giantswarm/vm-manager/pkg/bound"
 )
 
 // Limits bound what one VM may ask of the IMDS.
@@ -35,18 +37,10 @@ const (
 )
 
 func (l *Limits) defaults() {
-	if l.RequestsPerSecond <= 0 {
-		l.RequestsPerSecond = DefaultRequestsPerSecond
-	}
-	if l.Burst <= 0 {
-		l.Burst = DefaultBurst
-	}
-	if l.MaxQuoteBytes <= 0 {
-		l.MaxQuoteBytes = DefaultMaxQuoteBytes
-	}
-	if l.MaxReportBytes <= 0 {
-		l.MaxReportBytes = DefaultMaxReportBytes
-	}
+	bound.Default(&l.RequestsPerSecond, DefaultRequestsPerSecond)
+	bound.Default(&l.Burst, DefaultBurst)
+	bound.Default(&l.MaxQuoteBytes, DefaultMaxQuoteBytes)
+	bound.Default(&l.MaxReportBytes, DefaultMaxReportBytes)
 }
 
 // The bodies whose refusals are counted (Counters.BodiesTooLarge).

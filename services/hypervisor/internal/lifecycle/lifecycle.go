@@ -12,6 +12,8 @@ import (
 
 type state = hypervisorv1.State
 
+// Short names of the states, for the table below: one a line, so its
+// halves look alike; kept, there is nothing to share.
 const (
 	creating   = hypervisorv1.State_STATE_CREATING
 	installing = hypervisorv1.State_STATE_INSTALLING

@@ -3,6 +3,8 @@ package network
 import (
 	"sync/atomic"
 	"time"
+
+	"github.com/giantswarm/vm-manager/pkg/bound"
 )
 
 // Defaults of Limits. A UDP flow costs the host one socket and two
@@ -55,22 +57,12 @@ type Limits struct {
 }
 
 func (l Limits) withDefaults() Limits {
-	def := func(v *int, d int) {
-		if *v <= 0 {
-			*v = d
-		}
-	}
-	defDur := func(v *time.Duration, d time.Duration) {
-		if *v <= 0 {
-			*v = d
-		}
-	}
-	def(&l.NATTCPPerVM, DefaultNATTCPPerVM)
-	def(&l.NATUDPPerVM, DefaultNATUDPPerVM)
-	def(&l.IMDSConnsPerVM, DefaultIMDSConnsPerVM)
-	defDur(&l.NATUDPIdle, DefaultNATUDPIdle)
-	defDur(&l.IMDSReadTimeout, DefaultIMDSReadTimeout)
-	defDur(&l.IMDSIdleTimeout, DefaultIMDSIdleTimeout)
+	bound.Default(&l.NATTCPPerVM, DefaultNATTCPPerVM)
+	bound.Default(&l.NATUDPPerVM, DefaultNATUDPPerVM)
+	bound.Default(&l.IMDSConnsPerVM, DefaultIMDSConnsPerVM)
+	bound.Default(&l.NATUDPIdle, DefaultNATUDPIdle)
+	bound.Default(&l.IMDSReadTimeout, DefaultIMDSReadTimeout)
+	bound.Default(&l.IMDSIdleTimeout, DefaultIMDSIdleTimeout)
 	return l
 }
 

@@ -179,6 +179,9 @@ func (m *Monitor) Close() error {
 	return m.closeErr
 }
 
+// closed reports whether the connection has ended. The non-blocking receive
+// is proc.Process.Exited's too; kept: a four-line idiom, not worth a
+// package.
 func (m *Monitor) closed() bool {
 	select {
 	case <-m.done:

@@ -47,7 +47,9 @@ var (
 	keyRevision      = []byte("revision")
 )
 
-// Schema is the hypervisor database's layout and migrations.
+// Schema is the hypervisor database's layout and migrations. It is declared
+// like policystore.Schema (services/attestation): kept apart, as each names
+// its own buckets and migrations; what they share is pkg/boltdb.
 var Schema = boltdb.Schema{
 	Name: "hypervisor",
 	Migrations: []boltdb.Migration{
@@ -64,32 +66,17 @@ var Schema = boltdb.Schema{
 // times included; the PEM and hex forms schema 3 kept of the TPM identity are
 // dropped (they are derived from the raw keys, which stay).
 func recordsOfTheirOwn(tx *bolt.Tx) error {
-	b := tx.Bucket(bucketVMs)
-	type rec struct{ k, v []byte }
-	var out []rec
-	if err := b.ForEach(func(k, v []byte) error {
+	return boltdb.RewriteValues(tx.Bucket(bucketVMs), func(k, v []byte) ([]byte, bool, error) {
 		vm := &storepb.VirtualMachine{}
 		if err := proto.Unmarshal(v, vm); err != nil {
-			return fmt.Errorf("vm %s: %w", k, err)
+			return nil, false, fmt.Errorf("vm %s: %w", k, err)
 		}
 		if t := vm.GetTpm(); t != nil {
 			t.ProtoReflect().SetUnknown(nil)
 		}
 		raw, err := proto.Marshal(vm)
-		if err != nil {
-			return err
-		}
-		out = append(out, rec{append([]byte(nil), k...), raw})
-		return nil
-	}); err != nil {
-		return err
-	}
-	for _, r := range out {
-		if err := b.Put(r.k, r.v); err != nil {
-			return err
-		}
-	}
-	return nil
+		return raw, true, err
+	})
 }
 
 // Store is the hypervisor's persistent state.
