@@ -1,5 +1,7 @@
 // Package apiserver implements the public AttestationService and the
-// pod-internal VerifierService over the policy store.
+// pod-internal VerifierService over the policy store. Quotes and golden
+// values are judged and recorded by internal/verifier; the handlers check
+// requests and translate.
 package apiserver
 
 import (
@@ -19,6 +21,7 @@ import (
 	"github.com/giantswarm/vm-manager/services/attestation/internal/nonce"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/policy"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/policystore"
+	"github.com/giantswarm/vm-manager/services/attestation/internal/verifier"
 	"github.com/giantswarm/vm-manager/services/attestation/internal/verify"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -41,8 +44,9 @@ type Server struct {
 	// Unsafe, not Unimplemented: an RPC without a handler does not compile.
 	attestationv1.UnsafeAttestationServiceServer
 	attestationv1.UnsafeVerifierServiceServer
-	store  *policystore.Store
-	nonces *nonce.Store
+	store    *policystore.Store
+	nonces   *nonce.Store
+	verifier *verifier.Verifier // over store and nonces
 	// forget keeps a nonce from being issued to a VM being forgotten (its
 	// entry in nonces would outlive it): IssueNonce holds it shared.
 	forget sync.RWMutex
@@ -66,14 +70,21 @@ func New(st *policystore.Store, opts Options) (*Server, error) {
 	return s, nil
 }
 
-// resetNonces starts an empty nonce store on s.now, as a restart does.
+// resetNonces starts an empty nonce store on s.now, as a restart does, and
+// the verifier over it.
 func (s *Server) resetNonces() error {
 	key, err := s.store.NonceKey()
 	if err != nil {
 		return err
 	}
-	s.nonces, err = nonce.New(nonce.Options{Key: key, Max: s.opts.MaxNonces, Now: func() time.Time { return s.now() }})
-	return err
+	now := func() time.Time { return s.now() } // s.now as it is at each call
+	if s.nonces, err = nonce.New(nonce.Options{Key: key, Max: s.opts.MaxNonces, Now: now}); err != nil {
+		return err
+	}
+	s.verifier = verifier.New(s.store, s.store, s.nonces, s.vms, verifier.Options{
+		Mode: s.opts.Mode, LearnGolden: s.opts.LearnGolden, Log: s.log, Keys: s.aks, Now: now,
+	})
+	return nil
 }
 
 var (
@@ -86,6 +97,14 @@ func checkImage(ref string) error {
 		return apierr.Invalidf("image", "image %q is not <id>_<version>", ref)
 	}
 	return nil
+}
+
+// short is a fingerprint as log lines name it.
+func short(fp string) string {
+	if len(fp) > 16 {
+		return fp[:16]
+	}
+	return fp
 }
 
 // Warnings are what an operator must know about the mode.
@@ -211,12 +230,7 @@ func (s *Server) GetVirtualMachineAttestation(_ context.Context, req *attestatio
 	if !vmID.MatchString(req.GetId()) {
 		return nil, apierr.Errorf(apierr.NotFound, "vm %q not found", req.GetId())
 	}
-	vm, att, err := s.store.GetVM(req.GetId())
-	if err != nil {
-		return nil, err
-	}
-	s.noteNonce(vm.ID, att)
-	return att, nil
+	return s.verifier.Attestation(req.GetId())
 }
 
 // BeginBoot starts a new boot's verdicts and registers the attestation key

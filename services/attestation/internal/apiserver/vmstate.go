@@ -26,6 +26,9 @@ type vmLock struct {
 
 func newVMLocks() *vmLocks { return &vmLocks{locks: map[string]*vmLock{}} }
 
+// Lock is lock, as the verifier takes it (verifier.Locks).
+func (l *vmLocks) Lock(id string) func() { return l.lock(id) }
+
 // lock locks the VM's record and returns the unlock.
 func (l *vmLocks) lock(id string) func() {
 	l.mu.Lock()
@@ -63,9 +66,9 @@ type akCache struct {
 
 func newAKCache() *akCache { return &akCache{keys: map[string]*verify.AK{}} }
 
-// key returns the VM's registered key parsed, or nil when it has none or it
+// Key returns the VM's registered key parsed, or nil when it has none or it
 // does not parse (Check then parses the quote's key and says why).
-func (c *akCache) key(vm *policystore.VM) *verify.AK {
+func (c *akCache) Key(vm *policystore.VM) *verify.AK {
 	if len(vm.AKPub) == 0 {
 		return nil
 	}
