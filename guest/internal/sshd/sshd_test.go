@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/giantswarm/vm-manager/guest/internal/initsys"
+	"github.com/giantswarm/vm-manager/pkg/poll"
 )
 
 type fixture struct {
@@ -237,9 +239,21 @@ func TestPty(t *testing.T) {
 	}
 	expect("stty size", "40 100")
 	expect("echo to-stderr >&2", "to-stderr")
-	// ^C flushes the terminal's queues: send it once sleep runs.
+	// $(($$)): the echoed command line does not match pid=[0-9].
+	expect("echo pid=$(($$))", "pid=")
+	var shell int
+	poll.Until(t, "the shell's pid", func() bool {
+		m := regexp.MustCompile(`pid=([0-9]+)`).FindStringSubmatch(out.String())
+		if m != nil {
+			shell, _ = strconv.Atoi(m[1])
+		}
+		return m != nil
+	})
+	// ^C flushes the terminal's queues and signals its foreground process
+	// group: send it once sleep runs as that group, not while the shell is
+	// between its echo and the fork.
 	expect("echo sleeping; sleep 100", "sleeping\r\n")
-	time.Sleep(200 * time.Millisecond)
+	poll.Until(t, "sleep to be the terminal's foreground job", func() bool { return foregroundChild(shell, "sleep") })
 	if _, err := stdin.Write([]byte{3}); err != nil { // ^C
 		t.Fatal(err)
 	}
@@ -286,6 +300,12 @@ func (s *syncBuf) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 // wait waits until the output so far contains want.
@@ -409,6 +429,28 @@ func TestDisconnectKills(t *testing.T) {
 			t.Fatalf("pid %d still running after the client disconnected", pid)
 		}
 	}
+}
+
+// foregroundChild: a child of ppid runs comm as the foreground process group
+// of its controlling terminal.
+func foregroundChild(ppid int, comm string) bool {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid pgrp session tty_nr tpgid ...
+		head, rest, ok := strings.Cut(string(b), ") ")
+		f := strings.Fields(rest)
+		if !ok || len(f) < 6 || !strings.HasSuffix(head, "("+comm) {
+			continue
+		}
+		if f[1] == strconv.Itoa(ppid) && f[2] == f[5] {
+			return true
+		}
+	}
+	return false
 }
 
 // alive: the process exists and is not a zombie waiting for its parent.

@@ -7,8 +7,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"testing"
 	"time"
+
+	"github.com/giantswarm/vm-manager/pkg/poll"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -175,17 +178,14 @@ func TestCloseDoesNotWaitForSilentClients(t *testing.T) {
 	}
 	defer c.Close()
 	// The split has the connection once it is being classified.
-	for {
+	poll.Until(t, "the connection to be classified", func() bool {
 		s.mu.Lock()
-		n := len(s.pending)
-		s.mu.Unlock()
-		if n == 1 {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
+		defer s.mu.Unlock()
+		return len(s.pending) == 1
+	})
 	_ = s.Close()
-	if _, err := c.Read(make([]byte, 1)); err == nil {
-		t.Error("the silent connection is still open after Close")
+	_ = c.SetReadDeadline(time.Now().Add(poll.Bound))
+	if _, err := c.Read(make([]byte, 1)); err == nil || os.IsTimeout(err) {
+		t.Errorf("the silent connection is still open after Close: %v", err)
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/pkg/poll"
 	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -104,15 +105,12 @@ func newTestRouter(t *testing.T, members ...Member) (*Router, *Hypervisor) {
 	done := make(chan struct{})
 	go func() { _ = r.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	for {
+	poll.Until(t, "the router's first update", func() bool {
 		r.mu.RLock()
-		known := r.known
-		r.mu.RUnlock()
-		if known {
-			return r, NewHypervisor(r)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		defer r.mu.RUnlock()
+		return r.known
+	})
+	return r, NewHypervisor(r)
 }
 
 func TestRouteByID(t *testing.T) {

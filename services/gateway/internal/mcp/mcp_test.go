@@ -12,6 +12,7 @@ import (
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/pkg/buildinfo"
+	"github.com/giantswarm/vm-manager/pkg/poll"
 	"github.com/giantswarm/vm-manager/services/gateway/internal/restjson"
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -422,11 +423,11 @@ func TestCreateVMProgress(t *testing.T) {
 		t.Errorf("create_vm = %s", got)
 	}
 	// Notifications travel on the same stream ahead of the result, but the
-	// client dispatches them asynchronously.
-	deadline := time.Now().Add(2 * time.Second)
-	for len(h.progressSeen()) < 2 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	// client dispatches them asynchronously: wait for the ready one, the
+	// last the server sends.
+	poll.Until(t, "the progress notification of the VM ready", func() bool {
+		return slices.ContainsFunc(h.progressSeen(), func(p *mcp.ProgressNotificationParams) bool { return p.Message == "vm 0a1b2c3d is ready" })
+	})
 	ps := h.progressSeen()
 	if len(ps) < 2 {
 		t.Fatalf("got %d progress notifications, want at least 2: %v", len(ps), ps)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/pkg/poll"
 	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/sshexec"
 )
@@ -145,22 +146,50 @@ func TestShutdownEndsSessions(t *testing.T) {
 	}
 }
 
+// TestIdleTimer: touches, each well within the timeout of the one before,
+// keep the timer from firing for several timeouts; without them it fires.
+// The touches are paced by sleeps (the timer runs on the clock), so the test
+// measures the longest time the timer went untouched: a firing is a failure
+// if that stayed under half the timeout, and an attempt that a loaded
+// machine held up for longer is made again.
 func TestIdleTimer(t *testing.T) {
-	fired := make(chan struct{})
-	it := newIdle(200*time.Millisecond, func() { close(fired) })
-	defer it.stop()
-	for range 5 {
-		time.Sleep(100 * time.Millisecond)
-		it.touch()
-	}
-	select {
-	case <-fired:
-		t.Fatal("fired while touched")
-	default:
-	}
-	select {
-	case <-fired:
-	case <-time.After(5 * time.Second):
-		t.Fatal("did not fire once idle")
+	const timeout = 200 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		fired := make(chan struct{})
+		prev := time.Now() // before the timer's first touch, in newIdle
+		it := newIdle(timeout, func() { close(fired) })
+		var untouched time.Duration // at most, from before a touch to after the next
+		for range 25 {
+			time.Sleep(timeout / 10)
+			before := time.Now()
+			it.touch()
+			untouched = max(untouched, time.Since(prev))
+			prev = before
+		}
+		firedWhileTouched := false
+		select {
+		case <-fired:
+			firedWhileTouched = true
+		default:
+		}
+		untouched = max(untouched, time.Since(prev))
+		if firedWhileTouched && untouched < timeout/2 {
+			t.Fatalf("fired while touched: untouched for at most %s, timeout %s", untouched, timeout)
+		}
+		if firedWhileTouched {
+			it.stop()
+			if attempt == 5 {
+				t.Fatalf("fired in %d attempts, each held up between touches (last for %s)", attempt, untouched)
+			}
+			t.Logf("attempt %d: fired, untouched for up to %s: again", attempt, untouched)
+			continue
+		}
+		select {
+		case <-fired:
+		case <-time.After(poll.Bound):
+			t.Fatal("did not fire once idle")
+		}
+		it.stop()
+		return
 	}
 }

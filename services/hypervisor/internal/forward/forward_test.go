@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -75,7 +76,8 @@ func TestForwardCloseEndsConnections(t *testing.T) {
 			if err != nil {
 				return
 			}
-			defer c.Close() // holds the connection open
+			defer c.Close()      // holds the connection open
+			c.Write([]byte("+")) // the client reading it sees the proxy connected
 		}
 	}()
 	f, err := Listen("127.0.0.1:0", func(ctx context.Context) (net.Conn, error) {
@@ -91,13 +93,16 @@ func TestForwardCloseEndsConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	time.Sleep(100 * time.Millisecond) // let the proxy dial the target
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if b, err := io.ReadAll(io.LimitReader(c, 1)); err != nil || string(b) != "+" {
+		t.Fatalf("the target's greeting through the proxy: %q %v", b, err)
+	}
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
-	c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if _, err := c.Read(make([]byte, 1)); err == nil {
-		t.Fatal("connection still open after Close")
+	// EOF or a reset: a timeout would be the connection still open.
+	if _, err := c.Read(make([]byte, 1)); err == nil || os.IsTimeout(err) {
+		t.Fatalf("connection still open after Close: %v", err)
 	}
 	if _, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 		t.Fatal("port still listening after Close")

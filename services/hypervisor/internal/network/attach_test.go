@@ -14,9 +14,11 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/giantswarm/vm-manager/pkg/logging/logtest"
 	"github.com/giantswarm/vm-manager/sdk/apierr"
 )
 
@@ -341,11 +343,30 @@ func TestAttachRedial(t *testing.T) {
 // returns nil promptly once its context is cancelled, whether connected or
 // still dialling.
 func TestAttachWaitsAndCancels(t *testing.T) {
-	n := startTest(t, Spec{Name: "wait", CIDR: "10.63.0.0/24"}, nil, nil)
+	var logs logtest.Buffer
+	n, err := Start(t.Context(), Spec{Name: "wait", CIDR: "10.63.0.0/24"}, nil, nil, Limits{},
+		slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	t.Cleanup(func() { _ = n.Close() })
+	// dialled waits until Attach has dialled sock and failed with why: it
+	// logs each retry.
+	dialled := func(sock, why string) {
+		t.Helper()
+		poll.Until(t, "Attach to dial "+sock+": "+why, func() bool {
+			for _, line := range strings.Split(logs.String(), "\n") {
+				if strings.Contains(line, "socket="+sock+" ") && strings.Contains(line, why) {
+					return true
+				}
+			}
+			return false
+		})
+	}
 	ip := mustAllocate(t, n, "vm")
 	q := newQEMU(t)
 	q.attach(n, "vm")
-	time.Sleep(200 * time.Millisecond) // dialling a missing socket
+	dialled(q.sock, "no such file or directory")
 
 	// A stale socket file: connection refused.
 	stale, err := net.ListenUnix("unix", &net.UnixAddr{Name: q.sock, Net: "unix"})
@@ -354,7 +375,7 @@ func TestAttachWaitsAndCancels(t *testing.T) {
 	}
 	stale.SetUnlinkOnClose(false)
 	_ = stale.Close()
-	time.Sleep(200 * time.Millisecond)
+	dialled(q.sock, "connection refused")
 	if err := os.Remove(q.sock); err != nil {
 		t.Fatal(err)
 	}
@@ -378,7 +399,7 @@ func TestAttachWaitsAndCancels(t *testing.T) {
 	// Cancelled while the socket is missing.
 	q2 := newQEMU(t)
 	q2.attach(n, "vm")
-	time.Sleep(300 * time.Millisecond)
+	dialled(q2.sock, "no such file or directory")
 	q2.cancel()
 	if err := q2.result(5 * time.Second); err != nil {
 		t.Fatalf("Attach after cancel while dialling: %v", err)
@@ -387,7 +408,7 @@ func TestAttachWaitsAndCancels(t *testing.T) {
 	// Closing the network ends a dialling Attach too.
 	q3 := newQEMU(t)
 	q3.attach(n, "vm")
-	time.Sleep(100 * time.Millisecond)
+	dialled(q3.sock, "no such file or directory")
 	if err := n.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -3,12 +3,14 @@ package notify
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/giantswarm/vm-manager/pkg/poll"
 	"github.com/mdlayher/vsock"
 )
 
@@ -121,6 +123,7 @@ func TestServeVsockRoutesByCID(t *testing.T) {
 	if m := recv(t, b); m.Status != "from user space" || m.Privileged {
 		t.Errorf("vm-b got %+v, want unprivileged (port 1024)", m)
 	}
+	waitStats(t, r, func(s Stats) bool { return s.Delivered == 2 }) // vm-b's Deliver is over
 	noMessage(t, a)
 
 	// Unknown and unmapped CIDs are not routed.
@@ -167,12 +170,12 @@ func TestServeVsockReadDeadline(t *testing.T) {
 	c := l.dial(t, 3, 1)
 	defer c.Close()
 	go c.Write([]byte("READY=1"))
-	noMessage(t, ch)
-	time.Sleep(300 * time.Millisecond)
-	// The host closed its end after the deadline.
-	c.SetReadDeadline(time.Now().Add(2 * time.Second))
-	if _, err := c.Read(make([]byte, 1)); err == nil {
-		t.Error("host kept the connection past its read deadline")
+	// The host closes its end after the deadline (EOF here; a timeout of
+	// this read would mean it kept the connection), and only after it
+	// decided not to deliver.
+	c.SetReadDeadline(time.Now().Add(poll.Bound))
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Fatalf("host kept the connection past its read deadline: %v", err)
 	}
 	noMessage(t, ch)
 }
@@ -203,7 +206,11 @@ func TestServeVsockLimitsConnectionsPerCID(t *testing.T) {
 	}
 	// A closed connection frees its slot.
 	idle1.Close()
-	time.Sleep(50 * time.Millisecond)
+	poll.Until(t, "the closed connection's slot freed", func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.open[3] < r.vsockPerCID
+	})
 	r.MapCID(3, "other")
 	l.send(t, 3, 1, "STATUS=slot free")
 	if m := recv(t, ch); m.Status != "slot free" {

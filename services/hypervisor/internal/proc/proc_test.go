@@ -2,12 +2,16 @@ package proc
 
 import (
 	"errors"
+	"os"
 	"os/exec"
 	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/giantswarm/vm-manager/pkg/poll"
 	"golang.org/x/sys/unix"
 )
 
@@ -77,7 +81,7 @@ func TestTerminateEscalatesToKill(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(100 * time.Millisecond) // let the shell install its trap
+	poll.Until(t, "the shell to ignore TERM", func() bool { return ignores(t, p.PID, syscall.SIGTERM) })
 	start := time.Now()
 	p.Terminate(300 * time.Millisecond)
 	if !p.Exited() {
@@ -89,6 +93,26 @@ func TestTerminateEscalatesToKill(t *testing.T) {
 	if time.Since(start) < 300*time.Millisecond {
 		t.Error("SIGKILL came before the grace period")
 	}
+}
+
+// ignores: process pid ignores sig (a shell's empty trap for it is set).
+func ignores(t *testing.T, pid int, sig syscall.Signal) bool {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if hex, ok := strings.CutPrefix(line, "SigIgn:"); ok {
+			mask, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", line, err)
+			}
+			return mask&(1<<(sig-1)) != 0
+		}
+	}
+	t.Fatalf("no SigIgn in /proc/%d/status", pid)
+	return false
 }
 
 func TestStartOfAQuickProcess(t *testing.T) {
@@ -110,13 +134,12 @@ func TestReadStat(t *testing.T) {
 	defer p.Terminate(time.Second)
 	// Right after fork the child may not have exec'd and mapped anything yet.
 	var st Stat
-	for i := 0; i < 100 && st.RSSBytes == 0; i++ {
-		st, err = ReadStat(p.PID)
-		if err != nil {
+	poll.Until(t, "a resident set", func() bool {
+		if st, err = ReadStat(p.PID); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return st.RSSBytes != 0
+	})
 	if st.RSSBytes <= 0 {
 		t.Errorf("stat %+v", st)
 	}

@@ -309,7 +309,8 @@ func TestQEMUDiskBootWithSwtpmNetworkAndNotify(t *testing.T) {
 	// swtpm serves one control client at a time and QEMU keeps its control
 	// connection open: a probe of an swtpm in use goes unanswered. An
 	// adopting hypervisor must rely on the PID and start time instead.
-	time.Sleep(time.Second)
+	// QEMU opened that connection (and asked swtpm's capabilities on it)
+	// while it initialised its TPM backend, before QMP answered above.
 	if err := swtpm.Probe(ctxT(t, 500*time.Millisecond), cfg.CtrlSocket); !errors.Is(err, swtpm.ErrUnresponsive) {
 		t.Errorf("probe while QEMU holds the control channel: %v, want ErrUnresponsive", err)
 	}
