@@ -221,7 +221,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		NotifyVsockPort: vsockPort,
 		VTPMCA:          ca,
 	}, log)
-	vms, err := vm.New(vm.Config{
+	vms, err := wireVMs(vm.Config{
 		StateDir:           cfg.StateDir,
 		ImageDir:           cfg.ImageDir,
 		Accelerator:        report.GetAccelerator(),
@@ -245,17 +245,17 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	defer vms.Close()
-	vms.RunLoops()
+	defer vms.close()
+	vms.run()
 	// Watch streams never end by themselves: end them when the drain starts.
-	stopWatches := context.AfterFunc(ctx, vms.EndWatches)
+	stopWatches := context.AfterFunc(ctx, vms.endWatches)
 	defer stopWatches()
 
 	// The internal TelemetryService is read-only and needs no token: the
 	// gateway's metrics scrape has no caller (see its proto).
 	srv := mesh.NewServer(log, verifier.ServerOptions(hypervisorv1.TelemetryService_ServiceDesc.ServiceName)...)
-	api := apiserver.New(prober, cat, vms, vms.Guest(), vms).
-		WithExecStreams(execstream.New(ctx, cfg.Exec, vms, log.With("component", "exec")))
+	api := apiserver.New(vms.api(prober, cat)).
+		WithExecStreams(execstream.New(ctx, cfg.Exec, vms.access, log.With("component", "exec")))
 	hypervisorv1.RegisterHypervisorServiceServer(srv, api)
 	hypervisorv1.RegisterTelemetryServiceServer(srv, api.Telemetry())
 	ln, err := mesh.Listen(cfg.Socket)

@@ -21,29 +21,52 @@ type Catalog interface {
 	Get(ref string) (*hypervisorv1.Image, error)
 }
 
-// VMs is the VM lifecycle.
+// VMs are the VM records (vm.Table).
 type VMs interface {
-	Create(ctx context.Context, req *hypervisorv1.CreateVirtualMachineRequest, createdBy string) (*hypervisorv1.VirtualMachine, error)
 	Get(id string) (*hypervisorv1.VirtualMachine, error)
 	List() []*hypervisorv1.VirtualMachine
+}
+
+// Lifecycle is the VM verbs (vm.Manager).
+type Lifecycle interface {
+	Create(ctx context.Context, req *hypervisorv1.CreateVirtualMachineRequest, createdBy string) (*hypervisorv1.VirtualMachine, error)
 	Start(ctx context.Context, id string) (*hypervisorv1.VirtualMachine, error)
 	Stop(ctx context.Context, id string) (*hypervisorv1.VirtualMachine, error)
 	Reboot(ctx context.Context, id string) (*hypervisorv1.VirtualMachine, error)
 	Suspend(ctx context.Context, id string) (*hypervisorv1.VirtualMachine, error)
 	Resume(ctx context.Context, id string) (*hypervisorv1.VirtualMachine, error)
 	Delete(ctx context.Context, id string) error
-	Console(id string, lines int32) (*hypervisorv1.GetVirtualMachineConsoleResponse, error)
-	Metrics(id string) (*hypervisorv1.VirtualMachineMetrics, error)
+	SuspendCounters() *hypervisorv1.SuspendCounters
+}
+
+// Lifetimes change a VM's expiry and idle timeout (vm.Activity).
+type Lifetimes interface {
+	UpdateLifetime(ctx context.Context, req *hypervisorv1.UpdateVirtualMachineLifetimeRequest) (*hypervisorv1.VirtualMachine, error)
+}
+
+// Access reaches into a VM (vm.Access).
+type Access interface {
 	Exec(ctx context.Context, id string, command []string) (*hypervisorv1.ExecVirtualMachineResponse, error)
 	Forward(ctx context.Context, id string, port int32) (*hypervisorv1.ForwardVirtualMachinePortResponse, error)
-	UpdateLifetime(ctx context.Context, req *hypervisorv1.UpdateVirtualMachineLifetimeRequest) (*hypervisorv1.VirtualMachine, error)
+	Metrics(id string) (*hypervisorv1.VirtualMachineMetrics, error)
+}
 
+// Consoles read a VM's serial console (vm.Consoles).
+type Consoles interface {
+	Console(id string, lines int32) (*hypervisorv1.GetVirtualMachineConsoleResponse, error)
+}
+
+// Watches stream the VMs' changes (vm.Watches).
+type Watches interface {
 	Watch(ctx context.Context, req *hypervisorv1.WatchVirtualMachinesRequest, send func(*hypervisorv1.WatchVirtualMachinesResponse) error) error
+}
 
-	CreateNetwork(ctx context.Context, req *hypervisorv1.CreateNetworkRequest, createdBy string) (*hypervisorv1.Network, error)
-	GetNetwork(name string) (*hypervisorv1.Network, error)
-	ListNetworks() []*hypervisorv1.Network
-	DeleteNetwork(ctx context.Context, name string) error
+// Networks are the host's networks (network.Registry).
+type Networks interface {
+	Create(req *hypervisorv1.CreateNetworkRequest, createdBy string) (*hypervisorv1.Network, error)
+	Get(name string) (*hypervisorv1.Network, error)
+	List() []*hypervisorv1.Network
+	Delete(name string) error
 }
 
 // Guests are the guests' report uploads.
@@ -57,120 +80,129 @@ type Bounds interface {
 	BoundCounters() *hypervisorv1.GetBoundCountersResponse
 }
 
+// Deps are what the HypervisorService serves from.
+type Deps struct {
+	Host      HostProber
+	Catalog   Catalog
+	VMs       VMs
+	Lifecycle Lifecycle
+	Lifetimes Lifetimes
+	Access    Access
+	Consoles  Consoles
+	Watches   Watches
+	Networks  Networks
+	Guests    Guests
+	Bounds    Bounds
+}
+
 // Server is the HypervisorService.
 type Server struct {
 	// Unsafe, not Unimplemented: an RPC without a handler does not compile.
 	hypervisorv1.UnsafeHypervisorServiceServer
-	host    HostProber
-	catalog Catalog
-	vms     VMs
-	guests  Guests
-	bounds  Bounds
-	exec    ExecStreams // nil: ExecVirtualMachineStream is unsupported
+	Deps
+	exec ExecStreams // nil: ExecVirtualMachineStream is unsupported
 }
 
 // New returns a HypervisorService over its dependencies.
-func New(host HostProber, catalog Catalog, vms VMs, guests Guests, bounds Bounds) *Server {
-	return &Server{host: host, catalog: catalog, vms: vms, guests: guests, bounds: bounds}
-}
+func New(d Deps) *Server { return &Server{Deps: d} }
 
 func (s *Server) GetHost(ctx context.Context, _ *hypervisorv1.GetHostRequest) (*hypervisorv1.Host, error) {
-	return s.host.Report(ctx), nil
+	return s.Host.Report(ctx), nil
 }
 
 func (s *Server) ListImages(context.Context, *hypervisorv1.ListImagesRequest) (*hypervisorv1.ListImagesResponse, error) {
-	return &hypervisorv1.ListImagesResponse{Images: s.catalog.List()}, nil
+	return &hypervisorv1.ListImagesResponse{Images: s.Catalog.List()}, nil
 }
 
 func (s *Server) GetImage(_ context.Context, req *hypervisorv1.GetImageRequest) (*hypervisorv1.Image, error) {
-	return s.catalog.Get(req.GetRef())
+	return s.Catalog.Get(req.GetRef())
 }
 
 func (s *Server) ListNetworks(context.Context, *hypervisorv1.ListNetworksRequest) (*hypervisorv1.ListNetworksResponse, error) {
-	return &hypervisorv1.ListNetworksResponse{Networks: s.vms.ListNetworks()}, nil
+	return &hypervisorv1.ListNetworksResponse{Networks: s.Networks.List()}, nil
 }
 
 func (s *Server) GetNetwork(_ context.Context, req *hypervisorv1.GetNetworkRequest) (*hypervisorv1.Network, error) {
-	return s.vms.GetNetwork(req.GetName())
+	return s.Networks.Get(req.GetName())
 }
 
 func (s *Server) CreateNetwork(ctx context.Context, req *hypervisorv1.CreateNetworkRequest) (*hypervisorv1.Network, error) {
-	return s.vms.CreateNetwork(ctx, req, identity.FromContext(ctx).String())
+	return s.Networks.Create(req, identity.FromContext(ctx).String())
 }
 
 func (s *Server) DeleteNetwork(ctx context.Context, req *hypervisorv1.DeleteNetworkRequest) (*hypervisorv1.DeleteNetworkResponse, error) {
-	if err := s.vms.DeleteNetwork(ctx, req.GetName()); err != nil {
+	if err := s.Networks.Delete(req.GetName()); err != nil {
 		return nil, err
 	}
 	return &hypervisorv1.DeleteNetworkResponse{Name: req.GetName(), Deleted: true}, nil
 }
 
 func (s *Server) ListVirtualMachines(context.Context, *hypervisorv1.ListVirtualMachinesRequest) (*hypervisorv1.ListVirtualMachinesResponse, error) {
-	return &hypervisorv1.ListVirtualMachinesResponse{Vms: s.vms.List()}, nil
+	return &hypervisorv1.ListVirtualMachinesResponse{Vms: s.VMs.List()}, nil
 }
 
 func (s *Server) GetVirtualMachine(_ context.Context, req *hypervisorv1.GetVirtualMachineRequest) (*hypervisorv1.VirtualMachine, error) {
-	return s.vms.Get(req.GetId())
+	return s.VMs.Get(req.GetId())
 }
 
 func (s *Server) CreateVirtualMachine(ctx context.Context, req *hypervisorv1.CreateVirtualMachineRequest) (*hypervisorv1.VirtualMachine, error) {
-	return s.vms.Create(ctx, req, identity.FromContext(ctx).String())
+	return s.Lifecycle.Create(ctx, req, identity.FromContext(ctx).String())
 }
 
 func (s *Server) DeleteVirtualMachine(ctx context.Context, req *hypervisorv1.DeleteVirtualMachineRequest) (*hypervisorv1.DeleteVirtualMachineResponse, error) {
-	if err := s.vms.Delete(ctx, req.GetId()); err != nil {
+	if err := s.Lifecycle.Delete(ctx, req.GetId()); err != nil {
 		return nil, err
 	}
 	return &hypervisorv1.DeleteVirtualMachineResponse{Id: req.GetId(), Deleted: true}, nil
 }
 
 func (s *Server) StartVirtualMachine(ctx context.Context, req *hypervisorv1.StartVirtualMachineRequest) (*hypervisorv1.VirtualMachine, error) {
-	return s.vms.Start(ctx, req.GetId())
+	return s.Lifecycle.Start(ctx, req.GetId())
 }
 
 func (s *Server) StopVirtualMachine(ctx context.Context, req *hypervisorv1.StopVirtualMachineRequest) (*hypervisorv1.VirtualMachine, error) {
-	return s.vms.Stop(ctx, req.GetId())
+	return s.Lifecycle.Stop(ctx, req.GetId())
 }
 
 func (s *Server) RebootVirtualMachine(ctx context.Context, req *hypervisorv1.RebootVirtualMachineRequest) (*hypervisorv1.VirtualMachine, error) {
-	return s.vms.Reboot(ctx, req.GetId())
+	return s.Lifecycle.Reboot(ctx, req.GetId())
 }
 
 func (s *Server) SuspendVirtualMachine(ctx context.Context, req *hypervisorv1.SuspendVirtualMachineRequest) (*hypervisorv1.VirtualMachine, error) {
-	return s.vms.Suspend(ctx, req.GetId())
+	return s.Lifecycle.Suspend(ctx, req.GetId())
 }
 
 func (s *Server) ResumeVirtualMachine(ctx context.Context, req *hypervisorv1.ResumeVirtualMachineRequest) (*hypervisorv1.VirtualMachine, error) {
-	return s.vms.Resume(ctx, req.GetId())
+	return s.Lifecycle.Resume(ctx, req.GetId())
 }
 
 func (s *Server) GetVirtualMachineConsole(_ context.Context, req *hypervisorv1.GetVirtualMachineConsoleRequest) (*hypervisorv1.GetVirtualMachineConsoleResponse, error) {
-	return s.vms.Console(req.GetId(), req.GetLines())
+	return s.Consoles.Console(req.GetId(), req.GetLines())
 }
 
 func (s *Server) GetVirtualMachineMetrics(_ context.Context, req *hypervisorv1.GetVirtualMachineMetricsRequest) (*hypervisorv1.VirtualMachineMetrics, error) {
-	return s.vms.Metrics(req.GetId())
+	return s.Access.Metrics(req.GetId())
 }
 
 func (s *Server) ExecVirtualMachine(ctx context.Context, req *hypervisorv1.ExecVirtualMachineRequest) (*hypervisorv1.ExecVirtualMachineResponse, error) {
-	return s.vms.Exec(ctx, req.GetId(), req.GetCommand())
+	return s.Access.Exec(ctx, req.GetId(), req.GetCommand())
 }
 
 func (s *Server) ForwardVirtualMachinePort(ctx context.Context, req *hypervisorv1.ForwardVirtualMachinePortRequest) (*hypervisorv1.ForwardVirtualMachinePortResponse, error) {
-	return s.vms.Forward(ctx, req.GetId(), req.GetPort())
+	return s.Access.Forward(ctx, req.GetId(), req.GetPort())
 }
 
 func (s *Server) UpdateVirtualMachineLifetime(ctx context.Context, req *hypervisorv1.UpdateVirtualMachineLifetimeRequest) (*hypervisorv1.VirtualMachine, error) {
-	return s.vms.UpdateLifetime(ctx, req)
+	return s.Lifetimes.UpdateLifetime(ctx, req)
 }
 
 func (s *Server) GetVirtualMachineReport(_ context.Context, req *hypervisorv1.GetVirtualMachineReportRequest) (*hypervisorv1.GetVirtualMachineReportResponse, error) {
-	return s.guests.Report(req.GetId())
+	return s.Guests.Report(req.GetId())
 }
 
-// WatchVirtualMachines streams the VMs' changes (vm.Manager.Watch).
+// WatchVirtualMachines streams the VMs' changes (vm.Watches.Watch).
 func (s *Server) WatchVirtualMachines(req *hypervisorv1.WatchVirtualMachinesRequest, stream hypervisorv1.HypervisorService_WatchVirtualMachinesServer) error {
-	return s.vms.Watch(stream.Context(), req, stream.Send)
+	return s.Watches.Watch(stream.Context(), req, stream.Send)
 }
 
 // Telemetry serves the internal TelemetryService (the gateway's metrics
@@ -196,21 +228,13 @@ func (t *Telemetry) ListNetworks(ctx context.Context, req *hypervisorv1.ListNetw
 }
 
 func (t *Telemetry) ListGuestSeries(context.Context, *hypervisorv1.ListGuestSeriesRequest) (*hypervisorv1.ListGuestSeriesResponse, error) {
-	return &hypervisorv1.ListGuestSeriesResponse{Vms: t.s.guests.GuestSeries()}, nil
+	return &hypervisorv1.ListGuestSeriesResponse{Vms: t.s.Guests.GuestSeries()}, nil
 }
 
 func (t *Telemetry) GetBoundCounters(context.Context, *hypervisorv1.GetBoundCountersRequest) (*hypervisorv1.GetBoundCountersResponse, error) {
 	return t.s.boundCounters(), nil
 }
 
-// suspendCounters is the VM manager's suspend telemetry (vm/suspend.go).
-type suspendCounters interface {
-	SuspendCounters() *hypervisorv1.SuspendCounters
-}
-
 func (t *Telemetry) GetSuspendCounters(context.Context, *hypervisorv1.GetSuspendCountersRequest) (*hypervisorv1.SuspendCounters, error) {
-	if sc, ok := t.s.vms.(suspendCounters); ok {
-		return sc.SuspendCounters(), nil
-	}
-	return &hypervisorv1.SuspendCounters{}, nil
+	return t.s.Lifecycle.SuspendCounters(), nil
 }

@@ -27,7 +27,7 @@ func (s *Server) ExecVirtualMachineStream(stream hypervisorv1.HypervisorService_
 
 // boundCounters adds the exec sessions to the bounds' counters.
 func (s *Server) boundCounters() *hypervisorv1.GetBoundCountersResponse {
-	out := s.bounds.BoundCounters()
+	out := s.Bounds.BoundCounters()
 	if s.exec != nil {
 		out.ExecSessions = s.exec.Counters()
 	}

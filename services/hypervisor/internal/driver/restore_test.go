@@ -10,8 +10,10 @@ import (
 	"time"
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/pkg/poll"
 	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/driver"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/network"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vm"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore"
@@ -56,6 +58,7 @@ func TestRestoreEndsStrayProcesses(t *testing.T) {
 	}
 	// sh stands in for both binaries; its extra argument is the one that
 	// names the VM directory, as QEMU's and swtpm's do.
+	pids := map[<-chan struct{}]int{}
 	start := func(binary, arg string) <-chan struct{} {
 		cmd := exec.Command(binary, "-c", "sleep 60; true", arg)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -65,6 +68,7 @@ func TestRestoreEndsStrayProcesses(t *testing.T) {
 		t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
 		done := make(chan struct{})
 		go func() { _ = cmd.Wait(); close(done) }()
+		pids[done] = cmd.Process.Pid
 		return done
 	}
 	strays := []<-chan struct{}{
@@ -77,16 +81,24 @@ func TestRestoreEndsStrayProcesses(t *testing.T) {
 		start(qemuBin, "path=/elsewhere"+vmDir("0a0b0c01")+"/qmp.sock"), // another state directory
 		start("/bin/sh", vmDir("0a0b0c01")+"/console.log"),              // not QEMU or swtpm
 	}
-	time.Sleep(100 * time.Millisecond) // let sh start
 
 	log := slog.New(slog.DiscardHandler)
 	drv := driver.New(driver.Config{StateDir: dir, QEMUBinary: qemuBin, SwtpmBinary: swtpmBin, KillGrace: time.Second}, log)
-	m, err := vm.New(vm.Config{StateDir: dir, KillGrace: time.Second}, log, st, noImages{}, nil, notify.NewRouter(), drv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.RunLoops()
-	t.Cleanup(m.Close)
+	poll.Until(t, "the strays to run under the argv the restore looks for", func() bool {
+		found := map[int]bool{}
+		for _, ss := range drv.Strays() {
+			for _, s := range ss {
+				found[s.PID] = true
+			}
+		}
+		for _, done := range strays {
+			if !found[pids[done]] {
+				return false
+			}
+		}
+		return true
+	})
+	m := restoreVMs(t, vm.Config{StateDir: dir, KillGrace: time.Second}.WithDefaults(), log, st, drv)
 	for i, done := range strays {
 		select {
 		case <-done:
@@ -107,4 +119,28 @@ func TestRestoreEndsStrayProcesses(t *testing.T) {
 	if rec, _ := m.Get("0a0b0c02"); rec.GetState() != hypervisorv1.State_STATE_STOPPED || rec.GetLastError() != "vm-manager restarted while the VM was starting; start the VM again" {
 		t.Errorf("stopped record whose start was interrupted: %v", rec)
 	}
+}
+
+// restoreVMs wires the VM core's parts over the real driver as server/ does
+// (what a restart's restore needs: no attestation, no network).
+func restoreVMs(t *testing.T, cfg vm.Config, log *slog.Logger, st *vmstore.Store, drv *driver.Driver) *vm.Table {
+	t.Helper()
+	table, err := vm.NewTable(cfg, log, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	activity := vm.NewActivity(cfg, log, table)
+	boots := vm.NewBoots(nil, noImages{})
+	nets := network.NewRegistry(t.Context(), st, nil, table.AttachedTo, cfg.Limits.MaxNetworks, cfg.Network, log)
+	refused := &vm.Refusals{}
+	runner := vm.NewRunner(cfg, log, vm.RunnerDeps{Table: table, Driver: drv, Images: noImages{}, Router: notify.NewRouter(), Networks: nets, Activity: activity, Boots: boots})
+	access := vm.NewAccess(cfg, log, table, nets, activity, nil, refused)
+	m := vm.New(cfg, log, vm.Deps{Store: st, Images: noImages{}, Driver: drv, Table: table, Runner: runner, Activity: activity, Access: access, Networks: nets, Refusals: refused})
+	m.RunLoops()
+	t.Cleanup(func() {
+		m.Close()
+		nets.Close()
+		_ = table.Close()
+	})
+	return table
 }

@@ -32,8 +32,11 @@ type Records interface {
 	Leased(network string, ip netip.Addr, fn func(*storepb.VirtualMachine)) bool
 	// Update applies fn to a VM's record and persists it.
 	Update(id string, fn func(*storepb.VirtualMachine)) error
-	// BeginBootRequest is how the VM's current boot is registered with
-	// attestation (the key the host provisioned, the image, the firmware).
+}
+
+// Boots say how a VM's current boot is registered with attestation (the key
+// the host provisioned, the image, the firmware): vm.Boots.
+type Boots interface {
 	BeginBootRequest(rec *storepb.VirtualMachine) *attestationv1.BeginBootRequest
 }
 
@@ -49,6 +52,7 @@ type Config struct {
 // Side serves the guests of every network.
 type Side struct {
 	records  Records
+	boots    Boots
 	verifier attestationv1.VerifierServiceClient
 	cfg      Config
 	log      *slog.Logger
@@ -63,11 +67,11 @@ type Side struct {
 
 // New returns the guest side over the VM records; verifier nil answers
 // every attestation request as unavailable.
-func New(records Records, verifier attestationv1.VerifierServiceClient, cfg Config, log *slog.Logger) *Side {
+func New(records Records, boots Boots, verifier attestationv1.VerifierServiceClient, cfg Config, log *slog.Logger) *Side {
 	if cfg.SeriesLimit <= 0 {
 		cfg.SeriesLimit = DefaultGuestSeriesLimit
 	}
-	return &Side{records: records, verifier: verifier, cfg: cfg, log: log, reports: map[string]*reportState{}}
+	return &Side{records: records, boots: boots, verifier: verifier, cfg: cfg, log: log, reports: map[string]*reportState{}}
 }
 
 // Network is the IMDS's view of one network: addresses may repeat across
@@ -164,7 +168,7 @@ func (s *Side) beginLate(ctx context.Context, rec *storepb.VirtualMachine) error
 	if rec.GetAttestation().GetBoot() != 0 {
 		return nil
 	}
-	att, err := s.verifier.BeginBoot(ctx, s.records.BeginBootRequest(rec))
+	att, err := s.verifier.BeginBoot(ctx, s.boots.BeginBootRequest(rec))
 	if err != nil {
 		return err
 	}
@@ -195,7 +199,7 @@ func (s *Side) SubmitQuote(ctx context.Context, vmID string, q *attestationv1.Ve
 		return nil, err
 	}
 	err = s.records.Update(vmID, func(r *storepb.VirtualMachine) {
-		r.Attestation = resp.GetAttestation()
+		r.Attestation = resp.GetAttestation() // the cache takes attestation's verdict as it is
 		if q.GetStage() != attestationv1.Stage_STAGE_INITRD {
 			return
 		}
@@ -223,6 +227,8 @@ func (s *Side) UserData(vmID string) ([]byte, bool, bool, error) {
 	if path == "" {
 		return nil, false, false, nil
 	}
+	// The gate as attestation last decided it (the record's cached verdict,
+	// written from its answers only): no rule is evaluated here.
 	if !rec.GetAttestation().GetUserDataReleased() {
 		return nil, true, false, nil
 	}

@@ -129,7 +129,7 @@ func newSide(t *testing.T, v attestationv1.VerifierServiceClient) (*Side, *recor
 		Attestation: &attestationv1.Attestation{Required: true, Boot: 1},
 		Paths:       &hypervisorv1.Paths{Dir: vmDir, UserData: ud},
 	}}}
-	return New(r, v, Config{ImageDir: images}, slog.New(slog.DiscardHandler)), r
+	return New(r, r, v, Config{ImageDir: images}, slog.New(slog.DiscardHandler)), r
 }
 
 func TestAttestationGate(t *testing.T) {

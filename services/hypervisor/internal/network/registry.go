@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/sdk/apierr"
@@ -26,11 +27,14 @@ type Store interface {
 // stacks, and the leases VMs hold on them. A network's IMDS comes from the
 // factory it is given, so the registry knows nothing of VMs.
 type Registry struct {
-	ctx    context.Context
-	store  Store
-	imds   func(network string) http.Handler
-	limits Limits
-	log    *slog.Logger
+	ctx      context.Context
+	store    Store
+	imds     func(network string) http.Handler
+	attached Attached
+	max      int // networks on this host (--max-networks)
+	limits   Limits
+	log      *slog.Logger
+	refused  atomic.Uint64 // creates refused at max
 
 	mu   sync.Mutex
 	nets map[string]*entry // nil value: being created
@@ -41,11 +45,28 @@ type entry struct {
 	run *Network
 }
 
+// Attached names a VM attached to a network, if any: the VM records are
+// not the registry's, and a network with a VM on it is not deleted.
+type Attached func(network string) (vmID string, ok bool)
+
 // NewRegistry returns an empty registry; Restore starts the stored networks.
 // The networks run until ctx ends or Close; limits apply to each (one
-// Limits.Host budget to all of them).
-func NewRegistry(ctx context.Context, st Store, imds func(network string) http.Handler, limits Limits, log *slog.Logger) *Registry {
-	return &Registry{ctx: ctx, store: st, imds: imds, limits: limits, log: log, nets: map[string]*entry{}}
+// Limits.Host budget to all of them). A create beyond maxNetworks is refused.
+func NewRegistry(ctx context.Context, st Store, imds func(network string) http.Handler, attached Attached, maxNetworks int, limits Limits, log *slog.Logger) *Registry {
+	return &Registry{ctx: ctx, store: st, imds: imds, attached: attached, max: maxNetworks, limits: limits, log: log, nets: map[string]*entry{}}
+}
+
+// Refused counts the creates refused because the host had maxNetworks.
+func (r *Registry) Refused() uint64 { return r.refused.Load() }
+
+// full refuses a create when the host has its maximum of networks (being
+// created included); called with r.mu held.
+func (r *Registry) full() error {
+	if n := len(r.nets); r.max > 0 && n >= r.max {
+		r.refused.Add(1)
+		return apierr.Errorf(apierr.ResourceExhausted, "this host has %d networks, the maximum is %d (--max-networks): delete one first", n, r.max)
+	}
+	return nil
 }
 
 // Restore starts the persisted networks with their leases, and creates the
@@ -164,6 +185,12 @@ func specRecord(s Spec, plan Plan) *hypervisorv1.NetworkSpec {
 // Create validates and starts a network; IMDS is always on and the host
 // alias always off for networks the API creates.
 func (r *Registry) Create(req *hypervisorv1.CreateNetworkRequest, createdBy string) (*hypervisorv1.Network, error) {
+	r.mu.Lock()
+	full := r.full()
+	r.mu.Unlock()
+	if full != nil {
+		return nil, full // before validating, as the bound always was
+	}
 	spec, err := specOf(req.GetName(), req.GetCidr(), req.GetDnsSearchDomain(), req)
 	if err != nil {
 		return nil, err
@@ -176,6 +203,10 @@ func (r *Registry) Create(req *hypervisorv1.CreateNetworkRequest, createdBy stri
 	if _, exists := r.nets[spec.Name]; exists {
 		r.mu.Unlock()
 		return nil, apierr.Errorf(apierr.Conflict, "network %q exists", spec.Name)
+	}
+	if err := r.full(); err != nil { // a create that started meanwhile
+		r.mu.Unlock()
+		return nil, err
 	}
 	r.nets[spec.Name] = nil // reserved while it starts
 	r.mu.Unlock()
@@ -250,14 +281,14 @@ func (r *Registry) entries() []*entry {
 
 // Delete stops a network; attached says which VM, if any, still uses it
 // (the network is not deleted then).
-func (r *Registry) Delete(name string, attached func(network string) (vmID string, ok bool)) error {
+func (r *Registry) Delete(name string) error {
 	r.mu.Lock()
 	e := r.nets[name]
 	if e == nil {
 		r.mu.Unlock()
 		return apierr.Errorf(apierr.NotFound, "network %q not found", name)
 	}
-	if id, ok := attached(name); ok {
+	if id, ok := r.attached(name); ok {
 		r.mu.Unlock()
 		return apierr.Errorf(apierr.Conflict, "network %q has vm %s attached; delete the vm first", name, id)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net"
 	"net/netip"
@@ -21,6 +22,31 @@ import (
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore/storepb"
 	"google.golang.org/protobuf/proto"
 )
+
+// Access is how callers reach into a VM through its network: exec over the
+// guest's SSH server, port forwards, and what the host sees of it (Metrics).
+// Each counts as the VM's activity.
+type Access struct {
+	cfg      Config
+	log      *slog.Logger
+	table    *Table
+	nets     *network.Registry
+	activity *Activity
+	guest    Summaries
+	refused  *Refusals
+}
+
+// Summaries are the guests' reports, summarised (guestapi.Side).
+type Summaries interface {
+	Summary(rec *storepb.VirtualMachine) (*hypervisorv1.GuestMetrics, string)
+}
+
+// NewAccess reaches the Table's VMs through nets; refused counts the
+// forwards refused at their bound.
+func NewAccess(cfg Config, log *slog.Logger, table *Table, nets *network.Registry, activity *Activity, guest Summaries, refused *Refusals) *Access {
+	cfg.defaults()
+	return &Access{cfg: cfg, log: log, table: table, nets: nets, activity: activity, guest: guest, refused: refused}
+}
 
 // sshPort is where the guest's SSH server listens (vm-agent in the test image).
 const sshPort = 22
@@ -40,14 +66,14 @@ func newSSHKey(rec *storepb.VirtualMachine) ([]byte, error) {
 // exited, or the hypervisor detaches); it dials QEMU's socket again after a
 // disconnect, which is how a restarted hypervisor gets a re-adopted VM's
 // network back.
-func (m *Manager) attachNIC(ctx context.Context, rec *storepb.VirtualMachine) {
-	n := m.nets.Running(rec.GetNetwork())
+func (rn *Runner) attachNIC(ctx context.Context, rec *storepb.VirtualMachine) {
+	n := rn.nets.Running(rec.GetNetwork())
 	if n == nil {
-		m.log.Warn("vm's network is gone; the VM runs without it", "vm", rec.GetId(), "network", rec.GetNetwork())
+		rn.log.Warn("vm's network is gone; the VM runs without it", "vm", rec.GetId(), "network", rec.GetNetwork())
 		return
 	}
 	if err := n.Attach(ctx, rec.GetId(), netSocket(rec)); err != nil {
-		m.log.Warn("vm's NIC not attached", "vm", rec.GetId(), "network", rec.GetNetwork(), "error", err)
+		rn.log.Warn("vm's NIC not attached", "vm", rec.GetId(), "network", rec.GetNetwork(), "error", err)
 	}
 }
 
@@ -58,12 +84,12 @@ func netSocket(rec *storepb.VirtualMachine) string {
 
 // guestAddr is the VM's network and lease, or a conflict naming why there
 // is none.
-func (m *Manager) guestAddr(rec *storepb.VirtualMachine) (*network.Network, netip.Addr, error) {
+func (ax *Access) guestAddr(rec *storepb.VirtualMachine) (*network.Network, netip.Addr, error) {
 	ip, err := netip.ParseAddr(rec.GetIp())
 	if rec.GetNetwork() == "" || err != nil {
 		return nil, netip.Addr{}, apierr.Errorf(apierr.Conflict, "vm %s has no network address", rec.GetId())
 	}
-	n := m.nets.Running(rec.GetNetwork())
+	n := ax.nets.Running(rec.GetNetwork())
 	if n == nil {
 		return nil, netip.Addr{}, apierr.Errorf(apierr.Conflict, "vm %s: network %s is not running", rec.GetId(), rec.GetNetwork())
 	}
@@ -71,7 +97,7 @@ func (m *Manager) guestAddr(rec *storepb.VirtualMachine) (*network.Network, neti
 }
 
 // Exec runs argv as root in the guest over SSH (contract §7.4).
-func (m *Manager) Exec(ctx context.Context, id string, argv []string) (*hypervisorv1.ExecVirtualMachineResponse, error) {
+func (ax *Access) Exec(ctx context.Context, id string, argv []string) (*hypervisorv1.ExecVirtualMachineResponse, error) {
 	if len(argv) == 0 {
 		return nil, apierr.Invalidf("command", "command is required and must not be empty")
 	}
@@ -80,11 +106,11 @@ func (m *Manager) Exec(ctx context.Context, id string, argv []string) (*hypervis
 			return nil, apierr.Invalidf("command", "command[%d] contains a NUL byte", i)
 		}
 	}
-	t, err := m.dialSSH(ctx, id)
+	t, err := ax.dialSSH(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	defer m.Hold(id, ActivityExec)()
+	defer ax.activity.Hold(id, ActivityExec)()
 	res, err := sshexec.Run(ctx, t.conn, t.key, t.pin, argv)
 	switch {
 	case err == nil:
@@ -112,8 +138,8 @@ type sshTarget struct {
 }
 
 // dialSSH connects to VM id's sshd (exec, unary and streamed).
-func (m *Manager) dialSSH(ctx context.Context, id string) (sshTarget, error) {
-	mc, err := m.get(id)
+func (ax *Access) dialSSH(ctx context.Context, id string) (sshTarget, error) {
+	mc, err := ax.table.get(id)
 	if err != nil {
 		return sshTarget{}, err
 	}
@@ -124,7 +150,7 @@ func (m *Manager) dialSSH(ctx context.Context, id string) (sshTarget, error) {
 	if !live || rec.GetState() == hypervisorv1.State_STATE_DELETING {
 		return sshTarget{}, apierr.Errorf(apierr.Conflict, "vm %s is %s and has no running process; start it first", id, lifecycle.Name(rec.GetState()))
 	}
-	ns, ip, err := m.guestAddr(rec)
+	ns, ip, err := ax.guestAddr(rec)
 	if err != nil {
 		return sshTarget{}, err
 	}
@@ -144,24 +170,24 @@ func (m *Manager) dialSSH(ctx context.Context, id string) (sshTarget, error) {
 // Forward proxies 127.0.0.1:<random> to the guest's port until the VM is
 // deleted; asking again for the same guest port returns the same forward.
 // Forwards are persisted and bound again after a hypervisor restart.
-func (m *Manager) Forward(_ context.Context, id string, port int32) (*hypervisorv1.ForwardVirtualMachinePortResponse, error) {
+func (ax *Access) Forward(_ context.Context, id string, port int32) (*hypervisorv1.ForwardVirtualMachinePortResponse, error) {
 	if port < 1 || port > 65535 {
 		return nil, apierr.Invalidf("port", "port %d must be within 1..65535", port)
 	}
-	mc, err := m.get(id)
+	mc, err := ax.table.get(id)
 	if err != nil {
 		return nil, err
 	}
 	mc.op.Lock() // not while a delete runs
 	defer mc.op.Unlock()
-	if _, err := m.get(id); err != nil {
+	if _, err := ax.table.get(id); err != nil {
 		return nil, err
 	}
 	rec, _ := mc.snapshot()
 	if rec.GetState() == hypervisorv1.State_STATE_DELETING {
 		return nil, apierr.Errorf(apierr.Conflict, "vm %s is being deleted", id)
 	}
-	if _, _, err := m.guestAddr(rec); err != nil {
+	if _, _, err := ax.guestAddr(rec); err != nil {
 		return nil, err
 	}
 	for _, f := range rec.GetForwards() {
@@ -169,10 +195,10 @@ func (m *Manager) Forward(_ context.Context, id string, port int32) (*hypervisor
 			return &hypervisorv1.ForwardVirtualMachinePortResponse{Id: id, Port: port, Address: f.GetAddress()}, nil
 		}
 	}
-	if n, max := len(rec.GetForwards()), m.cfg.Limits.MaxForwardsPerVM; n >= max {
-		return nil, m.refuse(limitForwards, "vm %s has %d port forwards, the maximum is %d (--max-forwards-per-vm)", id, n, max)
+	if n, max := len(rec.GetForwards()), ax.cfg.Limits.MaxForwardsPerVM; n >= max {
+		return nil, ax.refused.refuse(limitForwards, "vm %s has %d port forwards, the maximum is %d (--max-forwards-per-vm)", id, n, max)
 	}
-	f, err := forward.Listen("127.0.0.1:0", m.guestDialer(rec, port), m.log.With("vm", id, "port", port))
+	f, err := forward.Listen("127.0.0.1:0", ax.guestDialer(rec, port), ax.log.With("vm", id, "port", port))
 	if err != nil {
 		return nil, apierr.Errorf(apierr.Internal, "vm %s: listen for a port forward: %v", id, err)
 	}
@@ -182,19 +208,19 @@ func (m *Manager) Forward(_ context.Context, id string, port int32) (*hypervisor
 		mc.fwd = map[int32]*forward.Forward{}
 	}
 	mc.fwd[port] = f
-	m.updateLocked(mc, func(r *storepb.VirtualMachine) { r.Forwards = append(r.Forwards, pf) })
+	ax.table.updateLocked(mc, func(r *storepb.VirtualMachine) { r.Forwards = append(r.Forwards, pf) })
 	mc.mu.Unlock()
-	m.log.Info("port forward", "vm", id, "port", port, "address", pf.GetAddress())
+	ax.log.Info("port forward", "vm", id, "port", port, "address", pf.GetAddress())
 	return &hypervisorv1.ForwardVirtualMachinePortResponse{Id: id, Port: port, Address: pf.GetAddress()}, nil
 }
 
 // guestDialer reaches the VM's port through its network's stack, looked up
 // per connection so a restarted network is found.
-func (m *Manager) guestDialer(rec *storepb.VirtualMachine, port int32) forward.DialFunc {
+func (ax *Access) guestDialer(rec *storepb.VirtualMachine, port int32) forward.DialFunc {
 	addr := net.JoinHostPort(rec.GetIp(), strconv.Itoa(int(port)))
 	netName := rec.GetNetwork()
 	return func(ctx context.Context) (net.Conn, error) {
-		n := m.nets.Running(netName)
+		n := ax.nets.Running(netName)
 		if n == nil {
 			return nil, fmt.Errorf("network %s is not running", netName)
 		}
@@ -202,26 +228,26 @@ func (m *Manager) guestDialer(rec *storepb.VirtualMachine, port int32) forward.D
 		if err != nil {
 			return nil, err
 		}
-		return m.activeConn(rec.GetId(), c), nil
+		return ax.activity.activeConn(rec.GetId(), c), nil
 	}
 }
 
 // restoreForwards binds a loaded record's forwards again, on their old
 // address when it is free (clients keep working), else on a new one.
-func (m *Manager) restoreForwards(mc *machine) {
+func (ax *Access) restoreForwards(mc *machine) {
 	rec, _ := mc.snapshot()
 	if len(rec.GetForwards()) == 0 {
 		return
 	}
-	if _, _, err := m.guestAddr(rec); err != nil {
-		m.log.Warn("port forwards not restored", "vm", mc.id, "error", err)
+	if _, _, err := ax.guestAddr(rec); err != nil {
+		ax.log.Warn("port forwards not restored", "vm", mc.id, "error", err)
 		return
 	}
 	fwd := map[int32]*forward.Forward{}
 	var kept []*hypervisorv1.PortForward
 	for _, pf := range rec.GetForwards() {
-		dial := m.guestDialer(rec, pf.GetPort())
-		log := m.log.With("vm", mc.id, "port", pf.GetPort())
+		dial := ax.guestDialer(rec, pf.GetPort())
+		log := ax.log.With("vm", mc.id, "port", pf.GetPort())
 		f, err := forward.Listen(pf.GetAddress(), dial, log)
 		if err != nil {
 			log.Warn("port forward address taken; binding a new one", "address", pf.GetAddress(), "error", err)
@@ -235,19 +261,19 @@ func (m *Manager) restoreForwards(mc *machine) {
 	}
 	mc.mu.Lock()
 	mc.fwd = fwd
-	m.updateLocked(mc, func(r *storepb.VirtualMachine) { r.Forwards = kept })
+	ax.table.updateLocked(mc, func(r *storepb.VirtualMachine) { r.Forwards = kept })
 	mc.mu.Unlock()
-	m.log.Info("port forwards restored", "vm", mc.id, "count", len(kept))
+	ax.log.Info("port forwards restored", "vm", mc.id, "count", len(kept))
 }
 
 // closeForwards stops a VM's forwards; keepRecord leaves them in the record
 // for the next hypervisor (a shutdown), else they are dropped (a delete).
-func (m *Manager) closeForwards(mc *machine, keepRecord bool) {
+func (ax *Access) closeForwards(mc *machine, keepRecord bool) {
 	mc.mu.Lock()
 	fwd := mc.fwd
 	mc.fwd = nil
 	if !keepRecord && len(mc.rec.GetForwards()) > 0 {
-		m.updateLocked(mc, func(r *storepb.VirtualMachine) { r.Forwards = nil })
+		ax.table.updateLocked(mc, func(r *storepb.VirtualMachine) { r.Forwards = nil })
 	}
 	mc.mu.Unlock()
 	for _, port := range slices.Sorted(maps.Keys(fwd)) {
@@ -256,8 +282,8 @@ func (m *Manager) closeForwards(mc *machine, keepRecord bool) {
 }
 
 // netMetrics is the network part of a VM's metrics.
-func (m *Manager) netMetrics(rec *storepb.VirtualMachine) *hypervisorv1.NetworkMetrics {
-	n := m.nets.Running(rec.GetNetwork())
+func (ax *Access) netMetrics(rec *storepb.VirtualMachine) *hypervisorv1.NetworkMetrics {
+	n := ax.nets.Running(rec.GetNetwork())
 	if n == nil { // REQUIRED: the network's name, no counters
 		return &hypervisorv1.NetworkMetrics{Name: rec.GetNetwork()}
 	}

@@ -1,21 +1,56 @@
 package vm
 
 import (
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guestapi"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/imds"
 )
 
+// Activity is what keeps a VM from being idle and what makes its lifetime
+// due: touches (IMDS requests, forwarded bytes, exec), holds and the idle
+// clock, and the counters of what lifetimes did. The Manager carries out what
+// is due; nothing here stops or deletes a VM.
+type Activity struct {
+	cfg   Config
+	log   *slog.Logger
+	table *Table
+	// started is when this hypervisor started: an idle clock starts no earlier.
+	started      time.Time
+	lifetimeActs lifetimeActions
+	// lifetimePasses counts finished checks of every VM's lifetime: "nothing
+	// happened" is a result only after a pass that looked.
+	lifetimePasses atomic.Uint64
+}
+
+// NewActivity tracks the activity of the Table's VMs from now on.
+func NewActivity(cfg Config, log *slog.Logger, table *Table) *Activity {
+	cfg.defaults()
+	return &Activity{cfg: cfg, log: log, table: table, started: time.Now()}
+}
+
+// IMDSHandler is what each network's IMDS serves: the guest side's
+// handler for that network, bounded by guard, traced while its caller boots
+// and counted as its caller's activity. The network registry calls it.
+func IMDSHandler(table *Table, activity *Activity, guest *guestapi.Side, guard *imds.Guard, log *slog.Logger) func(network string) http.Handler {
+	return func(name string) http.Handler {
+		return activity.activeIMDS(name, table.tracedIMDS(name, imds.New(guest.Network(name), guard, log.With("network", name))))
+	}
+}
+
 // activeIMDS counts a guest's IMDS requests as activity of its VM, except
 // its report uploads: vm-agent sends one every 15 s by itself, and a guest
 // that only does that is idle.
-func (m *Manager) activeIMDS(network string, h http.Handler) http.Handler {
+func (ac *Activity) activeIMDS(network string, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !(r.Method == http.MethodPost && strings.TrimSuffix(r.URL.Path, "/") == imds.BasePath+"/report") {
-			if mc := m.leaseHolder(network, r.RemoteAddr); mc != nil {
-				m.touch(mc, ActivityIMDS)
+			if mc := ac.table.leaseHolder(network, r.RemoteAddr); mc != nil {
+				ac.touch(mc, ActivityIMDS)
 			}
 		}
 		h.ServeHTTP(w, r)
@@ -23,24 +58,24 @@ func (m *Manager) activeIMDS(network string, h http.Handler) http.Handler {
 }
 
 // leaseHolder is the VM holding the lease on a peer address in network, or nil.
-func (m *Manager) leaseHolder(network, remoteAddr string) *machine {
+func (tb *Table) leaseHolder(network, remoteAddr string) *machine {
 	ip, ok := peerIP(remoteAddr)
 	if !ok {
 		return nil
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.leases[lease{network, ip}]
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	return tb.leases[lease{network, ip}]
 }
 
 // activeConn counts the bytes of a forwarded connection, either way, as
 // activity of VM id (looked up once: touch is cheap per read).
-func (m *Manager) activeConn(id string, c net.Conn) net.Conn {
-	mc, err := m.get(id)
+func (ac *Activity) activeConn(id string, c net.Conn) net.Conn {
+	mc, err := ac.table.get(id)
 	if err != nil {
 		return c
 	}
-	return &activeConn{Conn: c, touch: func() { m.touch(mc, ActivityForward) }}
+	return &activeConn{Conn: c, touch: func() { ac.touch(mc, ActivityForward) }}
 }
 
 type activeConn struct {

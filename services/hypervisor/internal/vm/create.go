@@ -29,17 +29,17 @@ func newID() string {
 // freeIDLocked picks an id no VM has, no deleted VM's forget still waits on
 // (attestation would forget the new VM's pin with the old one's) and no
 // directory left in place uses. Called with m.mu held.
-func (m *Manager) freeIDLocked() string {
-	pending, err := m.store.PendingForgets()
+func (tb *Table) freeIDLocked() string {
+	pending, err := tb.store.PendingForgets()
 	if err != nil {
-		m.log.Warn("list vms attestation has to forget", "error", err)
+		tb.log.Warn("list vms attestation has to forget", "error", err)
 	}
 	for {
-		id := m.newID()
-		if m.machines[id] != nil || slices.Contains(pending, id) {
+		id := tb.newID()
+		if tb.machines[id] != nil || slices.Contains(pending, id) {
 			continue
 		}
-		if _, err := os.Lstat(m.vmDir(id)); err == nil {
+		if _, err := os.Lstat(tb.vmDir(id)); err == nil {
 			continue
 		}
 		return id
@@ -72,32 +72,32 @@ func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMac
 	if err != nil {
 		return nil, err
 	}
-	m.mu.Lock()
-	if m.closing {
-		m.mu.Unlock()
+	m.table.mu.Lock()
+	if m.table.closing {
+		m.table.mu.Unlock()
 		return nil, apierr.Errorf(apierr.Conflict, "vm-manager is shutting down")
 	}
-	if n, max := len(m.machines), m.cfg.Limits.MaxVMs; n >= max {
-		m.mu.Unlock()
-		return nil, m.refuse(limitVMs, "this host has %d VMs, the maximum is %d (--max-vms): delete one first", n, max)
+	if n, max := len(m.table.machines), m.cfg.Limits.MaxVMs; n >= max {
+		m.table.mu.Unlock()
+		return nil, m.refused.refuse(limitVMs, "this host has %d VMs, the maximum is %d (--max-vms): delete one first", n, max)
 	}
-	for _, other := range m.machines {
+	for _, other := range m.table.machines {
 		other.mu.Lock()
 		name, id := other.rec.GetName(), other.id
 		other.mu.Unlock()
 		if name == r.name {
-			m.mu.Unlock()
+			m.table.mu.Unlock()
 			return nil, apierr.Errorf(apierr.Conflict, "vm name %q is in use by %s", r.name, id)
 		}
 	}
-	id := m.freeIDLocked()
+	id := m.table.freeIDLocked()
 	netName := req.GetNetwork()
 	if netName == "" {
 		netName = m.cfg.DefaultNetwork
 	}
 	machineID := make([]byte, 16)
 	_, _ = rand.Read(machineID)
-	dir := m.vmDir(id)
+	dir := m.table.vmDir(id)
 	rec := &storepb.VirtualMachine{
 		Id:                 id,
 		Name:               r.name,
@@ -121,7 +121,7 @@ func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMac
 	}
 	sshKey, err := newSSHKey(rec)
 	if err != nil {
-		m.mu.Unlock()
+		m.table.mu.Unlock()
 		return nil, apierr.Errorf(apierr.Internal, "per-VM SSH key: %v", err)
 	}
 	if r.userData != "" {
@@ -132,8 +132,8 @@ func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMac
 	}
 	mc := &machine{id: id, rec: rec, changed: make(chan struct{}), trace: trace.SpanContextFromContext(ctx)}
 	mc.op.Lock()
-	m.machines[id] = mc
-	m.mu.Unlock()
+	m.table.machines[id] = mc
+	m.table.mu.Unlock()
 	if netName != "" {
 		ip, mac, err := m.nets.Attach(netName, id)
 		if err != nil {
@@ -144,13 +144,13 @@ func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMac
 		mc.mu.Lock()
 		rec.Network, rec.Ip, rec.Mac, rec.Zone = netName, ip.String(), mac, netName
 		mc.mu.Unlock()
-		m.mu.Lock()
-		m.leases[lease{netName, ip.Unmap()}] = mc
-		m.mu.Unlock()
+		m.table.mu.Lock()
+		m.table.leases[lease{netName, ip.Unmap()}] = mc
+		m.table.mu.Unlock()
 	}
 
 	// The directory, marked, before the record: a restart in between sweeps it.
-	if err := m.makeDir(id); err != nil {
+	if err := m.table.makeDir(id); err != nil {
 		m.discard(mc)
 		mc.op.Unlock()
 		return nil, apierr.Errorf(apierr.Internal, "vm directory: %v", err)
@@ -160,15 +160,15 @@ func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMac
 		mc.op.Unlock()
 		return nil, err
 	}
-	m.events.Publish(lifecycle.Event{VMID: id, To: hypervisorv1.State_STATE_CREATING, Record: proto.Clone(rec).(*storepb.VirtualMachine)})
-	m.unmark(id)
+	m.table.events.Publish(lifecycle.Event{VMID: id, To: hypervisorv1.State_STATE_CREATING, Record: proto.Clone(rec).(*storepb.VirtualMachine)})
+	m.table.unmark(id)
 	err = m.prepare(rec, r, sshKey)
 	if err == nil {
 		phase := hypervisorv1.Phase_PHASE_BOOT
 		if r.image.GetKind() == hypervisorv1.ImageKind_IMAGE_KIND_UKI {
 			phase = hypervisorv1.Phase_PHASE_INSTALL
 		}
-		err = m.launch(mc, phase)
+		err = m.runner.launch(mc, phase)
 	}
 	mc.op.Unlock()
 	if err != nil {
@@ -211,31 +211,31 @@ func (m *Manager) discard(mc *machine) {
 // Waiters wake, and the deletion is published. A record that cannot be
 // deleted leaves everything in place.
 func (m *Manager) drop(mc *machine) error {
-	if err := m.markDeleted(mc.id); err != nil {
+	if err := m.table.markDeleted(mc.id); err != nil {
 		return apierr.Errorf(apierr.Internal, "delete vm %s: %v", mc.id, err)
 	}
 	if err := m.store.DeleteVM(mc.id); err != nil {
-		m.unmark(mc.id)
+		m.table.unmark(mc.id)
 		return err
 	}
-	m.mu.Lock()
-	delete(m.machines, mc.id)
+	m.table.mu.Lock()
+	delete(m.table.machines, mc.id)
 	mc.mu.Lock()
-	if l, ok := leaseOf(mc.rec); ok && m.leases[l] == mc {
-		delete(m.leases, l)
+	if l, ok := leaseOf(mc.rec); ok && m.table.leases[l] == mc {
+		delete(m.table.leases, l)
 	}
 	mc.mu.Unlock()
-	m.mu.Unlock()
+	m.table.mu.Unlock()
 	if n := mc.rec.GetNetwork(); n != "" {
 		m.nets.Detach(n, mc.id)
 	}
-	m.removeDir(mc.id)
+	m.table.removeDir(mc.id)
 	m.imds.Forget(mc.id)
 	mc.mu.Lock()
 	last := mc.rec.GetState()
 	close(mc.changed)
 	mc.changed = make(chan struct{})
 	mc.mu.Unlock()
-	m.gone(mc.id, last)
+	m.table.gone(mc.id, last)
 	return nil
 }

@@ -11,8 +11,8 @@ import (
 // OpenExec starts a streamed command (or the shell) in the guest over SSH,
 // as Exec does for a unary one; the caller validated opts. The session ends
 // when ctx does.
-func (m *Manager) OpenExec(ctx context.Context, id string, opts sshexec.StreamOptions) (*sshexec.Session, error) {
-	t, err := m.dialSSH(ctx, id)
+func (ax *Access) OpenExec(ctx context.Context, id string, opts sshexec.StreamOptions) (*sshexec.Session, error) {
+	t, err := ax.dialSSH(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -20,7 +20,7 @@ func (m *Manager) OpenExec(ctx context.Context, id string, opts sshexec.StreamOp
 	switch {
 	case err == nil:
 		// An open session keeps the VM from idling out (lifetimes).
-		s.OnClose(m.Hold(id, ActivityExec))
+		s.OnClose(ax.activity.Hold(id, ActivityExec))
 		return s, nil
 	case errors.Is(err, sshexec.ErrHostKeyChanged):
 		return nil, apierr.Errorf(apierr.Conflict, "host key of vm %s changed: %v", id, err)

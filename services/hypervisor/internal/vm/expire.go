@@ -32,10 +32,10 @@ var lifetimeActionNames = [actCount]string{LifetimeExpiredStop, LifetimeExpiredD
 type lifetimeActions [actCount]atomic.Uint64
 
 // LifetimeActions counts what lifetimes did since the hypervisor started.
-func (m *Manager) LifetimeActions() map[string]uint64 {
+func (ac *Activity) LifetimeActions() map[string]uint64 {
 	out := make(map[string]uint64, actCount)
 	for i, n := range lifetimeActionNames {
-		out[n] = m.lifetimeActs[i].Load()
+		out[n] = ac.lifetimeActs[i].Load()
 	}
 	return out
 }
@@ -57,22 +57,22 @@ func (m *Manager) lifetimeLoop() {
 }
 
 func (m *Manager) checkLifetimes(now time.Time) {
-	m.mu.Lock()
-	if m.closing {
-		m.mu.Unlock()
+	m.table.mu.Lock()
+	if m.table.closing {
+		m.table.mu.Unlock()
 		return
 	}
-	defer m.lifetimePasses.Add(1)
-	mcs := make([]*machine, 0, len(m.machines))
-	for _, mc := range m.machines {
+	defer m.activity.lifetimePasses.Add(1)
+	mcs := make([]*machine, 0, len(m.table.machines))
+	for _, mc := range m.table.machines {
 		mcs = append(mcs, mc)
 	}
-	m.mu.Unlock()
+	m.table.mu.Unlock()
 	for _, mc := range mcs {
 		if mc.acting.Load() {
 			continue
 		}
-		switch act, why := m.due(mc, now); act {
+		switch act, why := m.activity.due(mc, now); act {
 		case actExpiredStop, actExpiredDelete, actIdleStop, actIdleSuspend:
 			if mc.acting.CompareAndSwap(false, true) {
 				m.wg.Go(func() {
@@ -81,14 +81,14 @@ func (m *Manager) checkLifetimes(now time.Time) {
 				})
 			}
 		default:
-			m.persistActivity(mc)
+			m.activity.persistActivity(mc)
 		}
 	}
 }
 
 // due says what mc's lifetime asks for at now (actCount: nothing), and why
 // (its lastError).
-func (m *Manager) due(mc *machine, now time.Time) (int, string) {
+func (ac *Activity) due(mc *machine, now time.Time) (int, string) {
 	mc.mu.Lock()
 	defer mc.mu.Unlock()
 	lt, state := mc.rec.GetLifetime(), mc.rec.GetState()
@@ -110,7 +110,7 @@ func (m *Manager) due(mc *machine, now time.Time) (int, string) {
 	if state != hypervisorv1.State_STATE_READY && state != hypervisorv1.State_STATE_RUNNING {
 		return actCount, ""
 	}
-	if now.Sub(m.idleSince(mc.rec)) < idle {
+	if now.Sub(ac.idleSince(mc.rec)) < idle {
 		return actCount, ""
 	}
 	if lt.GetOnIdle() == hypervisorv1.OnIdle_ON_IDLE_SUSPEND {
@@ -121,8 +121,8 @@ func (m *Manager) due(mc *machine, now time.Time) (int, string) {
 
 // idleSince is when a record's idle clock started: its last activity, its
 // readiness, or this hypervisor's start, the latest of them.
-func (m *Manager) idleSince(rec *storepb.VirtualMachine) time.Time {
-	since := m.started
+func (ac *Activity) idleSince(rec *storepb.VirtualMachine) time.Time {
+	since := ac.started
 	for _, ts := range []interface{ AsTime() time.Time }{rec.GetLifetime().GetLastActivityAt(), rec.GetReadyAt()} {
 		if t := ts.AsTime(); t.After(since) {
 			since = t
@@ -139,7 +139,7 @@ func (m *Manager) carryOut(mc *machine, act int, why string) {
 		return
 	}
 	if act == actExpiredDelete {
-		if again, _ := m.due(mc, time.Now()); again != act {
+		if again, _ := m.activity.due(mc, time.Now()); again != act {
 			return
 		}
 		m.log.Info("vm lifetime: deleting", "vm", mc.id, "reason", why)
@@ -149,15 +149,15 @@ func (m *Manager) carryOut(mc *machine, act int, why string) {
 			}
 			return
 		}
-		m.lifetimeActs[act].Add(1)
+		m.activity.lifetimeActs[act].Add(1)
 		return
 	}
 	mc.op.Lock()
 	defer mc.op.Unlock()
-	if _, err := m.get(mc.id); err != nil {
+	if _, err := m.table.get(mc.id); err != nil {
 		return
 	}
-	if again, _ := m.due(mc, time.Now()); again != act {
+	if again, _ := m.activity.due(mc, time.Now()); again != act {
 		return
 	}
 	// An expiry is carried out once: a start afterwards runs unbounded until
@@ -191,7 +191,7 @@ func (m *Manager) carryOut(mc *machine, act int, why string) {
 		// Already down: nothing to stop. Still creating or stopping: the
 		// next check sees how it ends.
 		if state == hypervisorv1.State_STATE_STOPPED || state == hypervisorv1.State_STATE_FAILED {
-			m.update(mc, consume)
+			m.table.update(mc, consume)
 		}
 		return
 	}
@@ -200,14 +200,14 @@ func (m *Manager) carryOut(mc *machine, act int, why string) {
 		m.log.Warn("vm lifetime: stop failed; tried again", "vm", mc.id, "error", err)
 		return
 	}
-	m.lifetimeActs[act].Add(1)
+	m.activity.lifetimeActs[act].Add(1)
 }
 
 // idleSuspend suspends an idle VM (on_idle: suspend), once more checking
 // that it is still due; a suspend that fails leaves it running, and the
 // next check tries again.
 func (m *Manager) idleSuspend(mc *machine, why string) {
-	if again, _ := m.due(mc, time.Now()); again != actIdleSuspend {
+	if again, _ := m.activity.due(mc, time.Now()); again != actIdleSuspend {
 		return
 	}
 	m.log.Info("vm lifetime: suspending", "vm", mc.id, "reason", why)
@@ -217,18 +217,18 @@ func (m *Manager) idleSuspend(mc *machine, why string) {
 		}
 		return
 	}
-	m.update(mc, func(r *storepb.VirtualMachine) {
+	m.table.update(mc, func(r *storepb.VirtualMachine) {
 		if r.GetState() == hypervisorv1.State_STATE_SUSPENDED {
 			r.LastError = why
 		}
 	})
-	m.lifetimeActs[actIdleSuspend].Add(1)
+	m.activity.lifetimeActs[actIdleSuspend].Add(1)
 }
 
 // persistActivity writes a VM's last activity to the store now and then
 // (touch keeps it in memory): at most once per persistEvery, so traffic
 // does not turn into a write per second.
-func (m *Manager) persistActivity(mc *machine) {
+func (ac *Activity) persistActivity(mc *machine) {
 	touched := mc.touched.Load()
 	if touched == 0 || touched == mc.persisted.Load() {
 		return
@@ -241,5 +241,5 @@ func (m *Manager) persistActivity(mc *machine) {
 		return
 	}
 	mc.persisted.Store(touched)
-	m.update(mc, func(*storepb.VirtualMachine) {})
+	ac.table.update(mc, func(*storepb.VirtualMachine) {})
 }

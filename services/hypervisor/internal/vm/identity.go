@@ -12,6 +12,18 @@ import (
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore/storepb"
 )
 
+// Boots says how a VM's boot is registered with attestation: its image, the
+// firmware, the key the host provisioned, what its command line gets.
+type Boots struct {
+	firmware *hypervisorv1.Firmware
+	images   ImageResolver
+}
+
+// NewBoots registers boots on firmware, of the images' VMs.
+func NewBoots(firmware *hypervisorv1.Firmware, images ImageResolver) *Boots {
+	return &Boots{firmware: firmware, images: images}
+}
+
 // This file is the VM's vTPM identity: the keys the host provisions in the
 // vTPM before the guest runs, and the boot registration that tells
 // attestation which key's quotes count. Nothing the guest sends decides
@@ -20,16 +32,16 @@ import (
 // provisionTPM has the driver read the VM's EK and AK from its vTPM before a
 // launch (making whatever is missing or does not match its template) and
 // returns the record's keys.
-func (m *Manager) provisionTPM(ctx context.Context, rec *storepb.VirtualMachine) (*storepb.TpmKeys, error) {
-	keys, created, err := m.driver.Provision(ctx, rec)
+func (rn *Runner) provisionTPM(ctx context.Context, rec *storepb.VirtualMachine) (*storepb.TpmKeys, error) {
+	keys, created, err := rn.driver.Provision(ctx, rec)
 	if err != nil {
 		return nil, err
 	}
 	if len(created) > 0 {
-		level := m.log.Info
+		level := rn.log.Info
 		if rec.GetTpm() != nil {
 			// The keys were there at the last boot: the guest removed or replaced them.
-			level = m.log.Warn
+			level = rn.log.Warn
 		}
 		level("vTPM provisioned", "vm", rec.GetId(), "created", created, "ak", vtpm.Fingerprint(keys.GetAkPublic())[:16])
 	}
@@ -39,8 +51,8 @@ func (m *Manager) provisionTPM(ctx context.Context, rec *storepb.VirtualMachine)
 // directKernel says whether the VM's image boots a kernel directly (PCR 9
 // then holds its initrd and command line and is golden). Only UKI images
 // have a volume, which decides when the image has left the catalog.
-func (m *Manager) directKernel(rec *storepb.VirtualMachine) bool {
-	if img, err := m.images.Get(rec.GetImage()); err == nil {
+func (bt *Boots) directKernel(rec *storepb.VirtualMachine) bool {
+	if img, err := bt.images.Get(rec.GetImage()); err == nil {
 		return img.GetKind() == hypervisorv1.ImageKind_IMAGE_KIND_KERNEL
 	}
 	return rec.GetPaths().GetVolume() == ""
@@ -52,16 +64,16 @@ func (m *Manager) directKernel(rec *storepb.VirtualMachine) bool {
 // gated: the record then says boot 0 and the guest's first nonce request
 // registers it (beginLate). ctx is the launch's: the hypervisor's, in the
 // trace of the call that started the boot.
-func (m *Manager) beginBoot(ctx context.Context, rec *storepb.VirtualMachine) *attestationv1.Attestation {
+func (rn *Runner) beginBoot(ctx context.Context, rec *storepb.VirtualMachine) *attestationv1.Attestation {
 	local := gate.NewBoot(rec.GetRequireAttestation())
-	if m.verifier == nil {
+	if rn.verifier == nil {
 		return local
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	att, err := m.verifier.BeginBoot(ctx, m.BeginBootRequest(rec))
+	att, err := rn.verifier.BeginBoot(ctx, rn.boots.BeginBootRequest(rec))
 	if err != nil {
-		m.log.Warn("attestation did not record the boot; the guest's first nonce request will", "vm", rec.GetId(), "error", err)
+		rn.log.Warn("attestation did not record the boot; the guest's first nonce request will", "vm", rec.GetId(), "error", err)
 		return local
 	}
 	return att
@@ -69,22 +81,22 @@ func (m *Manager) beginBoot(ctx context.Context, rec *storepb.VirtualMachine) *a
 
 // BeginBootRequest registers a VM's current boot with attestation: its
 // image, the firmware, and the key the host provisioned in its vTPM.
-func (m *Manager) BeginBootRequest(rec *storepb.VirtualMachine) *attestationv1.BeginBootRequest {
+func (bt *Boots) BeginBootRequest(rec *storepb.VirtualMachine) *attestationv1.BeginBootRequest {
 	return &attestationv1.BeginBootRequest{
 		VmId: rec.GetId(), Image: rec.GetImage(), KubernetesVersion: rec.GetKubernetesVersion(), Required: rec.GetRequireAttestation(),
-		Firmware:     &attestationv1.FirmwareBuild{Sha256: m.cfg.Firmware.GetSha256(), Package: m.cfg.Firmware.GetPackage(), Version: m.cfg.Firmware.GetVersion()},
+		Firmware:     &attestationv1.FirmwareBuild{Sha256: bt.firmware.GetSha256(), Package: bt.firmware.GetPackage(), Version: bt.firmware.GetVersion()},
 		AkPublic:     rec.GetTpm().GetAkPublic(),
 		EkPublic:     rec.GetTpm().GetEkPublic(),
-		DirectKernel: m.directKernel(rec),
+		DirectKernel: bt.directKernel(rec),
 		// The driver passes ignition.firstboot to a UKI image's boots until
 		// one was ready (qemu.Spec.FirstBoot); systemd-stub measures it.
-		KernelCmdlineExtra: m.cmdlineExtra(rec),
+		KernelCmdlineExtra: bt.cmdlineExtra(rec),
 	}
 }
 
 // cmdlineExtra is what the next boot's systemd-stub appends from SMBIOS.
-func (m *Manager) cmdlineExtra(rec *storepb.VirtualMachine) string {
-	if m.directKernel(rec) || rec.GetBooted() {
+func (bt *Boots) cmdlineExtra(rec *storepb.VirtualMachine) string {
+	if bt.directKernel(rec) || rec.GetBooted() {
 		return ""
 	}
 	return qemu.FirstBootExtra

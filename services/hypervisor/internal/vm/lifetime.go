@@ -5,6 +5,7 @@ import (
 	"time"
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/pkg/bound"
 	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/lifecycle"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore/storepb"
@@ -34,12 +35,8 @@ const (
 )
 
 func (l *Lifetimes) defaults() {
-	if l.MaxTTL <= 0 {
-		l.MaxTTL = DefaultMaxTTL
-	}
-	if l.Tick <= 0 {
-		l.Tick = time.Second
-	}
+	bound.Default(&l.MaxTTL, DefaultMaxTTL)
+	bound.Default(&l.Tick, time.Second)
 }
 
 // Activity kinds: what restarted a VM's idle clock.
@@ -178,9 +175,9 @@ func setIdle(lt *hypervisorv1.Lifetime, idle time.Duration, on hypervisorv1.OnId
 
 // UpdateLifetime extends, shortens or clears a VM's expiry and changes its
 // actions or idle timeout; the fields left out keep their values.
-func (m *Manager) UpdateLifetime(_ context.Context, req *hypervisorv1.UpdateVirtualMachineLifetimeRequest) (*hypervisorv1.VirtualMachine, error) {
+func (ac *Activity) UpdateLifetime(_ context.Context, req *hypervisorv1.UpdateVirtualMachineLifetimeRequest) (*hypervisorv1.VirtualMachine, error) {
 	now := time.Now()
-	l := m.cfg.Lifetimes
+	l := ac.cfg.Lifetimes
 	if req.GetClearExpiry() && (req.GetTtl() != "" || req.GetExpireAt() != nil) {
 		return nil, apierr.Invalidf("clear_expiry", "give ttl, expire_at or clear_expiry, not several")
 	}
@@ -206,7 +203,7 @@ func (m *Manager) UpdateLifetime(_ context.Context, req *hypervisorv1.UpdateVirt
 			return nil, apierr.Invalidf("idle_timeout", "idle_timeout is empty: give a duration, or \"0s\" for none")
 		}
 	}
-	mc, err := m.get(req.GetId())
+	mc, err := ac.table.get(req.GetId())
 	if err != nil {
 		return nil, err
 	}
@@ -242,21 +239,21 @@ func (m *Manager) UpdateLifetime(_ context.Context, req *hypervisorv1.UpdateVirt
 	if lt.GetExpireAt() == nil && lt.GetIdleTimeout() == "" {
 		lt = nil
 	}
-	rec := m.updateLocked(mc, func(r *storepb.VirtualMachine) { r.Lifetime = lt })
-	m.log.Info("vm lifetime", "vm", mc.id, "expire_at", lt.GetExpireAt().AsTime(), "on_expire", lt.GetOnExpire(), "idle_timeout", lt.GetIdleTimeout())
+	rec := ac.table.updateLocked(mc, func(r *storepb.VirtualMachine) { r.Lifetime = lt })
+	ac.log.Info("vm lifetime", "vm", mc.id, "expire_at", lt.GetExpireAt().AsTime(), "on_expire", lt.GetOnExpire(), "idle_timeout", lt.GetIdleTimeout())
 	return View(rec), nil
 }
 
 // Touch restarts a VM's idle clock: some traffic reached it (reason: one
 // of the Activity kinds). Cheap enough for every read of a forwarded
 // connection: the record is looked at at most once a second.
-func (m *Manager) Touch(id, reason string) {
-	if mc, err := m.get(id); err == nil {
-		m.touch(mc, reason)
+func (ac *Activity) Touch(id, reason string) {
+	if mc, err := ac.table.get(id); err == nil {
+		ac.touch(mc, reason)
 	}
 }
 
-func (m *Manager) touch(mc *machine, reason string) {
+func (ac *Activity) touch(mc *machine, reason string) {
 	now := time.Now()
 	if mc.touched.Swap(now.Unix()) == now.Unix() {
 		return
@@ -272,27 +269,27 @@ func (m *Manager) touch(mc *machine, reason string) {
 // restartIdleClock starts a loaded VM's idle clock at the hypervisor's
 // start: while it was down nothing could reach the VM through it, and that
 // is not held against the VM.
-func (m *Manager) restartIdleClock(mc *machine) {
+func (ac *Activity) restartIdleClock(mc *machine) {
 	mc.mu.Lock()
 	defer mc.mu.Unlock()
-	if lt := mc.rec.GetLifetime(); lt.GetIdleTimeout() != "" && lt.GetLastActivityAt().AsTime().Before(m.started) {
-		lt.LastActivityAt, lt.LastActivity = timestamppb.New(m.started), ActivityRestart
+	if lt := mc.rec.GetLifetime(); lt.GetIdleTimeout() != "" && lt.GetLastActivityAt().AsTime().Before(ac.started) {
+		lt.LastActivityAt, lt.LastActivity = timestamppb.New(ac.started), ActivityRestart
 	}
 }
 
 // Hold keeps a VM from being idle until release is called (an exec session
 // that is open, however quiet): it counts as activity when it begins and
 // when it ends.
-func (m *Manager) Hold(id, reason string) (release func()) {
-	mc, err := m.get(id)
+func (ac *Activity) Hold(id, reason string) (release func()) {
+	mc, err := ac.table.get(id)
 	if err != nil {
 		return func() {}
 	}
 	mc.holds.Add(1)
-	m.touch(mc, reason)
+	ac.touch(mc, reason)
 	return func() {
 		mc.touched.Store(0) // the end counts even within the same second
-		m.touch(mc, reason)
+		ac.touch(mc, reason)
 		mc.holds.Add(-1)
 	}
 }

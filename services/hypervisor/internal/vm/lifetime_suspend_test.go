@@ -43,7 +43,7 @@ func TestIdleSuspends(t *testing.T) {
 	}
 
 	// Suspended longer than the timeout: the resume must not count it.
-	time.Sleep(600 * time.Millisecond)
+	waitPast(t, v.GetLifetime().GetLastActivityAt().AsTime().Add(600*time.Millisecond))
 	if _, err := h.m.Resume(context.Background(), id); err != nil {
 		t.Fatal(err)
 	}

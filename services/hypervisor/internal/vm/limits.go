@@ -1,6 +1,8 @@
 package vm
 
 import (
+	"github.com/giantswarm/vm-manager/pkg/bound"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/network"
 	"maps"
 	"slices"
 	"strings"
@@ -41,16 +43,12 @@ const (
 	MaxSSHKeyBytes = 8 << 10
 )
 
+// defaults: one bound.Default a field, like imds.Limits' (the same shape;
+// kept, each list names its own fields).
 func (l *Limits) defaults() {
-	if l.MaxVMs <= 0 {
-		l.MaxVMs = DefaultMaxVMs
-	}
-	if l.MaxNetworks <= 0 {
-		l.MaxNetworks = DefaultMaxNetworks
-	}
-	if l.MaxForwardsPerVM <= 0 {
-		l.MaxForwardsPerVM = DefaultMaxForwardsPerVM
-	}
+	bound.Default(&l.MaxVMs, DefaultMaxVMs)
+	bound.Default(&l.MaxNetworks, DefaultMaxNetworks)
+	bound.Default(&l.MaxForwardsPerVM, DefaultMaxForwardsPerVM)
 }
 
 // The per-host bounds, as refusals are counted.
@@ -70,35 +68,52 @@ const (
 
 var limitNames = [limitCount]string{LimitVMs, LimitNetworks, LimitForwardsPerVM}
 
-// refusals counts the creates each per-host bound refused.
-type refusals [limitCount]atomic.Uint64
+// Refusals counts the creates each per-host bound refused (the networks'
+// are the network registry's).
+type Refusals struct{ n [limitCount]atomic.Uint64 }
 
-func (m *Manager) refuse(idx int, format string, args ...any) error {
-	m.refused[idx].Add(1)
+func (r *Refusals) refuse(idx int, format string, args ...any) error {
+	r.n[idx].Add(1)
 	return apierr.Errorf(apierr.ResourceExhausted, format, args...)
+}
+
+// Bounds are the counters of every bound, gathered from their owners.
+type Bounds struct {
+	refused  *Refusals
+	nets     *network.Registry
+	activity *Activity
+	watches  *Watches
+	imds     *imds.Guard
+	consoles *Consoles
+}
+
+// NewBounds gathers the counters of its arguments.
+func NewBounds(refused *Refusals, nets *network.Registry, activity *Activity, watches *Watches, guard *imds.Guard, consoles *Consoles) *Bounds {
+	return &Bounds{refused: refused, nets: nets, activity: activity, watches: watches, imds: guard, consoles: consoles}
 }
 
 // Refusals are the creates refused at each per-host bound since the
 // hypervisor started, by bound (LimitVMs, LimitNetworks, LimitForwardsPerVM).
-func (m *Manager) Refusals() map[string]uint64 {
+func (b *Bounds) Refusals() map[string]uint64 {
 	out := make(map[string]uint64, limitCount)
 	for i, n := range limitNames {
-		out[n] = m.refused[i].Load()
+		out[n] = b.refused.n[i].Load()
 	}
+	out[LimitNetworks] = b.nets.Refused()
 	return out
 }
 
 // BoundCounters are what the bounds refused or cut since the hypervisor
 // started (TelemetryService): per VM, its IMDS refusals and console
 // rotations; per host, the creates refused.
-func (m *Manager) BoundCounters() *hypervisorv1.GetBoundCountersResponse {
-	out := &hypervisorv1.GetBoundCountersResponse{RefusedTotal: m.Refusals(), LifetimeActionsTotal: m.LifetimeActions()}
-	_, out.RefusedTotal[LimitWatchers], out.RefusedTotal[LimitWatchBuffer] = m.WatchCounters()
+func (b *Bounds) BoundCounters() *hypervisorv1.GetBoundCountersResponse {
+	out := &hypervisorv1.GetBoundCountersResponse{RefusedTotal: b.Refusals(), LifetimeActionsTotal: b.activity.LifetimeActions()}
+	_, out.RefusedTotal[LimitWatchers], out.RefusedTotal[LimitWatchBuffer] = b.watches.WatchCounters()
 	imdsByVM := map[string]imds.Counters{}
-	for _, c := range m.imds.Counters() {
+	for _, c := range b.imds.Counters() {
 		imdsByVM[c.VMID] = c
 	}
-	for id, con := range m.ConsoleCounters() {
+	for id, con := range b.consoles.ConsoleCounters() {
 		c := imdsByVM[id]
 		tooLarge := map[string]uint64{imds.BodyQuote: 0, imds.BodyReport: 0}
 		maps.Copy(tooLarge, c.BodiesTooLarge)

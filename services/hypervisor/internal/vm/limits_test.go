@@ -67,17 +67,16 @@ func TestMaxNetworks(t *testing.T) {
 	h.m.Close()
 	h.limits = Limits{MaxNetworks: 2}
 	h.start()
-	ctx := context.Background()
 	for i, name := range []string{"n1", "n2"} {
-		if _, err := h.m.CreateNetwork(ctx, &hypervisorv1.CreateNetworkRequest{Name: name, Cidr: fmt.Sprintf("10.%d.0.0/24", i)}, "tester"); err != nil {
+		if _, err := h.m.nets.Create(&hypervisorv1.CreateNetworkRequest{Name: name, Cidr: fmt.Sprintf("10.%d.0.0/24", i)}, "tester"); err != nil {
 			t.Fatalf("create %s: %v", name, err)
 		}
 	}
-	_, err := h.m.CreateNetwork(ctx, &hypervisorv1.CreateNetworkRequest{Name: "n3", Cidr: "10.3.0.0/24"}, "tester")
+	_, err := h.m.nets.Create(&hypervisorv1.CreateNetworkRequest{Name: "n3", Cidr: "10.3.0.0/24"}, "tester")
 	if apierr.CodeOf(err) != apierr.ResourceExhausted || !strings.Contains(apierr.MessageOf(err), "this host has 2 networks, the maximum is 2 (--max-networks)") {
 		t.Fatalf("third network: %v (%s)", err, apierr.CodeOf(err))
 	}
-	if _, err := h.m.GetNetwork("n3"); apierr.CodeOf(err) != apierr.NotFound {
+	if _, err := h.m.nets.Get("n3"); apierr.CodeOf(err) != apierr.NotFound {
 		t.Errorf("refused network: %v", err)
 	}
 	if nets, _ := h.st.ListNetworks(); len(nets) != 2 {
@@ -86,10 +85,10 @@ func TestMaxNetworks(t *testing.T) {
 	if got := h.m.Refusals()[LimitNetworks]; got != 1 {
 		t.Errorf("refusals counted: %d", got)
 	}
-	if err := h.m.DeleteNetwork(ctx, "n1"); err != nil {
+	if err := h.m.nets.Delete("n1"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.m.CreateNetwork(ctx, &hypervisorv1.CreateNetworkRequest{Name: "n3", Cidr: "10.3.0.0/24"}, "tester"); err != nil {
+	if _, err := h.m.nets.Create(&hypervisorv1.CreateNetworkRequest{Name: "n3", Cidr: "10.3.0.0/24"}, "tester"); err != nil {
 		t.Errorf("create after a delete: %v", err)
 	}
 }

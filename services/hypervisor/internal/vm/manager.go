@@ -1,10 +1,19 @@
-// Package vm is the VM lifecycle (contract §3): the stored records, create,
-// start, stop, reboot and delete, readiness and timers, every boot's
-// registration with attestation, guest resets, and the re-adoption of
-// running VMs after a hypervisor restart. The processes are a Driver's
-// (internal/driver), the networks the network registry's, what guests reach
-// the guest side's (internal/guest); the legal state changes are the
-// lifecycle package's.
+// Package vm is the VM lifecycle (contract §3), in parts that each hold one
+// responsibility and are wired together in server/:
+//
+//   - Table: the stored records and the lifecycle table every change passes;
+//   - Runner: a VM's runs over a Driver (launch, supervise, re-adopt) and
+//     every boot's registration with attestation (Boots);
+//   - Manager: the verbs (create, start, stop, reboot, suspend, resume,
+//     delete), waits, lifetimes carried out, forgets;
+//   - Activity: touches, holds and idle clocks, what a lifetime makes due;
+//   - Access: exec, forwards and metrics, through the VM's network;
+//   - Watches: the watch streams, fed by the Table's events;
+//   - Consoles: console reads and rotation;
+//   - Bounds: the counters of every bound.
+//
+// The networks are network.Registry's, what guests reach guestapi's; the
+// legal state changes are the lifecycle package's.
 //
 // Locking: each VM has an operation mutex (op) serialising create, start,
 // stop, reboot and delete, and a record mutex (mu) guarding the record and
@@ -14,12 +23,8 @@ package vm
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
-	"net/http"
 	"net/netip"
-	"path/filepath"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,14 +33,10 @@ import (
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/forward"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guestapi"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/imds"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/lifecycle"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/network"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore/storepb"
 	"go.opentelemetry.io/otel/trace"
-	"google.golang.org/protobuf/proto"
 )
 
 // Config is how VMs are run.
@@ -90,6 +91,13 @@ type Config struct {
 	IDPrefix string
 }
 
+// WithDefaults is c with every zero field that has a default set to it: what
+// the parts work with, and what the caller wiring them should use too.
+func (c Config) WithDefaults() Config {
+	c.defaults()
+	return c
+}
+
 func (c *Config) defaults() {
 	if c.InstallTimeout == 0 {
 		c.InstallTimeout = 5 * time.Minute
@@ -125,51 +133,48 @@ type Store interface {
 	DeleteNetwork(name string) error
 }
 
-// Manager runs VMs.
+// Manager is the VM lifecycle's verbs: create, start, stop, reboot,
+// suspend, resume, delete, and what lifetimes make due. The runs are the
+// Runner's, the records the Table's.
 type Manager struct {
 	cfg      Config
 	log      *slog.Logger
 	store    Store
 	images   ImageResolver
 	verifier attestationv1.VerifierServiceClient
-	router   *notify.Router
 	driver   Driver
-	newID    func() string // random VM ids; tests pick their own
+
+	table    *Table
+	runner   *Runner
+	activity *Activity
+	access   *Access
+	nets     *network.Registry
+	imds     *imds.Guard
 
 	ctx    context.Context // ends when the hypervisor stops
 	cancel context.CancelFunc
-
-	mu       sync.Mutex
-	machines map[string]*machine
-	// leases index the machines by address, for the IMDS's lookup of its
-	// caller on every request (Leased).
-	leases  map[lease]*machine
-	nets    *network.Registry
-	events  *lifecycle.Broker
-	illegal atomic.Uint64
-	guest   *guestapi.Side
-	imds    *imds.Guard
-	closing bool
-	wg      sync.WaitGroup
+	wg     sync.WaitGroup
 	// startOnce guards RunLoops: the loops run once.
 	startOnce sync.Once
 
-	refused refusals
-	// watchers are the watch streams (watch.go).
-	watchers watchers
+	refused *Refusals
 	// suspends counts suspends and resumes (suspend.go).
 	suspends suspendStats
-	// netCreate serialises network creates, so that two cannot both pass
-	// the MaxNetworks check.
-	netCreate sync.Mutex
+}
 
-	// Lifetimes (expire.go): when this hypervisor started (an idle clock
-	// starts no earlier) and what they did.
-	started      time.Time
-	lifetimeActs lifetimeActions
-	// lifetimePasses counts finished checks of every VM's lifetime: "nothing
-	// happened" is a result only after a pass that looked.
-	lifetimePasses atomic.Uint64
+// Deps are what a Manager works with, built by the caller (server/).
+type Deps struct {
+	Store    Store
+	Images   ImageResolver
+	Verifier attestationv1.VerifierServiceClient // nil: no attestation service
+	Driver   Driver
+	Table    *Table
+	Runner   *Runner
+	Activity *Activity
+	Access   *Access
+	Networks *network.Registry
+	IMDS     *imds.Guard
+	Refusals *Refusals
 }
 
 // lease is an address on a network: one VM's at a time.
@@ -207,215 +212,38 @@ type machine struct {
 	acting             atomic.Bool
 }
 
-// New loads the records and re-adopts the VMs whose processes still run.
-func New(cfg Config, log *slog.Logger, st Store, images ImageResolver, verifier attestationv1.VerifierServiceClient, router *notify.Router, driver Driver) (*Manager, error) {
+// New re-adopts the VMs of the Table's records whose processes still run and
+// settles the others. The networks must be restored first: re-adopted VMs
+// redial their network's socket. It starts no loop (RunLoops does).
+func New(cfg Config, log *slog.Logger, d Deps) *Manager {
 	cfg.defaults()
 	ctx, cancel := context.WithCancel(context.Background())
-	m := &Manager{cfg: cfg, log: log, store: st, images: images, verifier: verifier, router: router, driver: driver, ctx: ctx, cancel: cancel,
-		machines: map[string]*machine{}, leases: map[lease]*machine{}, newID: newID, started: time.Now()}
-	m.watchers.ended = make(chan struct{})
-	if p := cfg.IDPrefix; p != "" {
-		m.newID = func() string { return p + newID()[len(p):] }
-	}
-	var err error
-	if m.events, err = newEvents(st, cfg.Watch.Retain); err != nil {
-		cancel()
-		return nil, err
-	}
-	m.guest = guestapi.New(m, verifier, guestapi.Config{ImageDir: cfg.ImageDir, SeriesLimit: cfg.GuestSeriesLimit}, log)
-	m.imds = imds.NewGuard(cfg.IMDS)
-	m.nets = network.NewRegistry(ctx, st, func(name string) http.Handler {
-		return m.activeIMDS(name, m.tracedIMDS(name, imds.New(m.guest.Network(name), m.imds, log.With("network", name))))
-	}, cfg.Network, log)
-	// Networks first: re-adopted VMs redial their network's socket.
-	if err := m.nets.Restore(cfg.DefaultNetwork, cfg.DefaultSubnet); err != nil {
-		cancel()
-		return nil, err
-	}
-	recs, err := st.ListVMs()
-	if err != nil {
-		cancel()
-		return nil, fmt.Errorf("load vm records: %w", err)
-	}
+	m := &Manager{cfg: cfg, log: log, store: d.Store, images: d.Images, verifier: d.Verifier, driver: d.Driver,
+		table: d.Table, runner: d.Runner, activity: d.Activity, access: d.Access, nets: d.Networks, imds: d.IMDS,
+		refused: d.Refusals, ctx: ctx, cancel: cancel}
 	strays := m.driver.Strays()
-	for _, rec := range recs {
-		m.events.Seed(proto.Clone(rec).(*storepb.VirtualMachine)) // restore's changes are events after it
-		mc := &machine{id: rec.GetId(), rec: rec, changed: make(chan struct{})}
-		m.machines[mc.id] = mc
-		if l, ok := leaseOf(rec); ok {
-			m.leases[l] = mc
-		}
-		m.restore(mc, strays[mc.id])
-		m.restartIdleClock(mc)
-		m.restoreForwards(mc)
+	for _, mc := range m.table.all() {
+		m.runner.restore(mc, strays[mc.id])
+		m.activity.restartIdleClock(mc)
+		m.access.restoreForwards(mc)
 		delete(strays, mc.id)
 	}
 	for id, procs := range strays { // of VM directories without a record
-		m.endStrays(id, procs, nil)
+		m.runner.endStrays(id, procs, nil)
 	}
 	m.sweepDeleted()
-	return m, nil
+	return m
 }
 
-// RunLoops runs the background loops: forgetting deleted records, rotating
-// consoles, carrying out lifetimes. New starts none of them, so that what
-// configures a Manager (the server, a test) is done before anything reads it
-// concurrently. Later calls do nothing.
+// RunLoops runs the background loops: forgetting deleted records, carrying
+// out lifetimes. New starts none of them, so that what configures a Manager
+// (the server, a test) is done before anything reads it concurrently. Later
+// calls do nothing.
 func (m *Manager) RunLoops() {
 	m.startOnce.Do(func() {
 		m.wg.Go(m.forgetLoop)
-		m.wg.Go(m.consoleLoop)
 		m.wg.Go(m.lifetimeLoop)
 	})
-}
-
-func (m *Manager) vmDir(id string) string { return filepath.Join(m.cfg.StateDir, "vms", id) }
-
-func (m *Manager) get(id string) (*machine, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if mc, ok := m.machines[id]; ok && vmID.MatchString(id) {
-		return mc, nil
-	}
-	return nil, apierr.Errorf(apierr.NotFound, "vm %q not found", id)
-}
-
-// snapshot returns a copy of the record and the channel closed on its next change.
-func (mc *machine) snapshot() (*storepb.VirtualMachine, <-chan struct{}) {
-	mc.mu.Lock()
-	defer mc.mu.Unlock()
-	return proto.Clone(mc.rec).(*storepb.VirtualMachine), mc.changed
-}
-
-// update applies fn to the record under its lock, persists it and wakes waiters.
-func (m *Manager) update(mc *machine, fn func(rec *storepb.VirtualMachine)) *storepb.VirtualMachine {
-	mc.mu.Lock()
-	defer mc.mu.Unlock()
-	return m.updateLocked(mc, fn)
-}
-
-// Every change goes through the lifecycle's table: a state change it does
-// not allow is a bug, and the record stays as it was (logged and counted).
-// Every accepted change is persisted and published as an event.
-func (m *Manager) updateLocked(mc *machine, fn func(rec *storepb.VirtualMachine)) *storepb.VirtualMachine {
-	prev := proto.Clone(mc.rec).(*storepb.VirtualMachine)
-	before := mc.rec.GetState()
-	fn(mc.rec)
-	after := mc.rec.GetState()
-	if err := lifecycle.Check(before, after); err != nil {
-		m.illegal.Add(1)
-		m.log.Error("vm record change refused", "vm", mc.id, "error", err)
-		mc.rec = prev
-		return proto.Clone(prev).(*storepb.VirtualMachine)
-	}
-	if err := m.store.PutVM(mc.rec); err != nil {
-		m.log.Error("persist vm record", "vm", mc.id, "error", err)
-	}
-	if after != before {
-		m.log.Info("vm state", "vm", mc.id, "name", mc.rec.GetName(), "from", lifecycle.Name(before), "to", lifecycle.Name(after), "last_error", firstLine(mc.rec.GetLastError()))
-	}
-	out := proto.Clone(mc.rec).(*storepb.VirtualMachine)
-	m.events.Publish(lifecycle.Event{VMID: mc.id, From: before, To: after, Record: out})
-	close(mc.changed)
-	mc.changed = make(chan struct{})
-	return proto.Clone(out).(*storepb.VirtualMachine)
-}
-
-// Events are the VMs' record changes, numbered.
-func (m *Manager) Events() *lifecycle.Broker { return m.events }
-
-// IllegalTransitions counts the state changes the lifecycle refused (bugs).
-func (m *Manager) IllegalTransitions() uint64 { return m.illegal.Load() }
-
-// gone publishes a VM's deletion.
-func (m *Manager) gone(id string, last hypervisorv1.State) {
-	m.events.Publish(lifecycle.Event{VMID: id, From: last, To: last, Deleted: true})
-}
-
-// Update applies fn to a VM's record, persists it and wakes its waiters.
-func (m *Manager) Update(id string, fn func(*storepb.VirtualMachine)) error {
-	mc, err := m.get(id)
-	if err != nil {
-		return err
-	}
-	m.update(mc, fn)
-	return nil
-}
-
-// Get returns one VM.
-func (m *Manager) Get(id string) (*hypervisorv1.VirtualMachine, error) {
-	rec, err := m.Record(id)
-	return View(rec), err
-}
-
-// Guest is the guest-facing side: what the IMDS serves, the guests' reports.
-func (m *Manager) Guest() *guestapi.Side { return m.guest }
-
-// Record returns a copy of one VM's stored record.
-func (m *Manager) Record(id string) (*storepb.VirtualMachine, error) {
-	mc, err := m.get(id)
-	if err != nil {
-		return nil, err
-	}
-	rec, _ := mc.snapshot()
-	return rec, nil
-}
-
-// List returns every VM, oldest first.
-func (m *Manager) List() []*hypervisorv1.VirtualMachine {
-	recs := m.Records()
-	out := make([]*hypervisorv1.VirtualMachine, len(recs))
-	for i, r := range recs {
-		out[i] = View(r)
-	}
-	return out
-}
-
-// Leased calls fn with the record of the VM holding the lease on ip in
-// network, under the record's lock (guestapi.Records).
-func (m *Manager) Leased(network string, ip netip.Addr, fn func(*storepb.VirtualMachine)) bool {
-	m.mu.Lock()
-	mc := m.leases[lease{network, ip.Unmap()}]
-	m.mu.Unlock()
-	if mc == nil {
-		return false
-	}
-	mc.mu.Lock()
-	defer mc.mu.Unlock()
-	fn(mc.rec)
-	return true
-}
-
-// Records returns copies of every stored record, oldest first.
-func (m *Manager) Records() []*storepb.VirtualMachine {
-	m.mu.Lock()
-	mcs := make([]*machine, 0, len(m.machines))
-	for _, mc := range m.machines {
-		mcs = append(mcs, mc)
-	}
-	m.mu.Unlock()
-	out := make([]*storepb.VirtualMachine, 0, len(mcs))
-	for _, mc := range mcs {
-		rec, _ := mc.snapshot()
-		out = append(out, rec)
-	}
-	slices.SortFunc(out, func(a, b *storepb.VirtualMachine) int {
-		if c := a.GetCreatedAt().AsTime().Compare(b.GetCreatedAt().AsTime()); c != 0 {
-			return c
-		}
-		return compareStrings(a.GetId(), b.GetId())
-	})
-	return out
-}
-
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // StoppedOnExit is lastError of a VM powered down by the hypervisor's exit
@@ -423,15 +251,16 @@ func compareStrings(a, b string) int {
 const StoppedOnExit = "powered down when vm-manager stopped (--detach-vms-on-exit=false); start the VM again"
 
 // Close stops supervising: the VMs keep running for the next hypervisor, or
-// with StopVMsOnExit are powered down within the stop timeout.
+// with StopVMsOnExit are powered down within the stop timeout. The networks,
+// the watches and the Table are closed after it, by their owner.
 func (m *Manager) Close() {
-	m.mu.Lock()
-	m.closing = true
-	mcs := make([]*machine, 0, len(m.machines))
-	for _, mc := range m.machines {
+	m.table.mu.Lock()
+	m.table.closing = true
+	mcs := make([]*machine, 0, len(m.table.machines))
+	for _, mc := range m.table.machines {
 		mcs = append(mcs, mc)
 	}
-	m.mu.Unlock()
+	m.table.mu.Unlock()
 	if m.cfg.StopVMsOnExit {
 		var wg sync.WaitGroup
 		for _, mc := range mcs {
@@ -450,13 +279,9 @@ func (m *Manager) Close() {
 	}
 	m.cancel()
 	m.wg.Wait()
+	m.runner.detach()
 	for _, mc := range mcs {
-		m.closeForwards(mc, true) // bound again by the next hypervisor
-	}
-	m.nets.Close()
-	m.EndWatches()
-	if err := m.events.Close(); err != nil {
-		m.log.Error("store the watch revision", "error", err)
+		m.access.closeForwards(mc, true) // bound again by the next hypervisor
 	}
 	for _, mc := range mcs {
 		mc.mu.Lock()

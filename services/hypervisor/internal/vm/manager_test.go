@@ -81,7 +81,7 @@ type harness struct {
 	wrap   func(*fakeDriver) Driver // the driver the manager gets, when set
 	att    *bootLog
 	router *notify.Router
-	m      *Manager
+	m      *testVMs
 }
 
 // newHarness is a manager over a real store, the fake driver, the fake
@@ -110,7 +110,7 @@ func (h *harness) start() {
 	if h.wrap != nil {
 		drv = h.wrap(h.drv)
 	}
-	m, err := New(cfg, slog.New(slog.DiscardHandler), h.st, kernelImage{}, h.att, h.router, drv)
+	m, err := assemble(cfg, slog.New(slog.DiscardHandler), h.st, kernelImage{}, h.att, h.router, drv)
 	if err != nil {
 		h.t.Fatal(err)
 	}

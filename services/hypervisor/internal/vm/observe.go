@@ -20,8 +20,8 @@ const (
 )
 
 // Console returns the last lines of the serial console; empty before any output.
-func (m *Manager) Console(id string, lines int32) (*hypervisorv1.GetVirtualMachineConsoleResponse, error) {
-	mc, err := m.get(id)
+func (cs *Consoles) Console(id string, lines int32) (*hypervisorv1.GetVirtualMachineConsoleResponse, error) {
+	mc, err := cs.table.get(id)
 	if err != nil {
 		return nil, err
 	}
@@ -37,13 +37,13 @@ func (m *Manager) Console(id string, lines int32) (*hypervisorv1.GetVirtualMachi
 }
 
 // Metrics summarises what the host sees of a VM.
-func (m *Manager) Metrics(id string) (*hypervisorv1.VirtualMachineMetrics, error) {
-	mc, err := m.get(id)
+func (ax *Access) Metrics(id string) (*hypervisorv1.VirtualMachineMetrics, error) {
+	mc, err := ax.table.get(id)
 	if err != nil {
 		return nil, err
 	}
 	rec, _ := mc.snapshot()
-	h := &hypervisorv1.HostMetrics{State: rec.GetState(), DiskBytes: diskBytes(rec.GetPaths().GetDir()), Network: m.netMetrics(rec)}
+	h := &hypervisorv1.HostMetrics{State: rec.GetState(), DiskBytes: diskBytes(rec.GetPaths().GetDir()), Network: ax.netMetrics(rec)}
 	h.Attestation = gate.Summary(rec.GetRequireAttestation(), rec.GetAttestation())
 	if pid := rec.GetProcesses().GetQemu().GetPid(); pid > 0 {
 		h.Pid = proto.Int32(pid)
@@ -60,7 +60,7 @@ func (m *Manager) Metrics(id string) (*hypervisorv1.VirtualMachineMetrics, error
 	}
 	h.BootPhases = rec.GetBootPhases()
 	out := &hypervisorv1.VirtualMachineMetrics{Id: id, Host: h, RawReportUrl: "/api/v1/vms/" + id + "/report"}
-	out.Guest, out.Note = m.guest.Summary(rec)
+	out.Guest, out.Note = ax.guest.Summary(rec)
 	return out, nil
 }
 

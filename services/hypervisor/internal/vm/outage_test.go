@@ -55,7 +55,7 @@ func TestDeleteForgetsOnceAttestationIsBack(t *testing.T) {
 	v.mu.Lock()
 	v.down = false
 	v.mu.Unlock()
-	m2, err := New(Config{StateDir: t.TempDir()}, m.log, st, images2{}, v, notify.NewRouter(), newFakeDriver())
+	m2, err := assemble(Config{StateDir: t.TempDir()}, m.log, st, images2{}, v, notify.NewRouter(), newFakeDriver())
 	if err != nil {
 		t.Fatal(err)
 	}

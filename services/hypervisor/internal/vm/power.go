@@ -27,7 +27,7 @@ func (m *Manager) Start(ctx context.Context, id string) (*hypervisorv1.VirtualMa
 // locked runs op on a VM under its operation lock and returns the record op
 // left.
 func (m *Manager) locked(id string, op func(*machine) error) (*hypervisorv1.VirtualMachine, error) {
-	mc, err := m.get(id)
+	mc, err := m.table.get(id)
 	if err != nil {
 		return nil, err
 	}
@@ -42,10 +42,7 @@ func (m *Manager) locked(id string, op func(*machine) error) (*hypervisorv1.Virt
 
 // startLocked boots mc; the boot continues the trace of ctx's call.
 func (m *Manager) startLocked(ctx context.Context, mc *machine) error {
-	m.mu.Lock()
-	closing := m.closing
-	m.mu.Unlock()
-	if closing {
+	if m.table.isClosing() {
 		return apierr.Errorf(apierr.Conflict, "vm-manager is shutting down")
 	}
 	rec, _ := mc.snapshot()
@@ -67,7 +64,7 @@ func (m *Manager) startLocked(ctx context.Context, mc *machine) error {
 	mc.resets = nil // a boot loop's count starts again with the caller's start
 	mc.mu.Unlock()
 	mc.setTrace(ctx)
-	if err := m.launch(mc, hypervisorv1.Phase_PHASE_BOOT); err != nil {
+	if err := m.runner.launch(mc, hypervisorv1.Phase_PHASE_BOOT); err != nil {
 		return apierr.Errorf(apierr.VMFailed, "vm %s could not start: %v", mc.id, err)
 	}
 	return nil
@@ -99,7 +96,7 @@ func (m *Manager) stopLockedWith(mc *machine, also func(*storepb.VirtualMachine)
 	}
 	if rt == nil && state == hypervisorv1.State_STATE_BOOTING {
 		// Between a guest reset and its next boot: that boot will not start.
-		m.updateLocked(mc, func(rec *storepb.VirtualMachine) { rec.State = hypervisorv1.State_STATE_STOPPED; also(rec) })
+		m.table.updateLocked(mc, func(rec *storepb.VirtualMachine) { rec.State = hypervisorv1.State_STATE_STOPPED; also(rec) })
 		mc.mu.Unlock()
 		return nil
 	}
@@ -108,25 +105,25 @@ func (m *Manager) stopLockedWith(mc *machine, also func(*storepb.VirtualMachine)
 		return apierr.Errorf(apierr.Conflict, "vm %s is not running (state %s)", mc.id, lifecycle.Name(state))
 	}
 	rt.stopping.Store(true)
-	m.updateLocked(mc, func(rec *storepb.VirtualMachine) { rec.State = hypervisorv1.State_STATE_STOPPING; also(rec) })
+	m.table.updateLocked(mc, func(rec *storepb.VirtualMachine) { rec.State = hypervisorv1.State_STATE_STOPPING; also(rec) })
 	mc.mu.Unlock()
-	m.powerOff(mc, rt)
+	m.runner.powerOff(mc, rt)
 	return nil
 }
 
 // powerOff asks the guest to power down, escalates after the stop timeout and
 // waits until the supervisor has settled the record.
-func (m *Manager) powerOff(mc *machine, rt *runtime) {
+func (rn *Runner) powerOff(mc *machine, rt *runtime) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	if err := rt.proc.PowerDown(ctx); err != nil {
-		m.log.Warn("power-down failed", "vm", mc.id, "error", err)
+		rn.log.Warn("power-down failed", "vm", mc.id, "error", err)
 	}
 	cancel()
 	select {
 	case <-rt.proc.Done():
-	case <-time.After(m.cfg.StopTimeout):
-		m.log.Warn("guest did not power off within the stop timeout; terminating it", "vm", mc.id, "timeout", m.cfg.StopTimeout)
-		rt.proc.Terminate(m.cfg.KillGrace)
+	case <-time.After(rn.cfg.StopTimeout):
+		rn.log.Warn("guest did not power off within the stop timeout; terminating it", "vm", mc.id, "timeout", rn.cfg.StopTimeout)
+		rt.proc.Terminate(rn.cfg.KillGrace)
 	}
 	<-rt.settled
 }
@@ -145,7 +142,7 @@ func (m *Manager) Reboot(ctx context.Context, id string) (*hypervisorv1.VirtualM
 
 // Delete stops the VM and removes its files and record. Not undoable.
 func (m *Manager) Delete(_ context.Context, id string) error {
-	mc, err := m.get(id)
+	mc, err := m.table.get(id)
 	if err != nil {
 		return err
 	}
@@ -157,7 +154,7 @@ func (m *Manager) Delete(_ context.Context, id string) error {
 	mc.mu.Unlock()
 	mc.op.Lock()
 	defer mc.op.Unlock()
-	if _, err := m.get(id); err != nil {
+	if _, err := m.table.get(id); err != nil {
 		return err // deleted while we waited for the op lock
 	}
 	mc.mu.Lock()
@@ -165,12 +162,12 @@ func (m *Manager) Delete(_ context.Context, id string) error {
 	if rt != nil {
 		rt.stopping.Store(true)
 	}
-	m.updateLocked(mc, func(rec *storepb.VirtualMachine) { rec.State = hypervisorv1.State_STATE_DELETING })
+	m.table.updateLocked(mc, func(rec *storepb.VirtualMachine) { rec.State = hypervisorv1.State_STATE_DELETING })
 	mc.mu.Unlock()
 	if rt != nil {
-		m.powerOff(mc, rt)
+		m.runner.powerOff(mc, rt)
 	}
-	m.closeForwards(mc, false)
+	m.access.closeForwards(mc, false)
 	if err := m.drop(mc); err != nil {
 		return err
 	}

@@ -39,10 +39,10 @@ func (mc *machine) noteReset(now time.Time) int {
 
 // relaunch starts the boot after a guest reset, unless a stop, a delete or
 // the hypervisor's exit came first.
-func (m *Manager) relaunch(mc *machine) {
+func (rn *Runner) relaunch(mc *machine) {
 	mc.op.Lock()
 	defer mc.op.Unlock()
-	if _, err := m.get(mc.id); err != nil {
+	if _, err := rn.table.get(mc.id); err != nil {
 		return // deleted meanwhile
 	}
 	mc.mu.Lock()
@@ -51,11 +51,9 @@ func (m *Manager) relaunch(mc *machine) {
 	if !waiting {
 		return
 	}
-	m.mu.Lock()
-	closing := m.closing
-	m.mu.Unlock()
+	closing := rn.table.isClosing()
 	if closing {
-		m.update(mc, func(r *storepb.VirtualMachine) {
+		rn.table.update(mc, func(r *storepb.VirtualMachine) {
 			r.State = hypervisorv1.State_STATE_STOPPED
 			r.LastError = "the guest rebooted while vm-manager shut down; start the VM"
 		})
@@ -63,8 +61,8 @@ func (m *Manager) relaunch(mc *machine) {
 	}
 	// No call started this boot: it joins no trace.
 	mc.setTrace(context.Background())
-	if err := m.launch(mc, hypervisorv1.Phase_PHASE_BOOT); err != nil {
-		m.update(mc, func(r *storepb.VirtualMachine) {
+	if err := rn.launch(mc, hypervisorv1.Phase_PHASE_BOOT); err != nil {
+		rn.table.update(mc, func(r *storepb.VirtualMachine) {
 			r.State = hypervisorv1.State_STATE_FAILED
 			r.LastError = "the guest rebooted and its next boot did not start: " + err.Error()
 		})

@@ -14,10 +14,10 @@ import (
 // readiness re-attached, its supervisor resumed); anything else is settled
 // with the reason in lastError. Processes of the VM that the record does not
 // list (strays: a launch the previous hypervisor died in) are ended.
-func (m *Manager) restore(mc *machine, strays []Stray) {
+func (rn *Runner) restore(mc *machine, strays []Stray) {
 	before := mc.rec.GetState()
-	m.restoreRecord(mc)
-	m.discardStaleSaved(mc)
+	rn.restoreRecord(mc)
+	rn.discardStaleSaved(mc)
 	mc.mu.Lock()
 	var keep []int
 	if rt := mc.run; rt != nil {
@@ -25,32 +25,32 @@ func (m *Manager) restore(mc *machine, strays []Stray) {
 		keep = []int{int(p.GetQemu().GetPid()), int(p.GetTpm().GetPid())}
 	}
 	mc.mu.Unlock()
-	if m.endStrays(mc.id, strays, keep) > 0 && (before == hypervisorv1.State_STATE_STOPPED || before == hypervisorv1.State_STATE_FAILED) {
+	if rn.endStrays(mc.id, strays, keep) > 0 && (before == hypervisorv1.State_STATE_STOPPED || before == hypervisorv1.State_STATE_FAILED) {
 		// A start or reboot was launching it: say why it is still down.
-		m.update(mc, func(r *storepb.VirtualMachine) {
+		rn.table.update(mc, func(r *storepb.VirtualMachine) {
 			r.LastError = "vm-manager restarted while the VM was starting; start the VM again"
 		})
 	}
 }
 
-func (m *Manager) restoreRecord(mc *machine) {
+func (rn *Runner) restoreRecord(mc *machine) {
 	rec := mc.rec
 	state := rec.GetState()
 	switch {
 	case state == hypervisorv1.State_STATE_CREATING || state == hypervisorv1.State_STATE_DELETING:
-		m.driver.Kill(rec)
-		m.update(mc, func(r *storepb.VirtualMachine) {
+		rn.driver.Kill(rec)
+		rn.table.update(mc, func(r *storepb.VirtualMachine) {
 			r.State = hypervisorv1.State_STATE_FAILED
 			r.Processes = nil
 			r.LastError = fmt.Sprintf("vm-manager restarted while the VM was %s; delete it", lifecycle.Name(state))
 		})
 	case state == hypervisorv1.State_STATE_SUSPENDING:
-		m.restoreSuspending(mc)
+		rn.restoreSuspending(mc)
 	case isLive(state):
-		run, err := m.driver.Adopt(m.ctx, rec)
+		run, err := rn.driver.Adopt(rn.ctx, rec)
 		if err != nil {
-			m.driver.Kill(rec)
-			m.update(mc, func(r *storepb.VirtualMachine) {
+			rn.driver.Kill(rec)
+			rn.table.update(mc, func(r *storepb.VirtualMachine) {
 				r.State = hypervisorv1.State_STATE_STOPPED
 				r.Processes = nil
 				r.LastError = fmt.Sprintf("vm-manager restarted while the VM was %s and could not reattach to its QEMU (%v); start the VM again", lifecycle.Name(state), err)
@@ -58,18 +58,18 @@ func (m *Manager) restoreRecord(mc *machine) {
 			return
 		}
 		rt := &runtime{phase: rec.GetPhase(), proc: run, settled: make(chan struct{})}
-		m.log.Info("vm re-adopted", "vm", mc.id, "state", lifecycle.Name(state), "qemu_pid", run.Processes().GetQemu().GetPid())
+		rn.log.Info("vm re-adopted", "vm", mc.id, "state", lifecycle.Name(state), "qemu_pid", run.Processes().GetQemu().GetPid())
 		mc.mu.Lock()
 		mc.run = rt
 		mc.mu.Unlock()
-		m.supervise(mc, rt)
+		rn.supervise(mc, rt)
 		if state == hypervisorv1.State_STATE_STOPPING {
 			// Resume the stop that was in progress.
 			rt.stopping.Store(true)
 			go func() {
 				mc.op.Lock()
 				defer mc.op.Unlock()
-				m.powerOff(mc, rt)
+				rn.powerOff(mc, rt)
 			}()
 		}
 	}
@@ -77,13 +77,13 @@ func (m *Manager) restoreRecord(mc *machine) {
 
 // endStrays ends a VM's processes other than keep (the adopted ones) and
 // returns how many it ended.
-func (m *Manager) endStrays(id string, strays []Stray, keep []int) (ended int) {
+func (rn *Runner) endStrays(id string, strays []Stray, keep []int) (ended int) {
 	for _, s := range strays {
 		if slices.Contains(keep, s.PID) {
 			continue
 		}
-		m.log.Warn("ending a vm process no record lists (a launch interrupted by a restart?)", "vm", id, "pid", s.PID, "binary", s.Binary)
-		m.driver.EndStray(s)
+		rn.log.Warn("ending a vm process no record lists (a launch interrupted by a restart?)", "vm", id, "pid", s.PID, "binary", s.Binary)
+		rn.driver.EndStray(s)
 		ended++
 	}
 	return ended

@@ -3,7 +3,11 @@ package vm
 import (
 	"context"
 	"fmt"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/network"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
+	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -16,6 +20,52 @@ import (
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore/storepb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
+
+// Runner runs VMs over a Driver: it provisions the vTPM, registers each boot
+// with attestation, launches, supervises every run until it ends (readiness,
+// timers, the exit), and re-adopts the runs a previous hypervisor left.
+type Runner struct {
+	cfg      Config
+	log      *slog.Logger
+	table    *Table
+	driver   Driver
+	images   ImageResolver
+	verifier attestationv1.VerifierServiceClient
+	router   *notify.Router
+	nets     *network.Registry
+	activity *Activity
+	boots    *Boots
+
+	ctx    context.Context // ends at detach: the runs are left to the next hypervisor
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// RunnerDeps are what a Runner works with.
+type RunnerDeps struct {
+	Table    *Table
+	Driver   Driver
+	Images   ImageResolver
+	Verifier attestationv1.VerifierServiceClient // nil: no attestation service
+	Router   *notify.Router
+	Networks *network.Registry
+	Activity *Activity
+	Boots    *Boots
+}
+
+// NewRunner runs nothing until a launch or a restore.
+func NewRunner(cfg Config, log *slog.Logger, d RunnerDeps) *Runner {
+	cfg.defaults()
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Runner{cfg: cfg, log: log, table: d.Table, driver: d.Driver, images: d.Images, verifier: d.Verifier, router: d.Router,
+		nets: d.Networks, activity: d.Activity, boots: d.Boots, ctx: ctx, cancel: cancel}
+}
+
+// detach stops supervising: the processes keep running.
+func (rn *Runner) detach() {
+	rn.cancel()
+	rn.wg.Wait()
+}
 
 // runtime is a VM's live run and the goroutine watching it.
 type runtime struct {
@@ -52,23 +102,23 @@ const consolePhaseLines = 4000
 // launch provisions the vTPM, registers an installed boot with attestation,
 // starts swtpm, then QEMU, for one phase, and the supervisor. Called with
 // the op lock held.
-func (m *Manager) launch(mc *machine, phase hypervisorv1.Phase) error {
+func (rn *Runner) launch(mc *machine, phase hypervisorv1.Phase) error {
 	rec, _ := mc.snapshot()
-	img, err := m.images.Get(rec.GetImage())
+	img, err := rn.images.Get(rec.GetImage())
 	if err != nil {
 		return fmt.Errorf("image %s: %w", rec.GetImage(), err)
 	}
-	ctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(rn.ctx, 30*time.Second)
 	defer cancel()
-	ctx, span := m.startLaunch(ctx, mc, phase)
+	ctx, span := rn.startLaunch(ctx, mc, phase)
 	defer span.End()
 	marks := bootphase.Marks{Start: time.Now()}
-	identity, err := m.provisionTPM(ctx, rec)
+	identity, err := rn.provisionTPM(ctx, rec)
 	if err != nil {
 		return err
 	}
 	marks.Provisioned = time.Now()
-	rec = m.update(mc, func(r *storepb.VirtualMachine) {
+	rec = rn.table.update(mc, func(r *storepb.VirtualMachine) {
 		r.Tpm = identity
 		if phase == hypervisorv1.Phase_PHASE_BOOT {
 			// The gate closes before anything of the new boot runs.
@@ -77,11 +127,11 @@ func (m *Manager) launch(mc *machine, phase hypervisorv1.Phase) error {
 	})
 	var att *attestationv1.Attestation
 	if phase == hypervisorv1.Phase_PHASE_BOOT {
-		att = m.beginBoot(ctx, rec)
-		m.update(mc, func(r *storepb.VirtualMachine) { r.Attestation = att })
+		att = rn.beginBoot(ctx, rec)
+		rn.table.update(mc, func(r *storepb.VirtualMachine) { r.Attestation = att })
 	}
 	marks.Registered = time.Now()
-	run, err := m.driver.Launch(ctx, Launch{Record: rec, Image: img, Phase: phase, CIDTaken: m.cidTaken(mc.id)})
+	run, err := rn.driver.Launch(ctx, Launch{Record: rec, Image: img, Phase: phase, CIDTaken: rn.table.cidTaken(mc.id)})
 	if err != nil {
 		return err
 	}
@@ -93,10 +143,10 @@ func (m *Manager) launch(mc *machine, phase hypervisorv1.Phase) error {
 			rt.marks = marks
 		}
 	}
-	m.update(mc, func(r *storepb.VirtualMachine) {
+	rn.table.update(mc, func(r *storepb.VirtualMachine) {
 		r.Phase = phase
 		r.Cid = run.CID()
-		r.Accelerator = m.cfg.Accelerator
+		r.Accelerator = rn.cfg.Accelerator
 		r.Processes = run.Processes()
 		r.Status, r.LastError, r.ReadyAt = "", "", nil
 		if phase == hypervisorv1.Phase_PHASE_INSTALL {
@@ -109,16 +159,16 @@ func (m *Manager) launch(mc *machine, phase hypervisorv1.Phase) error {
 		}
 		mc.run = rt
 	})
-	m.supervise(mc, rt)
-	m.touch(mc, ActivityStart)
+	rn.supervise(mc, rt)
+	rn.activity.touch(mc, ActivityStart)
 	return nil
 }
 
 // cidTaken says whether a VM other than id holds a vsock CID.
-func (m *Manager) cidTaken(id string) func(uint32) bool {
-	m.mu.Lock()
+func (tb *Table) cidTaken(id string) func(uint32) bool {
+	tb.mu.Lock()
 	used := map[uint32]bool{}
-	for _, other := range m.machines {
+	for _, other := range tb.machines {
 		if other.id == id {
 			continue
 		}
@@ -126,48 +176,48 @@ func (m *Manager) cidTaken(id string) func(uint32) bool {
 		used[other.rec.GetCid()] = true
 		other.mu.Unlock()
 	}
-	m.mu.Unlock()
+	tb.mu.Unlock()
 	return func(cid uint32) bool { return used[cid] }
 }
 
 // supervise watches one run: readiness messages, QMP events, the boot
 // timeout and the QEMU process, until QEMU exits or the hypervisor detaches.
-func (m *Manager) supervise(mc *machine, rt *runtime) {
-	ctx, cancel := context.WithCancel(m.ctx)
+func (rn *Runner) supervise(mc *machine, rt *runtime) {
+	ctx, cancel := context.WithCancel(rn.ctx)
 	rt.cancel = cancel
 	rec, _ := mc.snapshot()
-	msgs, unsubscribe := m.router.Subscribe(mc.id)
+	msgs, unsubscribe := rn.router.Subscribe(mc.id)
 	cid := rec.GetCid()
 	if cid != 0 {
-		m.router.MapCID(cid, mc.id)
+		rn.router.MapCID(cid, mc.id)
 	} else {
-		go m.router.AttachSerial(ctx, mc.id, rec.GetPaths().GetNotifySocket())
+		go rn.router.AttachSerial(ctx, mc.id, rec.GetPaths().GetNotifySocket())
 	}
 	if rec.GetNetwork() != "" && netSocket(rec) != "" {
-		m.wg.Go(func() { m.attachNIC(ctx, rec) })
+		rn.wg.Go(func() { rn.attachNIC(ctx, rec) })
 	}
 
 	var bootTimer <-chan time.Time
 	if rt.phase == hypervisorv1.Phase_PHASE_BOOT && rec.GetReadyAt() == nil && rec.GetState() != hypervisorv1.State_STATE_RUNNING {
-		left := m.cfg.BootTimeout - time.Since(rec.GetBootedAt().AsTime())
+		left := rn.cfg.BootTimeout - time.Since(rec.GetBootedAt().AsTime())
 		bootTimer = time.After(max(left, 0))
 	}
 	var installTimer <-chan time.Time
 	if rt.phase == hypervisorv1.Phase_PHASE_INSTALL {
-		installTimer = time.After(m.cfg.InstallTimeout)
+		installTimer = time.After(rn.cfg.InstallTimeout)
 	}
 	events := rt.proc.Shutdowns()
-	m.wg.Add(1)
+	rn.wg.Add(1)
 	go func() {
-		defer m.wg.Done()
+		defer rn.wg.Done()
 		defer unsubscribe()
 		if cid != 0 {
-			defer m.router.UnmapCID(cid)
+			defer rn.router.UnmapCID(cid)
 		}
 		for {
 			select {
 			case msg := <-msgs:
-				m.onNotify(mc, rt, msg.Ready, msg.Status)
+				rn.onNotify(mc, rt, msg.Ready, msg.Status)
 			case ev, ok := <-events:
 				if !ok {
 					events = nil
@@ -175,15 +225,15 @@ func (m *Manager) supervise(mc *machine, rt *runtime) {
 				}
 				rt.observe(ev)
 			case <-bootTimer:
-				m.update(mc, func(r *storepb.VirtualMachine) {
+				rn.table.update(mc, func(r *storepb.VirtualMachine) {
 					if s := r.GetState(); s == hypervisorv1.State_STATE_BOOTING || s == hypervisorv1.State_STATE_ATTESTING {
 						r.State = hypervisorv1.State_STATE_RUNNING
-						r.LastError = fmt.Sprintf("no READY=1 within %s; the guest is up but has not reported ready", fmtDuration(m.cfg.BootTimeout))
+						r.LastError = fmt.Sprintf("no READY=1 within %s; the guest is up but has not reported ready", fmtDuration(rn.cfg.BootTimeout))
 					}
 				})
 			case <-installTimer:
-				m.log.Warn("installer did not finish in time; killing it", "vm", mc.id)
-				rt.proc.Terminate(m.cfg.KillGrace)
+				rn.log.Warn("installer did not finish in time; killing it", "vm", mc.id)
+				rt.proc.Terminate(rn.cfg.KillGrace)
 			case <-rt.proc.Done():
 				// The SHUTDOWN event that says why may still be on its way
 				// (a suspend's quit needs no reason).
@@ -191,7 +241,7 @@ func (m *Manager) supervise(mc *machine, rt *runtime) {
 					rt.drainEvents(events, time.Second)
 				}
 				cancel()
-				m.exited(mc, rt)
+				rn.exited(mc, rt)
 				return
 			case <-ctx.Done():
 				// Detach: leave the processes running for the next hypervisor.
@@ -203,7 +253,7 @@ func (m *Manager) supervise(mc *machine, rt *runtime) {
 	}()
 }
 
-func (m *Manager) onNotify(mc *machine, rt *runtime, ready bool, status string) {
+func (rn *Runner) onNotify(mc *machine, rt *runtime, ready bool, status string) {
 	if rt.phase != hypervisorv1.Phase_PHASE_BOOT {
 		return // only the installed boot reports readiness
 	}
@@ -215,7 +265,7 @@ func (m *Manager) onNotify(mc *machine, rt *runtime, ready bool, status string) 
 			guestPhases = &g
 		}
 	}
-	m.update(mc, func(r *storepb.VirtualMachine) {
+	rn.table.update(mc, func(r *storepb.VirtualMachine) {
 		if status != "" {
 			r.Status = status
 		}
@@ -246,45 +296,43 @@ func (m *Manager) onNotify(mc *machine, rt *runtime, ready bool, status string) 
 
 // verifyInstall compares the volume an installer powered off after with
 // the image it installed (the driver reads both).
-func (m *Manager) verifyInstall(rec *storepb.VirtualMachine) error {
-	img, err := m.images.Get(rec.GetImage())
+func (rn *Runner) verifyInstall(rec *storepb.VirtualMachine) error {
+	img, err := rn.images.Get(rec.GetImage())
 	if err != nil {
 		return fmt.Errorf("its image %s left the catalog during the install", rec.GetImage())
 	}
 	start := time.Now()
-	if err := m.driver.VerifyInstall(rec, img); err != nil {
+	if err := rn.driver.VerifyInstall(rec, img); err != nil {
 		return err
 	}
-	m.log.Info("install verified", "vm", rec.GetId(), "image", rec.GetImage(), "seconds", time.Since(start).Seconds())
+	rn.log.Info("install verified", "vm", rec.GetId(), "image", rec.GetImage(), "seconds", time.Since(start).Seconds())
 	return nil
 }
 
 // exited settles the record after QEMU ended, and starts the installed boot
 // after a successful installer.
-func (m *Manager) exited(mc *machine, rt *runtime) {
+func (rn *Runner) exited(mc *machine, rt *runtime) {
 	rt.proc.Reap()
 	code, known := rt.proc.ExitCode()
 	clean := (known && code == 0) || (!known && rt.guestShutdown.Load())
 	rec, _ := mc.snapshot()
-	m.mu.Lock()
-	closing := m.closing
-	m.mu.Unlock()
+	closing := rn.table.isClosing()
 	installNext, bootNext := false, false
 	reset := rt.phase == hypervisorv1.Phase_PHASE_BOOT && rt.guestReset.Load() && clean
 	resets := 0
 	if reset {
 		resets = mc.noteReset(time.Now())
 	}
-	suspended := rt.suspending.Load() && m.savedState(rec) == nil
+	suspended := rt.suspending.Load() && rn.savedState(rec) == nil
 	// An installer resets the machine when it fails (and a guest kernel that
 	// panics does too): under -no-reboot QEMU then exits 0, but nothing was
 	// installed.
 	installReset := rt.phase == hypervisorv1.Phase_PHASE_INSTALL && rt.guestReset.Load()
 	var installErr error
 	if rt.phase == hypervisorv1.Phase_PHASE_INSTALL && clean && !installReset && !rt.stopping.Load() && !rt.suspending.Load() {
-		installErr = m.verifyInstall(rec)
+		installErr = rn.verifyInstall(rec)
 	}
-	m.update(mc, func(r *storepb.VirtualMachine) {
+	rn.table.update(mc, func(r *storepb.VirtualMachine) {
 		r.Processes = nil
 		mc.run = nil
 		switch {
@@ -351,15 +399,15 @@ func (m *Manager) exited(mc *machine, rt *runtime) {
 	})
 	close(rt.settled)
 	if bootNext {
-		m.log.Info("the guest reset; starting its next boot", "vm", mc.id, "resets_in_window", resets)
-		go m.relaunch(mc)
+		rn.log.Info("the guest reset; starting its next boot", "vm", mc.id, "resets_in_window", resets)
+		go rn.relaunch(mc)
 	}
 	if installNext {
 		go func() {
 			mc.op.Lock()
 			defer mc.op.Unlock()
-			if err := m.launch(mc, hypervisorv1.Phase_PHASE_BOOT); err != nil {
-				m.update(mc, func(r *storepb.VirtualMachine) {
+			if err := rn.launch(mc, hypervisorv1.Phase_PHASE_BOOT); err != nil {
+				rn.table.update(mc, func(r *storepb.VirtualMachine) {
 					r.State = hypervisorv1.State_STATE_FAILED
 					r.LastError = "installed boot did not start: " + err.Error()
 				})

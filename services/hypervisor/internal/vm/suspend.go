@@ -53,8 +53,8 @@ func (m *Manager) SuspendCounters() *hypervisorv1.SuspendCounters {
 	}
 }
 
-func (m *Manager) suspender() (Suspender, error) {
-	s, ok := m.driver.(Suspender)
+func (rn *Runner) suspender() (Suspender, error) {
+	s, ok := rn.driver.(Suspender)
 	if !ok {
 		return nil, apierr.Errorf(apierr.Conflict, "this host's driver cannot suspend VMs")
 	}
@@ -62,8 +62,8 @@ func (m *Manager) suspender() (Suspender, error) {
 }
 
 // savedState checks a record's saved state (nil: whole and bound to it).
-func (m *Manager) savedState(rec *storepb.VirtualMachine) error {
-	s, err := m.suspender()
+func (rn *Runner) savedState(rec *storepb.VirtualMachine) error {
+	s, err := rn.suspender()
 	if err != nil {
 		return err
 	}
@@ -73,15 +73,23 @@ func (m *Manager) savedState(rec *storepb.VirtualMachine) error {
 // Suspend saves a ready or running VM's RAM, devices and vTPM into its
 // directory and ends its processes: state suspended. A suspend that fails
 // leaves the VM running as it was, with lastError saying why.
-func (m *Manager) Suspend(ctx context.Context, id string) (*hypervisorv1.VirtualMachine, error) {
-	return m.locked(id, func(mc *machine) error { return m.suspendLocked(ctx, mc) })
+func (m *Manager) Suspend(_ context.Context, id string) (*hypervisorv1.VirtualMachine, error) {
+	return m.lockedSuspender(id, m.suspendLocked)
 }
 
-func (m *Manager) suspendLocked(_ context.Context, mc *machine) error {
-	s, err := m.suspender()
-	if err != nil {
-		return err
-	}
+// lockedSuspender runs op under mc's op lock with the driver's Suspender
+// (conflict when it has none).
+func (m *Manager) lockedSuspender(id string, op func(Suspender, *machine) error) (*hypervisorv1.VirtualMachine, error) {
+	return m.locked(id, func(mc *machine) error {
+		s, err := m.runner.suspender()
+		if err != nil {
+			return err
+		}
+		return op(s, mc)
+	})
+}
+
+func (m *Manager) suspendLocked(s Suspender, mc *machine) error {
 	mc.mu.Lock()
 	rt, state := mc.run, mc.rec.GetState()
 	switch {
@@ -96,7 +104,7 @@ func (m *Manager) suspendLocked(_ context.Context, mc *machine) error {
 		return apierr.Errorf(apierr.Conflict, "vm %s is installing; suspend it once it has booted", mc.id)
 	}
 	rt.suspending.Store(true)
-	rec := m.updateLocked(mc, func(r *storepb.VirtualMachine) {
+	rec := m.table.updateLocked(mc, func(r *storepb.VirtualMachine) {
 		r.SuspendedFrom = state
 		r.State = hypervisorv1.State_STATE_SUSPENDING
 	})
@@ -116,7 +124,7 @@ func (m *Manager) suspendLocked(_ context.Context, mc *machine) error {
 			return apierr.Errorf(apierr.Unavailable, "vm %s: vm-manager stopped during the suspend; the next start continues the vm", mc.id)
 		}
 		rt.suspending.Store(false)
-		m.update(mc, func(r *storepb.VirtualMachine) {
+		m.table.update(mc, func(r *storepb.VirtualMachine) {
 			if r.GetState() == hypervisorv1.State_STATE_SUSPENDING { // not if QEMU died meanwhile
 				r.State = r.GetSuspendedFrom()
 				r.SuspendedFrom = hypervisorv1.State_STATE_UNSPECIFIED
@@ -135,19 +143,12 @@ func (m *Manager) suspendLocked(_ context.Context, mc *machine) error {
 // Resume starts a suspended VM from its saved state; the same boot carries
 // on (attestation verdicts, the user-data gate, the vTPM's keys). A resume
 // that fails keeps the state: the VM stays suspended with lastError.
-func (m *Manager) Resume(ctx context.Context, id string) (*hypervisorv1.VirtualMachine, error) {
-	return m.locked(id, func(mc *machine) error { return m.resumeLocked(ctx, mc) })
+func (m *Manager) Resume(_ context.Context, id string) (*hypervisorv1.VirtualMachine, error) {
+	return m.lockedSuspender(id, m.resumeLocked)
 }
 
-func (m *Manager) resumeLocked(_ context.Context, mc *machine) error {
-	s, err := m.suspender()
-	if err != nil {
-		return err
-	}
-	m.mu.Lock()
-	closing := m.closing
-	m.mu.Unlock()
-	if closing {
+func (m *Manager) resumeLocked(s Suspender, mc *machine) error {
+	if m.table.isClosing() {
 		return apierr.Errorf(apierr.Conflict, "vm-manager is shutting down")
 	}
 	rec, _ := mc.snapshot()
@@ -164,16 +165,16 @@ func (m *Manager) resumeLocked(_ context.Context, mc *machine) error {
 	start := time.Now()
 	rctx, cancel := context.WithTimeout(m.ctx, SuspendTimeout)
 	defer cancel()
-	run, err := s.Resume(rctx, Launch{Record: rec, Image: img, Phase: hypervisorv1.Phase_PHASE_BOOT, CIDTaken: m.cidTaken(mc.id)})
+	run, err := s.Resume(rctx, Launch{Record: rec, Image: img, Phase: hypervisorv1.Phase_PHASE_BOOT, CIDTaken: m.table.cidTaken(mc.id)})
 	if err != nil {
 		m.resumeCounted(false, 0)
-		m.update(mc, func(r *storepb.VirtualMachine) {
+		m.table.update(mc, func(r *storepb.VirtualMachine) {
 			r.LastError = "resume failed; the saved state is kept: " + err.Error()
 		})
 		return apierr.Errorf(apierr.VMFailed, "vm %s could not be resumed (it stays suspended): %v", mc.id, err)
 	}
 	rt := &runtime{phase: hypervisorv1.Phase_PHASE_BOOT, proc: run, settled: make(chan struct{})}
-	m.update(mc, func(r *storepb.VirtualMachine) {
+	m.table.update(mc, func(r *storepb.VirtualMachine) {
 		to := r.GetSuspendedFrom()
 		if to != hypervisorv1.State_STATE_READY {
 			to = hypervisorv1.State_STATE_RUNNING
@@ -189,7 +190,7 @@ func (m *Manager) resumeLocked(_ context.Context, mc *machine) error {
 		}
 		mc.run = rt
 	})
-	m.supervise(mc, rt) // re-attaches the NIC to the network switch
+	m.runner.supervise(mc, rt) // re-attaches the NIC to the network switch
 	m.resumeCounted(true, time.Since(start))
 	m.log.Info("vm resumed", "vm", mc.id, "seconds", time.Since(start).Seconds())
 	if err := s.DiscardSaved(rec); err != nil {
@@ -216,7 +217,7 @@ func (m *Manager) stepGuestClock(id string) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(m.ctx, 10*time.Second)
-		res, err := m.Exec(ctx, id, []string{"date", "-u", "-s", "@" + strconv.FormatInt(time.Now().Unix(), 10)})
+		res, err := m.access.Exec(ctx, id, []string{"date", "-u", "-s", "@" + strconv.FormatInt(time.Now().Unix(), 10)})
 		cancel()
 		if err == nil && res.GetExitCode() == 0 {
 			return
@@ -237,13 +238,10 @@ func (m *Manager) stepGuestClock(id string) {
 // (like pulling the plug of a running VM); start_vm then boots afresh. also
 // applies to the record in the same write.
 func (m *Manager) stopSuspended(mc *machine, also func(*storepb.VirtualMachine)) error {
-	m.mu.Lock()
-	closing := m.closing
-	m.mu.Unlock()
-	if closing {
+	if m.table.isClosing() {
 		return apierr.Errorf(apierr.Conflict, "vm %s is suspended; its saved state is kept", mc.id)
 	}
-	s, err := m.suspender()
+	s, err := m.runner.suspender()
 	if err != nil {
 		return err
 	}
@@ -251,7 +249,7 @@ func (m *Manager) stopSuspended(mc *machine, also func(*storepb.VirtualMachine))
 	if err := s.DiscardSaved(rec); err != nil {
 		return apierr.Errorf(apierr.Internal, "vm %s: remove the saved state: %v", mc.id, err)
 	}
-	m.update(mc, func(r *storepb.VirtualMachine) {
+	m.table.update(mc, func(r *storepb.VirtualMachine) {
 		r.State = hypervisorv1.State_STATE_STOPPED
 		r.SuspendedFrom, r.SuspendedAt = hypervisorv1.State_STATE_UNSPECIFIED, nil
 		r.LastError = "stopped while suspended; the saved state was discarded"
@@ -263,20 +261,20 @@ func (m *Manager) stopSuspended(mc *machine, also func(*storepb.VirtualMachine))
 // restoreSuspending settles a record a restart found suspending: a QEMU
 // that still runs is continued (the suspend did not happen); a QEMU that
 // is gone left a saved state (suspended) or not (stopped).
-func (m *Manager) restoreSuspending(mc *machine) {
+func (rn *Runner) restoreSuspending(mc *machine) {
 	rec := mc.rec
-	s, err := m.suspender()
+	s, err := rn.suspender()
 	if err != nil {
 		return
 	}
-	run, err := m.driver.Adopt(m.ctx, rec)
+	run, err := rn.driver.Adopt(rn.ctx, rec)
 	if err == nil {
-		ctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
+		ctx, cancel := context.WithTimeout(rn.ctx, 30*time.Second)
 		err = s.AbortSuspend(ctx, rec, run)
 		cancel()
 		if err == nil {
 			rt := &runtime{phase: rec.GetPhase(), proc: run, settled: make(chan struct{})}
-			m.update(mc, func(r *storepb.VirtualMachine) {
+			rn.table.update(mc, func(r *storepb.VirtualMachine) {
 				r.State = r.GetSuspendedFrom()
 				if r.State != hypervisorv1.State_STATE_READY {
 					r.State = hypervisorv1.State_STATE_RUNNING
@@ -285,18 +283,18 @@ func (m *Manager) restoreSuspending(mc *machine) {
 				r.LastError = "vm-manager restarted during a suspend; the VM runs on (suspend it again)"
 				mc.run = rt
 			})
-			m.supervise(mc, rt)
+			rn.supervise(mc, rt)
 			return
 		}
-		m.log.Warn("could not continue a vm whose suspend a restart cut short; ending it", "vm", mc.id, "error", err)
-		run.Terminate(m.cfg.KillGrace)
+		rn.log.Warn("could not continue a vm whose suspend a restart cut short; ending it", "vm", mc.id, "error", err)
+		run.Terminate(rn.cfg.KillGrace)
 		<-run.Done()
 		run.Reap()
 	} else {
-		m.driver.Kill(rec)
+		rn.driver.Kill(rec)
 	}
 	if s.Saved(rec) == nil {
-		m.update(mc, func(r *storepb.VirtualMachine) {
+		rn.table.update(mc, func(r *storepb.VirtualMachine) {
 			r.State, r.Processes = hypervisorv1.State_STATE_SUSPENDED, nil
 			r.SuspendedAt = timestamppb.Now()
 			r.LastError = "vm-manager restarted during a suspend, after the state was saved; resume the VM"
@@ -304,7 +302,7 @@ func (m *Manager) restoreSuspending(mc *machine) {
 		return
 	}
 	_ = s.DiscardSaved(rec)
-	m.update(mc, func(r *storepb.VirtualMachine) {
+	rn.table.update(mc, func(r *storepb.VirtualMachine) {
 		r.State, r.Processes = hypervisorv1.State_STATE_STOPPED, nil
 		r.SuspendedFrom = hypervisorv1.State_STATE_UNSPECIFIED
 		r.LastError = fmt.Sprintf("vm-manager restarted during a suspend and the VM's processes were gone (%v); start the VM again", err)
@@ -314,8 +312,8 @@ func (m *Manager) restoreSuspending(mc *machine) {
 // discardStaleSaved removes the saved state of a VM a restart found neither
 // suspended nor suspending: a resume that the previous hypervisor recorded
 // but did not get to clean up after.
-func (m *Manager) discardStaleSaved(mc *machine) {
-	s, err := m.suspender()
+func (rn *Runner) discardStaleSaved(mc *machine) {
+	s, err := rn.suspender()
 	if err != nil {
 		return
 	}
@@ -324,9 +322,9 @@ func (m *Manager) discardStaleSaved(mc *machine) {
 		return
 	}
 	if s.Saved(rec) == nil {
-		m.log.Info("removing the saved state of a vm that was resumed", "vm", mc.id)
+		rn.log.Info("removing the saved state of a vm that was resumed", "vm", mc.id)
 	}
 	if err := s.DiscardSaved(rec); err != nil {
-		m.log.Warn("could not remove a stale saved state", "vm", mc.id, "error", err)
+		rn.log.Warn("could not remove a stale saved state", "vm", mc.id, "error", err)
 	}
 }

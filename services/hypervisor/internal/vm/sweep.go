@@ -15,17 +15,17 @@ import (
 const sweepMarker = "unrecorded"
 
 // makeDir creates a new VM's directory, marked until its record is written.
-func (m *Manager) makeDir(id string) error {
-	if err := os.MkdirAll(m.vmDir(id), 0o700); err != nil {
+func (tb *Table) makeDir(id string) error {
+	if err := os.MkdirAll(tb.vmDir(id), 0o700); err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(m.vmDir(id), sweepMarker), nil, 0o600)
+	return os.WriteFile(filepath.Join(tb.vmDir(id), sweepMarker), nil, 0o600)
 }
 
 // markDeleted marks a VM's directory before its record is deleted; a VM
 // without a directory (a create that failed early) needs no mark.
-func (m *Manager) markDeleted(id string) error {
-	err := os.WriteFile(filepath.Join(m.vmDir(id), sweepMarker), nil, 0o600)
+func (tb *Table) markDeleted(id string) error {
+	err := os.WriteFile(filepath.Join(tb.vmDir(id), sweepMarker), nil, 0o600)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
@@ -34,17 +34,17 @@ func (m *Manager) markDeleted(id string) error {
 
 // unmark removes the mark once a record owns the directory again (a create's
 // record written, a delete that failed).
-func (m *Manager) unmark(id string) {
-	if err := os.Remove(filepath.Join(m.vmDir(id), sweepMarker)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		m.log.Error("unmark vm directory", "vm", id, "error", err)
+func (tb *Table) unmark(id string) {
+	if err := os.Remove(filepath.Join(tb.vmDir(id), sweepMarker)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		tb.log.Error("unmark vm directory", "vm", id, "error", err)
 	}
 }
 
 // removeDir removes a deleted VM's files; what it cannot remove the next
 // start's sweepDeleted tries again.
-func (m *Manager) removeDir(id string) {
-	if err := os.RemoveAll(m.vmDir(id)); err != nil {
-		m.log.Error("remove files of a deleted vm; retried at the next start", "vm", id, "error", err)
+func (tb *Table) removeDir(id string) {
+	if err := os.RemoveAll(tb.vmDir(id)); err != nil {
+		tb.log.Error("remove files of a deleted vm; retried at the next start", "vm", id, "error", err)
 	}
 }
 
@@ -54,12 +54,12 @@ func (m *Manager) removeDir(id string) {
 // after) are released and removed. An unmarked directory
 // without a record is reported and left alone.
 func (m *Manager) sweepDeleted() {
-	m.mu.Lock()
-	known := make(map[string]bool, len(m.machines))
-	for id := range m.machines {
+	m.table.mu.Lock()
+	known := make(map[string]bool, len(m.table.machines))
+	for id := range m.table.machines {
 		known[id] = true
 	}
-	m.mu.Unlock()
+	m.table.mu.Unlock()
 	m.nets.ReleaseUnknown(func(id string) bool { return known[id] })
 	entries, err := os.ReadDir(filepath.Join(m.cfg.StateDir, "vms"))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -70,11 +70,11 @@ func (m *Manager) sweepDeleted() {
 		if known[id] || !e.IsDir() {
 			continue
 		}
-		if _, err := os.Stat(filepath.Join(m.vmDir(id), sweepMarker)); err != nil {
-			m.log.Warn("a vm directory without a record and not marked for the sweep; left in place", "dir", m.vmDir(id))
+		if _, err := os.Stat(filepath.Join(m.table.vmDir(id), sweepMarker)); err != nil {
+			m.log.Warn("a vm directory without a record and not marked for the sweep; left in place", "dir", m.table.vmDir(id))
 			continue
 		}
 		m.log.Warn("removing the files of a deleted vm (a create or delete cut short)", "vm", id)
-		m.removeDir(id)
+		m.table.removeDir(id)
 	}
 }

@@ -49,7 +49,7 @@ func TestSweepDeletedAtStart(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	m, err := New(Config{StateDir: dir}, slog.New(slog.DiscardHandler), st, images2{}, nil, notify.NewRouter(), newFakeDriver())
+	m, err := assemble(Config{StateDir: dir}, slog.New(slog.DiscardHandler), st, images2{}, nil, notify.NewRouter(), newFakeDriver())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func TestSweepDeletedAtStart(t *testing.T) {
 	}
 }
 
-func (m *Manager) networkLeases(name string) map[string]string {
+func (m *testVMs) networkLeases(name string) map[string]string {
 	out := map[string]string{}
 	for id, ip := range m.nets.Running(name).Leases() {
 		out[id] = ip.String()
@@ -134,7 +134,7 @@ func TestIDPrefix(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	m, err := New(Config{StateDir: dir, ImageDir: dir, IDPrefix: "02a"}, slog.New(slog.DiscardHandler), st, images2{}, nil, notify.NewRouter(), newFakeDriver())
+	m, err := assemble(Config{StateDir: dir, ImageDir: dir, IDPrefix: "02a"}, slog.New(slog.DiscardHandler), st, images2{}, nil, notify.NewRouter(), newFakeDriver())
 	if err != nil {
 		t.Fatal(err)
 	}

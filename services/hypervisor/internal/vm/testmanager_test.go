@@ -14,7 +14,7 @@ import (
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore/storepb"
 )
 
-func newTestManager(t *testing.T, v attestationv1.VerifierServiceClient) (*Manager, *machine) {
+func newTestManager(t *testing.T, v attestationv1.VerifierServiceClient) (*testVMs, *machine) {
 	t.Helper()
 	dir := t.TempDir()
 	st, err := vmstore.Open(filepath.Join(dir, "hypervisor.db"))
@@ -29,7 +29,7 @@ func newTestManager(t *testing.T, v attestationv1.VerifierServiceClient) (*Manag
 	if err := os.WriteFile(filepath.Join(images, "sysupdate", "kubernetes", "SHA256SUMS"), []byte("aa  k.raw\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	m, err := New(Config{StateDir: dir, ImageDir: images}, slog.New(slog.DiscardHandler), st, images2{}, v, notify.NewRouter(), newFakeDriver())
+	m, err := assemble(Config{StateDir: dir, ImageDir: images}, slog.New(slog.DiscardHandler), st, images2{}, v, notify.NewRouter(), newFakeDriver())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -49,7 +49,7 @@ func (mc *machine) bootContext(ctx context.Context) context.Context {
 }
 
 // startLaunch is the span of one launch, in the boot's trace.
-func (m *Manager) startLaunch(ctx context.Context, mc *machine, phase hypervisorv1.Phase) (context.Context, trace.Span) {
+func (rn *Runner) startLaunch(ctx context.Context, mc *machine, phase hypervisorv1.Phase) (context.Context, trace.Span) {
 	return otel.Tracer(tracerName).Start(mc.bootContext(ctx), "vm.launch", trace.WithAttributes(
 		vmIDKey.String(mc.id), attribute.String("vm_manager.vm.phase", strings.ToLower(strings.TrimPrefix(phase.String(), "PHASE_"))),
 	))
@@ -70,7 +70,7 @@ func booting(s hypervisorv1.State) bool {
 // boot's trace (otelhttp, with no propagator: the parent is the boot's,
 // set here). Other requests get a span without a parent, which the
 // hypervisor does not record (tracing.Start). Off, it returns h.
-func (m *Manager) tracedIMDS(network string, h http.Handler) http.Handler {
+func (tb *Table) tracedIMDS(network string, h http.Handler) http.Handler {
 	if !tracing.Enabled() {
 		return h
 	}
@@ -90,7 +90,7 @@ func (m *Manager) tracedIMDS(network string, h http.Handler) http.Handler {
 		}),
 	)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if mc := m.bootingHolder(network, r.RemoteAddr); mc != nil {
+		if mc := tb.bootingHolder(network, r.RemoteAddr); mc != nil {
 			ctx := context.WithValue(mc.bootContext(r.Context()), imdsVMKey{}, mc.id)
 			r = r.WithContext(ctx)
 		}
@@ -102,8 +102,8 @@ type imdsVMKey struct{}
 
 // bootingHolder is the booting VM holding the lease on the request's peer
 // address in network, or nil.
-func (m *Manager) bootingHolder(network, remoteAddr string) *machine {
-	mc := m.leaseHolder(network, remoteAddr)
+func (tb *Table) bootingHolder(network, remoteAddr string) *machine {
+	mc := tb.leaseHolder(network, remoteAddr)
 	if mc == nil {
 		return nil
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/pkg/bound"
 	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/lifecycle"
 )
@@ -44,22 +45,14 @@ const (
 )
 
 func (l *WatchLimits) defaults() {
-	if l.MaxWatchers <= 0 {
-		l.MaxWatchers = DefaultMaxWatchers
-	}
-	if l.Buffer <= 0 {
-		l.Buffer = DefaultWatchBuffer
-	}
-	if l.Retain <= 0 {
-		l.Retain = DefaultWatchRetain
-	}
-	if l.BookmarkInterval <= 0 {
-		l.BookmarkInterval = DefaultBookmarkInterval
-	}
+	bound.Default(&l.MaxWatchers, DefaultMaxWatchers)
+	bound.Default(&l.Buffer, DefaultWatchBuffer)
+	bound.Default(&l.Retain, DefaultWatchRetain)
+	bound.Default(&l.BookmarkInterval, DefaultBookmarkInterval)
 }
 
 // watchers counts the open watch streams, the refused and the cut ones;
-// end ends them all (EndWatches).
+// end ends them all (End).
 type watchers struct {
 	open    atomic.Int64
 	refused atomic.Uint64
@@ -68,10 +61,25 @@ type watchers struct {
 	ended   chan struct{}
 }
 
-// EndWatches ends every watch stream (and refuses new ones) with
-// unavailable, naming the revision to resume from: the hypervisor is
-// stopping, and a stream never ends by itself.
-func (m *Manager) EndWatches() { m.watchers.end.Do(func() { close(m.watchers.ended) }) }
+// Watches are the watch streams, fed by the Table's events.
+type Watches struct {
+	limits   WatchLimits
+	events   *lifecycle.Broker
+	watchers watchers
+}
+
+// NewWatches streams the events of a Table (Table.Events).
+func NewWatches(limits WatchLimits, events *lifecycle.Broker) *Watches {
+	limits.defaults()
+	ws := &Watches{limits: limits, events: events}
+	ws.watchers.ended = make(chan struct{})
+	return ws
+}
+
+// End ends every watch stream (and refuses new ones) with unavailable,
+// naming the revision to resume from: the hypervisor is stopping, and a
+// stream never ends by itself.
+func (ws *Watches) End() { ws.watchers.end.Do(func() { close(ws.watchers.ended) }) }
 
 // newEvents is the broker, continuing the revisions the store kept.
 func newEvents(st Store, retain int) (*lifecycle.Broker, error) {
@@ -83,7 +91,7 @@ func newEvents(st Store, retain int) (*lifecycle.Broker, error) {
 // since 0 a snapshot of the matching VMs and SYNCED, else the retained
 // changes after since and SYNCED; then every change. Filters: a VM id, a
 // VM name (both: both must match).
-func (m *Manager) Watch(ctx context.Context, req *hypervisorv1.WatchVirtualMachinesRequest, send func(*hypervisorv1.WatchVirtualMachinesResponse) error) error {
+func (ws *Watches) Watch(ctx context.Context, req *hypervisorv1.WatchVirtualMachinesRequest, send func(*hypervisorv1.WatchVirtualMachinesResponse) error) error {
 	id, name := req.GetId(), req.GetName()
 	if id != "" && !vmID.MatchString(id) {
 		return apierr.Errorf(apierr.InvalidRequest, "id %.64q is not a VM id (8 hex characters)", id)
@@ -92,17 +100,17 @@ func (m *Manager) Watch(ctx context.Context, req *hypervisorv1.WatchVirtualMachi
 		return apierr.Errorf(apierr.InvalidRequest, "name %.64q is not a DNS label", name)
 	}
 	select {
-	case <-m.watchers.ended:
+	case <-ws.watchers.ended:
 		return apierr.Errorf(apierr.Unavailable, "the hypervisor is shutting down")
 	default:
 	}
-	lim := m.cfg.Watch
-	if n := m.watchers.open.Add(1); n > int64(lim.MaxWatchers) {
-		m.watchers.open.Add(-1)
-		m.watchers.refused.Add(1)
+	lim := ws.limits
+	if n := ws.watchers.open.Add(1); n > int64(lim.MaxWatchers) {
+		ws.watchers.open.Add(-1)
+		ws.watchers.refused.Add(1)
 		return apierr.Errorf(apierr.ResourceExhausted, "%d watch streams are open, at most %d (--max-watchers)", n-1, lim.MaxWatchers)
 	}
-	defer m.watchers.open.Add(-1)
+	defer ws.watchers.open.Add(-1)
 
 	match := func(e lifecycle.Event) bool {
 		return (id == "" || e.VMID == id) && (name == "" || e.Record.GetName() == name)
@@ -110,13 +118,13 @@ func (m *Manager) Watch(ctx context.Context, req *hypervisorv1.WatchVirtualMachi
 	var sub *lifecycle.Subscription
 	var last uint64 // the revision the client has seen everything up to
 	if since := req.GetSinceRevision(); since > 0 {
-		s, err := m.events.Subscribe(since, lim.Buffer)
+		s, err := ws.events.Subscribe(since, lim.Buffer)
 		if err != nil {
 			return apierr.Errorf(apierr.OutOfRange, "cannot resume the watch: %v; list the VMs again, then watch without since_revision", err)
 		}
 		sub, last = s, since
 	} else {
-		s, current, rev := m.events.Snapshot(lim.Buffer)
+		s, current, rev := ws.events.Snapshot(lim.Buffer)
 		sub, last = s, rev
 		found := false
 		for _, e := range current {
@@ -165,7 +173,7 @@ func (m *Manager) Watch(ctx context.Context, req *hypervisorv1.WatchVirtualMachi
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-m.watchers.ended:
+		case <-ws.watchers.ended:
 			// What was published before the end is sent first: after a
 			// clean stop the next hypervisor continues right after it.
 			for {
@@ -193,7 +201,7 @@ func (m *Manager) Watch(ctx context.Context, req *hypervisorv1.WatchVirtualMachi
 		case e, ok := <-sub.C():
 			if !ok {
 				if sub.Lagged() {
-					m.watchers.cut.Add(1)
+					ws.watchers.cut.Add(1)
 					return apierr.Errorf(apierr.ResourceExhausted, "the watch fell %d events behind (--watch-buffer) and was cut off; watch again with since_revision %d", lim.Buffer, last)
 				}
 				return apierr.Errorf(apierr.Unavailable, "the hypervisor is shutting down; watch again with since_revision %d", last)
@@ -214,6 +222,6 @@ func (m *Manager) Watch(ctx context.Context, req *hypervisorv1.WatchVirtualMachi
 
 // WatchCounters are the open watch streams, and those refused at
 // --max-watchers or cut off at --watch-buffer since the hypervisor started.
-func (m *Manager) WatchCounters() (open int64, refused, cut uint64) {
-	return m.watchers.open.Load(), m.watchers.refused.Load(), m.watchers.cut.Load()
+func (ws *Watches) WatchCounters() (open int64, refused, cut uint64) {
+	return ws.watchers.open.Load(), ws.watchers.refused.Load(), ws.watchers.cut.Load()
 }

@@ -58,7 +58,9 @@ type VirtualMachine struct {
 	Status             string                 `protobuf:"bytes,22,opt,name=status,proto3" json:"status,omitempty"`
 	SshPublicKey       string                 `protobuf:"bytes,23,opt,name=ssh_public_key,json=sshPublicKey,proto3" json:"ssh_public_key,omitempty"`
 	Accelerator        v1.Accelerator         `protobuf:"varint,24,opt,name=accelerator,proto3,enum=vmmanager.hypervisor.v1.Accelerator" json:"accelerator,omitempty"`
-	// The current boot's summary, as attestation last returned it.
+	// The current boot's verdict: a cache whose source is the attestation
+	// service (its BeginBoot and VerifyQuote answers). The hypervisor only
+	// starts a boot's copy closed (pkg/gate.NewBoot) and never opens it.
 	Attestation *v11.Attestation       `protobuf:"bytes,25,opt,name=attestation,proto3" json:"attestation,omitempty"`
 	CreatedAt   *timestamppb.Timestamp `protobuf:"bytes,26,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	InstalledAt *timestamppb.Timestamp `protobuf:"bytes,27,opt,name=installed_at,json=installedAt,proto3" json:"installed_at,omitempty"`
