@@ -295,6 +295,14 @@ func TestWatch(t *testing.T) {
 		t.Fatalf("created %+v", v)
 	}
 	all.until(t, 30*time.Second, "ready on the gRPC watch", func(e watchEvent) bool { return e.VM == v.ID && e.State == "ready" })
+	// grpcurl's stream is another connection: it ends at the gateway's
+	// restart below, so wait for it to have printed the ready event first.
+	cluster.Eventually(t, 30*time.Second, "ready on grpcurl's watch", func() error {
+		if grpcurlSaw("STATE_READY") {
+			return nil
+		}
+		return fmt.Errorf("not yet")
+	})
 
 	// A gateway restart: the stream ends (unavailable), the VM stops while
 	// no gateway runs, and the watch resumed from its last revision shows

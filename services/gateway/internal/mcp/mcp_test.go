@@ -474,8 +474,6 @@ func TestCreateVMWithoutProgressToken(t *testing.T) {
 	}
 }
 
-// noBackendSession is an MCP client session with a server whose backends'
-
 // TestToolsListStable: tools/list is the same, byte for byte and sorted by
 // name, on every call and after a restart (a second server).
 func TestToolsListStable(t *testing.T) {

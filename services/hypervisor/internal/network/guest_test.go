@@ -412,10 +412,10 @@ func TestGuestDHCPAndIMDS(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer hostLn.Close()
-	accepted := make(chan struct{}, 1)
+	accepted := make(chan string, 1)
 	go func() {
 		if c, err := hostLn.Accept(); err == nil {
-			accepted <- struct{}{}
+			accepted <- c.RemoteAddr().String()
 			c.Close()
 		}
 	}()
@@ -426,10 +426,21 @@ func TestGuestDHCPAndIMDS(t *testing.T) {
 		c.Close()
 		t.Fatalf("host alias 10.77.0.254:%d is reachable", port)
 	}
+	// The NAT would have dialed the listener before answering the guest: a
+	// connection of ours made now queues behind any it made, and the first
+	// one accepted says which came first.
+	probe, err := net.Dial("tcp", hostLn.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer probe.Close()
 	select {
-	case <-accepted:
-		t.Fatal("host loopback listener was reached through the network")
-	case <-time.After(100 * time.Millisecond):
+	case from := <-accepted:
+		if from != probe.LocalAddr().String() {
+			t.Fatalf("host loopback listener was reached through the network (from %s)", from)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the probe connection was not accepted")
 	}
 
 	// Closing the network disconnects the guest and ends Attach.
