@@ -54,7 +54,10 @@ func (c *rawMCP) post(accept, body string, hdr ...string) rawReply {
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
-	client := &http.Client{Timeout: 20 * time.Second}
+	// A bound against a hang, not a speed check: TestHostileArguments' 9 MiB
+	// body takes ~10 s to parse under the race detector, 25+ s on a loaded
+	// machine.
+	client := &http.Client{Timeout: 2 * time.Minute}
 	resp, err := client.Do(req)
 	if err != nil {
 		c.t.Fatal(err)
