@@ -25,8 +25,10 @@ type entry struct {
 	pax              map[string]string
 }
 
-func file(name, body string) entry { return entry{name: name, body: body, typ: tar.TypeReg, mode: 0o644} }
-func dir(name string) entry        { return entry{name: name, typ: tar.TypeDir, mode: 0o755} }
+func file(name, body string) entry {
+	return entry{name: name, body: body, typ: tar.TypeReg, mode: 0o644}
+}
+func dir(name string) entry { return entry{name: name, typ: tar.TypeDir, mode: 0o755} }
 
 // layer is a tar+gzip layer blob of the entries, with its digest.
 func layer(t *testing.T, entries ...entry) Layer {
