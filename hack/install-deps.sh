@@ -18,6 +18,7 @@ command -v sfdisk >/dev/null || need+=(fdisk)
 command -v mkfs.erofs >/dev/null || need+=(erofs-utils)
 command -v osslsigncode >/dev/null || need+=(osslsigncode)  # Authenticode test (pkg/measure)
 command -v patch >/dev/null || need+=(patch)  # hack/os-image.sh: the Ignition patch
+command -v veritysetup >/dev/null || [ -x /usr/sbin/veritysetup ] || need+=(cryptsetup-bin)  # the verity package's test against veritysetup
 [ ${#need[@]} -eq 0 ] && exit 0
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo=sudo
