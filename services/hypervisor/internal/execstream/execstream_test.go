@@ -5,10 +5,10 @@ import (
 	"io"
 	"log/slog"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
-	"github.com/giantswarm/vm-manager/pkg/poll"
 	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/sshexec"
 )
@@ -147,49 +147,31 @@ func TestShutdownEndsSessions(t *testing.T) {
 }
 
 // TestIdleTimer: touches, each well within the timeout of the one before,
-// keep the timer from firing for several timeouts; without them it fires.
-// The touches are paced by sleeps (the timer runs on the clock), so the test
-// measures the longest time the timer went untouched: a firing is a failure
-// if that stayed under half the timeout, and an attempt that a loaded
-// machine held up for longer is made again.
+// keep the timer from firing for five timeouts; without them it fires. It
+// runs in a synctest bubble: the sleeps advance the bubble's clock, not the
+// machine's, so a loaded machine cannot stretch the gaps between touches.
 func TestIdleTimer(t *testing.T) {
-	const timeout = 200 * time.Millisecond
-	for attempt := 1; ; attempt++ {
+	synctest.Test(t, func(t *testing.T) {
+		const timeout = 200 * time.Millisecond
 		fired := make(chan struct{})
-		prev := time.Now() // before the timer's first touch, in newIdle
 		it := newIdle(timeout, func() { close(fired) })
-		var untouched time.Duration // at most, from before a touch to after the next
-		for range 25 {
-			time.Sleep(timeout / 10)
-			before := time.Now()
+		defer it.stop()
+		for i := range 25 {
+			time.Sleep(timeout / 10) // the bubble's clock
 			it.touch()
-			untouched = max(untouched, time.Since(prev))
-			prev = before
-		}
-		firedWhileTouched := false
-		select {
-		case <-fired:
-			firedWhileTouched = true
-		default:
-		}
-		untouched = max(untouched, time.Since(prev))
-		if firedWhileTouched && untouched < timeout/2 {
-			t.Fatalf("fired while touched: untouched for at most %s, timeout %s", untouched, timeout)
-		}
-		if firedWhileTouched {
-			it.stop()
-			if attempt == 5 {
-				t.Fatalf("fired in %d attempts, each held up between touches (last for %s)", attempt, untouched)
+			synctest.Wait()
+			select {
+			case <-fired:
+				t.Fatalf("fired while touched, after touch %d (every %s, timeout %s)", i, timeout/10, timeout)
+			default:
 			}
-			t.Logf("attempt %d: fired, untouched for up to %s: again", attempt, untouched)
-			continue
 		}
+		time.Sleep(timeout + time.Millisecond) // idle for a whole timeout
+		synctest.Wait()
 		select {
 		case <-fired:
-		case <-time.After(poll.Bound):
+		default:
 			t.Fatal("did not fire once idle")
 		}
-		it.stop()
-		return
-	}
+	})
 }
