@@ -29,7 +29,7 @@ KUBERNETES_VERSIONS="1.33.6 1.34.2"
 CMDLINE="console=ttyS0 panic=-1"
 # Load order: mkinitramfs adds dependencies from each module's .modinfo.
 # button + evdev: the ACPI power button reaches vm-agent as KEY_POWER.
-MODULES="virtio_pci,virtio_net,virtio_blk,virtio_console,virtio_rng,vmw_vsock_virtio_transport,button,evdev,loop,libcrc32c,erofs,efivarfs"
+MODULES="virtio_pci,virtio_net,virtio_blk,virtio_console,virtio_rng,vmw_vsock_virtio_transport,button,evdev,loop,libcrc32c,erofs,efivarfs,dm_mod,dm_verity,overlay"
 
 mkdir -p "$IMAGE_DIR" "$DEBS"
 IMAGE_DIR="$(cd "$IMAGE_DIR" && pwd)"

@@ -34,6 +34,7 @@ var mcpTools = []struct{ name, class string }{
 	{"delete_vm", "destructive"}, {"exec_vm", "exec"}, {"forward_port", "idempotent"},
 	{"update_vm_lifetime", "lifetime"},
 	{"suspend_vm", "idempotent"}, {"resume_vm", "idempotent"}, // issue 19
+	{"import_image", "import"}, // issue 27
 }
 
 // classOf reads an annotation class back from the hints (contract §2.2).
@@ -56,6 +57,8 @@ func classOf(a *mcp.ToolAnnotations) string {
 		return "create"
 	case !a.ReadOnlyHint && destructive && !a.IdempotentHint && !open:
 		return "lifetime"
+	case !a.ReadOnlyHint && !destructive && a.IdempotentHint && open:
+		return "import"
 	}
 	return fmt.Sprintf("%+v", *a)
 }
@@ -225,7 +228,7 @@ func TestMCPEndToEnd(t *testing.T) {
 			}
 			prefix := "Read-only."
 			switch want.class {
-			case "create", "idempotent":
+			case "create", "idempotent", "import":
 				prefix = "WRITES:"
 			case "destructive", "exec", "lifetime":
 				prefix = "WRITES (destructive):"

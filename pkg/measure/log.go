@@ -23,6 +23,9 @@ const (
 	EventTypePhase       = "phase"
 	EventTypeOSSeparator = "os-separator"
 	EventTypeSysext      = "sysext"
+	// EventTypeVerityRoot is vm-agent's own: the verity root of an OCI
+	// image (systemd has no such record).
+	EventTypeVerityRoot = "verity-root"
 )
 
 // Record is one line of systemd's tpm2-measure.log: a JSON object in a JSON

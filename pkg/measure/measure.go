@@ -19,6 +19,10 @@ const (
 	PCRKernelImage = 11 // UKI sections (systemd-stub) and boot phases (systemd-pcrphase)
 	PCRParameters  = 12 // command-line overrides and credentials (systemd-stub)
 	PCRSysext      = 13 // system extensions
+	// PCRVerityRoot is where vm-agent measures the dm-verity root it
+	// computed over an OCI image's root before mounting it: PCR 15, systemd's
+	// PCR for what the system is (machine id, file systems, volume keys).
+	PCRVerityRoot = 15
 )
 
 // Sections are the UKI sections systemd-stub measures, in the order it
@@ -174,3 +178,22 @@ func PCR13Events(line string) []Event {
 
 // PCR13 is PCR 13 after one system extension with this SHA256SUMS line.
 func PCR13(line string) []byte { return Replay(PCR13Events(line)) }
+
+// VerityRootPrefix starts the PCR 15 word of an OCI image's root.
+const VerityRootPrefix = "verity-root:"
+
+// VerityRootWord is the word vm-agent extends into PCR 15 for a root whose
+// dm-verity root hash it computed: "verity-root:<lower-case hex>". It is
+// the computed hash, not the one the command line asks for, so a quote of a
+// changed root names what the guest found.
+func VerityRootWord(rootHashHex string) string {
+	return VerityRootPrefix + strings.ToLower(rootHashHex)
+}
+
+// PCR15Events are the PCR 15 events of a boot that mounted one verity root.
+func PCR15Events(rootHashHex string) []Event {
+	return []Event{WordEvent(PCRVerityRoot, VerityRootWord(rootHashHex))}
+}
+
+// PCR15 is PCR 15 after one verity root with this root hash.
+func PCR15(rootHashHex string) []byte { return Replay(PCR15Events(rootHashHex)) }

@@ -35,6 +35,8 @@ require (
 	oras.land/oras-go/v2 v2.7.0
 )
 
+require github.com/klauspost/compress v1.20.1
+
 require (
 	github.com/apparentlymart/go-cidr v1.1.1 // indirect
 	github.com/cenkalti/backoff/v5 v5.0.3 // indirect

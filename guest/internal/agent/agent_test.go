@@ -21,6 +21,26 @@ func TestConsolePrefixesEveryLine(t *testing.T) {
 	if b.String() != want {
 		t.Fatalf("%q", b.String())
 	}
+	// A workload's line goes out as it is.
+	b.Reset()
+	c.Line("[entrypoint] hello")
+	if b.String() != "[entrypoint] hello\n" {
+		t.Fatalf("%q", b.String())
+	}
+}
+
+// Without vmm.oci.* words the OCI part does nothing, and its methods are
+// safe on the nil it returns.
+func TestNoOCIRoot(t *testing.T) {
+	var b bytes.Buffer
+	con := NewConsole(&b)
+	var oci *ociBoot
+	oci.start(con, nil)
+	oci.waitStarted(con)
+	oci.stop(con)
+	if oci.command() != nil || b.Len() != 0 {
+		t.Errorf("command %v, console %q", oci.command() != nil, b.String())
+	}
 }
 
 type fakeSender struct {

@@ -32,3 +32,11 @@ func (c *Console) Printf(format string, args ...any) {
 	defer c.mu.Unlock()
 	_, _ = io.WriteString(c.w, b.String())
 }
+
+// Line writes one line as it is, without Prefix: a workload's output,
+// which carries its own (ocirun.EntrypointPrefix).
+func (c *Console) Line(s string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, _ = io.WriteString(c.w, s+"\n")
+}

@@ -104,6 +104,8 @@ func boot(con *Console, installing *bool) error {
 		return install(con, string(target), diskWait)
 	}
 	ph := detectPhases(con)
+	// Before the network: the initrd-stage quote must cover its PCR 15.
+	oci := mountOCI(con)
 
 	q.Send("STATUS=configuring")
 	credHostname := false
@@ -136,11 +138,12 @@ func boot(con *Console, installing *bool) error {
 	// ready, it just gets nothing from the IMDS.
 	q.Send("STATUS=configuring network")
 	lease := configureNetwork(ctx, con)
+	oci.start(con, lease)
 	attested := bootResults{initrd: attestSkipped, ready: attestSkipped}
 	if lease != nil {
 		// Before provisioning: the host may connect as soon as its key is in
 		// authorized_keys.
-		startSSHD(con)
+		startSSHD(con, oci.command())
 		q.Send("STATUS=provisioning from the IMDS")
 		attestOff := cmdlineValue("/proc/cmdline", "vm-agent.attest") == "off"
 		attested = newBootProvisioner(con, credHostname, attestOff, ph).run(ctx)
@@ -150,6 +153,7 @@ func boot(con *Console, installing *bool) error {
 		offlinePhases(ph)
 	}
 
+	oci.waitStarted(con)
 	// The console line first: a host that reads the console once READY=1 arrives
 	// must find it there.
 	con.Printf("ready (%s after kernel start)", uptime())
@@ -178,6 +182,7 @@ func boot(con *Console, installing *bool) error {
 	case s := <-stop:
 		con.Printf("%v, powering off", s)
 	}
+	oci.stop(con)
 	return nil
 }
 

@@ -1,12 +1,14 @@
 package agent
 
 import (
+	"context"
 	"crypto/ed25519"
 	"crypto/rand"
 	"errors"
 	"io/fs"
 	"net"
 	"os"
+	"os/exec"
 
 	"golang.org/x/crypto/ssh"
 
@@ -25,8 +27,9 @@ var tpmPaths = []string{attest.DefaultTPMPath, "/dev/tpm0"}
 
 // startSSHD serves SSH for the host, which runs commands as root with its per-VM
 // key (public key 0, written to authorized_keys by provisioning, maybe later than
-// this: the server reads the file on each login).
-func startSSHD(con *Console) {
+// this: the server reads the file on each login). command, when not nil, builds
+// the commands (inside a booted OCI image's root).
+func startSSHD(con *Console, command func(context.Context, []string, []string) (*exec.Cmd, error)) {
 	signer, err := ssh.NewSignerFromKey(loadHostKey(con))
 	if err != nil {
 		con.Printf("warning: sshd: %v", err)
@@ -41,6 +44,7 @@ func startSSHD(con *Console) {
 		con.Printf("sshd: "+format, args...)
 	})
 	srv.StartCmd = initsys.StartCmd // PID 1 reaps zombies: it must spare sshd's children
+	srv.Command = command
 	con.Printf("sshd: listening on :22, host key %s", ssh.FingerprintSHA256(signer.PublicKey()))
 	go func() {
 		if err := srv.Serve(ln); err != nil {

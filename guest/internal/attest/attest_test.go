@@ -66,7 +66,7 @@ func readPublic(t *testing.T, tpm transport.TPM, h tpm2.TPMHandle) ([]byte, erro
 func TestAttestInitrdAndReady(t *testing.T) {
 	sw := swtpmtest.Start(t, "")
 	imds := newFakeIMDS(t)
-	withTPM(t, sw.Socket(), func(tpm transport.TPM) { extend(t, tpm, 0, 1, 2, 3, 4, 5, 6, 7, 9, 11, 12, 13) })
+	withTPM(t, sw.Socket(), func(tpm transport.TPM) { extend(t, tpm, 0, 1, 2, 3, 4, 5, 6, 7, 9, 11, 12, 13, 15) })
 
 	for _, stage := range []string{StageInitrd, StageReady} {
 		code, out, _ := runAttest(t, Config{Stage: stage, IMDSURL: imds.URL, TPMPath: sw.Socket()})
@@ -79,8 +79,8 @@ func TestAttestInitrdAndReady(t *testing.T) {
 		t.Fatalf("%d verified requests, want 2", len(reqs))
 	}
 	for i, want := range [][]string{
-		{"0", "1", "11", "12", "2", "3", "4", "5", "6", "7", "9"},
-		{"0", "1", "11", "12", "13", "2", "3", "4", "5", "6", "7", "9"},
+		{"0", "1", "11", "12", "15", "2", "3", "4", "5", "6", "7", "9"},
+		{"0", "1", "11", "12", "13", "15", "2", "3", "4", "5", "6", "7", "9"},
 	} {
 		got := reqs[i].PCRs["sha256"]
 		if keys := slices.Sorted(maps.Keys(got)); !slices.Equal(keys, want) {

@@ -18,16 +18,19 @@ const (
 
 // StagePCRs returns the PCR indexes quoted at stage, ascending: the
 // contract's (0–7 and 11, plus 13 at ready), PCR 9, which holds the initrd and
-// command line of a direct-kernel boot under OVMF, and PCR 12, where
+// command line of a direct-kernel boot under OVMF, PCR 12, where
 // systemd-stub 252 measures command-line overrides from boot-entry load
-// options when Secure Boot is off; so an image policy can pin both (PCR 12
-// to zero).
+// options when Secure Boot is off, and PCR 15, where vm-agent measures the
+// dm-verity root hash it computed over an imported OCI image's root
+// (measure.PCRVerityRoot) before the initrd quote; so an image policy can
+// pin all three (PCR 12 to zero, PCR 15 to its oci.root_hash). A verifier
+// that does not know PCR 15 accepts the larger selection.
 func StagePCRs(stage string) ([]uint, error) {
 	switch stage {
 	case StageInitrd:
-		return []uint{0, 1, 2, 3, 4, 5, 6, 7, 9, 11, 12}, nil
+		return []uint{0, 1, 2, 3, 4, 5, 6, 7, 9, 11, 12, 15}, nil
 	case StageReady:
-		return []uint{0, 1, 2, 3, 4, 5, 6, 7, 9, 11, 12, 13}, nil
+		return []uint{0, 1, 2, 3, 4, 5, 6, 7, 9, 11, 12, 13, 15}, nil
 	}
 	return nil, fmt.Errorf("unknown stage %q (want %s or %s)", stage, StageInitrd, StageReady)
 }

@@ -56,8 +56,8 @@ func TestTemplatesMatchGoTPMTools(t *testing.T) {
 
 func TestStagePCRs(t *testing.T) {
 	for stage, want := range map[string][]uint{
-		StageInitrd: {0, 1, 2, 3, 4, 5, 6, 7, 9, 11, 12},
-		StageReady:  {0, 1, 2, 3, 4, 5, 6, 7, 9, 11, 12, 13},
+		StageInitrd: {0, 1, 2, 3, 4, 5, 6, 7, 9, 11, 12, 15},
+		StageReady:  {0, 1, 2, 3, 4, 5, 6, 7, 9, 11, 12, 13, 15},
 	} {
 		pcrs, err := StagePCRs(stage)
 		if err != nil || !slices.Equal(pcrs, want) {

@@ -44,6 +44,11 @@ type Server struct {
 	// StartCmd starts a command (nil: cmd.Start); done is called after cmd.Wait.
 	// PID 1 passes initsys.StartCmd, so that its zombie reaper keeps off.
 	StartCmd func(cmd *exec.Cmd) (done func(), err error)
+	// Command, when set, builds a session's command instead of Shell in Dir
+	// with BaseEnv: args are the shell's ("-c", command; none for "shell"),
+	// env the client's "env" requests. It must use exec.CommandContext with
+	// ctx. An OCI boot passes ocirun's, which runs it inside the image.
+	Command func(ctx context.Context, args, env []string) (*exec.Cmd, error)
 
 	cfg      *ssh.ServerConfig
 	keysPath string
@@ -358,15 +363,12 @@ func validEnvName(n string) bool {
 // with the pty as controlling terminal, when asked for one), so that a kill
 // ends everything it started.
 func (s *Server) start(ctx context.Context, ch ssh.Channel, args, env []string, pty *ptyReq) (*proc, error) {
-	shell := s.Shell
-	if shell == "" {
-		shell = DefaultShell
+	cmd, err := s.command(ctx, args, env)
+	if err != nil {
+		return nil, err
 	}
-	cmd := exec.CommandContext(ctx, shell, args...)
-	cmd.Env = append(append([]string(nil), BaseEnv...), env...)
-	cmd.Dir = "/"
-	if fi, err := os.Stat(s.Dir); err == nil && fi.IsDir() {
-		cmd.Dir = s.Dir
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
 	cmd.Cancel = func() error { return unix.Kill(-cmd.Process.Pid, unix.SIGKILL) }
 	startCmd := s.StartCmd
@@ -379,7 +381,7 @@ func (s *Server) start(ctx context.Context, ch ssh.Channel, args, env []string, 
 	}
 	cmd.Stdout = ch
 	cmd.Stderr = ch.Stderr()
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr.Setpgid = true
 	cmd.WaitDelay = waitDelay
 	// Not cmd.Stdin = ch: Wait would then also wait for the client's EOF.
 	stdin, err := cmd.StdinPipe()
@@ -422,7 +424,7 @@ func (s *Server) startPTY(p *proc, ch ssh.Channel, req *ptyReq, startCmd func(*e
 		cmd.Env = append(cmd.Env, "TERM="+req.Term)
 	}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = peer, peer, peer
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	cmd.SysProcAttr.Setsid, cmd.SysProcAttr.Setctty, cmd.SysProcAttr.Ctty = true, true, 0
 	done, err := startCmd(cmd)
 	if err != nil {
 		master.Close()

@@ -26,6 +26,7 @@ var surfaces = map[string]struct{ tool, noTool, noREST string }{
 	"HypervisorService/GetHost":                      {tool: "get_host"},
 	"HypervisorService/ListImages":                   {tool: "list_images"},
 	"HypervisorService/GetImage":                     {tool: "get_image"},
+	"HypervisorService/ImportImage":                  {tool: "import_image"},
 	"HypervisorService/ListNetworks":                 {tool: "list_networks"},
 	"HypervisorService/GetNetwork":                   {tool: "get_network"},
 	"HypervisorService/CreateNetwork":                {tool: "create_network"},

@@ -216,6 +216,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		watch = met.HTTP(metrics.SurfaceREST, watch)
 	}
 	mux.Handle("GET "+rest.WatchPath, watch)
+	// The image import's progress: the watch's framing (rest.Import says why).
+	var imports http.Handler = rest.Import(hypervisorv1.NewHypervisorServiceClient(hconn), log)
+	if met != nil {
+		imports = met.HTTP(metrics.SurfaceREST, imports)
+	}
+	mux.Handle("POST "+rest.ImportPath, imports)
 	// Streamed exec as a WebSocket next to REST (subprotocol vmm.exec.v1).
 	mux.Handle(execws.Path, execws.Handler(hypervisorv1.NewHypervisorServiceClient(hconn), log))
 	// MCP (streamable HTTP); its tool calls reach the backends with the

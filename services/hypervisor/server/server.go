@@ -25,6 +25,7 @@ import (
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/execstream"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guestapi"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/host"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/imageimport"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/imds"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/network"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
@@ -97,6 +98,9 @@ type Config struct {
 	// Exec bounds the streamed exec sessions (--max-exec-sessions,
 	// --exec-idle-timeout, --exec-max-duration; zero values: the defaults).
 	Exec execstream.Config
+	// Import bounds and places OCI image imports (--max-image-bytes,
+	// --image-store-bytes, --oci-boot-image, --registry-plain-http).
+	Import imageimport.Config
 }
 
 // networkLimits turns the configuration into the networks' limits, keeping
@@ -254,7 +258,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// The internal TelemetryService is read-only and needs no token: the
 	// gateway's metrics scrape has no caller (see its proto).
 	srv := mesh.NewServer(log, verifier.ServerOptions(hypervisorv1.TelemetryService_ServiceDesc.ServiceName)...)
-	api := apiserver.New(vms.api(prober, cat)).
+	if removed := imageimport.Sweep(cfg.ImageDir); len(removed) > 0 {
+		log.Warn("removed what unfinished image imports left", "files", removed)
+		_ = cat.Refresh()
+	}
+	importCfg := cfg.Import
+	importCfg.Firmware = report.GetFirmware()
+	importer := imageimport.New(importCfg, cat, drv, policysync.Syncer{Store: st, Client: attestationv1.NewVerifierServiceClient(aconn)}, log.With("component", "import"))
+	deps := vms.api(prober, cat)
+	deps.Importer = importer
+	api := apiserver.New(deps).
 		WithExecStreams(execstream.New(ctx, cfg.Exec, vms.access, log.With("component", "exec")))
 	hypervisorv1.RegisterHypervisorServiceServer(srv, api)
 	hypervisorv1.RegisterTelemetryServiceServer(srv, api.Telemetry())

@@ -314,7 +314,11 @@ type Quote struct {
 	MismatchedEvents []*EventMismatch `protobuf:"bytes,7,rep,name=mismatched_events,json=mismatchedEvents,proto3" json:"mismatched_events,omitempty"`
 	// The verdict was reached in learn mode: PCRs without a golden value were
 	// accepted. It keeps this label after learn mode is turned off.
-	LearnMode     bool `protobuf:"varint,8,opt,name=learn_mode,json=learnMode,proto3" json:"learn_mode,omitempty"`
+	LearnMode bool `protobuf:"varint,8,opt,name=learn_mode,json=learnMode,proto3" json:"learn_mode,omitempty"`
+	// The imported OCI image whose content a verified quote's guest booted:
+	// the image's policy names it, and PCR 15 held the dm-verity root hash of
+	// its root. Unset on rejections and for images that are not OCI imports.
+	Oci           *OciImage `protobuf:"bytes,9,opt,name=oci,proto3" json:"oci,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -405,6 +409,86 @@ func (x *Quote) GetLearnMode() bool {
 	return false
 }
 
+func (x *Quote) GetOci() *OciImage {
+	if x != nil {
+		return x.Oci
+	}
+	return nil
+}
+
+// OciImage is an imported OCI image, as its policy names it.
+type OciImage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Where it was imported from, e.g. localhost:5000/python:3.12.
+	Reference string `protobuf:"bytes,1,opt,name=reference,proto3" json:"reference,omitempty"`
+	// The digest of its manifest, sha256:<hex>.
+	ManifestDigest string `protobuf:"bytes,2,opt,name=manifest_digest,json=manifestDigest,proto3" json:"manifest_digest,omitempty"`
+	// The digest of its config, sha256:<hex>.
+	ConfigDigest string `protobuf:"bytes,3,opt,name=config_digest,json=configDigest,proto3" json:"config_digest,omitempty"`
+	// The dm-verity root hash of the erofs root it was imported into, hex.
+	RootHash      string `protobuf:"bytes,4,opt,name=root_hash,json=rootHash,proto3" json:"root_hash,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OciImage) Reset() {
+	*x = OciImage{}
+	mi := &file_vmmanager_attestation_v1_attestation_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OciImage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OciImage) ProtoMessage() {}
+
+func (x *OciImage) ProtoReflect() protoreflect.Message {
+	mi := &file_vmmanager_attestation_v1_attestation_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OciImage.ProtoReflect.Descriptor instead.
+func (*OciImage) Descriptor() ([]byte, []int) {
+	return file_vmmanager_attestation_v1_attestation_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *OciImage) GetReference() string {
+	if x != nil {
+		return x.Reference
+	}
+	return ""
+}
+
+func (x *OciImage) GetManifestDigest() string {
+	if x != nil {
+		return x.ManifestDigest
+	}
+	return ""
+}
+
+func (x *OciImage) GetConfigDigest() string {
+	if x != nil {
+		return x.ConfigDigest
+	}
+	return ""
+}
+
+func (x *OciImage) GetRootHash() string {
+	if x != nil {
+		return x.RootHash
+	}
+	return ""
+}
+
 // EventMismatch names one measured event that differs from the golden boot.
 type EventMismatch struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -424,7 +508,7 @@ type EventMismatch struct {
 
 func (x *EventMismatch) Reset() {
 	*x = EventMismatch{}
-	mi := &file_vmmanager_attestation_v1_attestation_proto_msgTypes[2]
+	mi := &file_vmmanager_attestation_v1_attestation_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -436,7 +520,7 @@ func (x *EventMismatch) String() string {
 func (*EventMismatch) ProtoMessage() {}
 
 func (x *EventMismatch) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_attestation_v1_attestation_proto_msgTypes[2]
+	mi := &file_vmmanager_attestation_v1_attestation_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -449,7 +533,7 @@ func (x *EventMismatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventMismatch.ProtoReflect.Descriptor instead.
 func (*EventMismatch) Descriptor() ([]byte, []int) {
-	return file_vmmanager_attestation_v1_attestation_proto_rawDescGZIP(), []int{2}
+	return file_vmmanager_attestation_v1_attestation_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *EventMismatch) GetPcr() uint32 {
@@ -515,7 +599,7 @@ type ImagePolicy struct {
 
 func (x *ImagePolicy) Reset() {
 	*x = ImagePolicy{}
-	mi := &file_vmmanager_attestation_v1_attestation_proto_msgTypes[3]
+	mi := &file_vmmanager_attestation_v1_attestation_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -527,7 +611,7 @@ func (x *ImagePolicy) String() string {
 func (*ImagePolicy) ProtoMessage() {}
 
 func (x *ImagePolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_attestation_v1_attestation_proto_msgTypes[3]
+	mi := &file_vmmanager_attestation_v1_attestation_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -540,7 +624,7 @@ func (x *ImagePolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImagePolicy.ProtoReflect.Descriptor instead.
 func (*ImagePolicy) Descriptor() ([]byte, []int) {
-	return file_vmmanager_attestation_v1_attestation_proto_rawDescGZIP(), []int{3}
+	return file_vmmanager_attestation_v1_attestation_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ImagePolicy) GetImage() string {
@@ -617,7 +701,7 @@ type AttestationStatus struct {
 
 func (x *AttestationStatus) Reset() {
 	*x = AttestationStatus{}
-	mi := &file_vmmanager_attestation_v1_attestation_proto_msgTypes[4]
+	mi := &file_vmmanager_attestation_v1_attestation_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -629,7 +713,7 @@ func (x *AttestationStatus) String() string {
 func (*AttestationStatus) ProtoMessage() {}
 
 func (x *AttestationStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_attestation_v1_attestation_proto_msgTypes[4]
+	mi := &file_vmmanager_attestation_v1_attestation_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -642,7 +726,7 @@ func (x *AttestationStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttestationStatus.ProtoReflect.Descriptor instead.
 func (*AttestationStatus) Descriptor() ([]byte, []int) {
-	return file_vmmanager_attestation_v1_attestation_proto_rawDescGZIP(), []int{4}
+	return file_vmmanager_attestation_v1_attestation_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *AttestationStatus) GetMode() Mode {
@@ -705,7 +789,7 @@ type NonceStats struct {
 
 func (x *NonceStats) Reset() {
 	*x = NonceStats{}
-	mi := &file_vmmanager_attestation_v1_attestation_proto_msgTypes[5]
+	mi := &file_vmmanager_attestation_v1_attestation_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -717,7 +801,7 @@ func (x *NonceStats) String() string {
 func (*NonceStats) ProtoMessage() {}
 
 func (x *NonceStats) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_attestation_v1_attestation_proto_msgTypes[5]
+	mi := &file_vmmanager_attestation_v1_attestation_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -730,7 +814,7 @@ func (x *NonceStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NonceStats.ProtoReflect.Descriptor instead.
 func (*NonceStats) Descriptor() ([]byte, []int) {
-	return file_vmmanager_attestation_v1_attestation_proto_rawDescGZIP(), []int{5}
+	return file_vmmanager_attestation_v1_attestation_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *NonceStats) GetOutstanding() uint32 {
@@ -796,7 +880,7 @@ type FirmwareBuild struct {
 
 func (x *FirmwareBuild) Reset() {
 	*x = FirmwareBuild{}
-	mi := &file_vmmanager_attestation_v1_attestation_proto_msgTypes[6]
+	mi := &file_vmmanager_attestation_v1_attestation_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -808,7 +892,7 @@ func (x *FirmwareBuild) String() string {
 func (*FirmwareBuild) ProtoMessage() {}
 
 func (x *FirmwareBuild) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_attestation_v1_attestation_proto_msgTypes[6]
+	mi := &file_vmmanager_attestation_v1_attestation_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -821,7 +905,7 @@ func (x *FirmwareBuild) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FirmwareBuild.ProtoReflect.Descriptor instead.
 func (*FirmwareBuild) Descriptor() ([]byte, []int) {
-	return file_vmmanager_attestation_v1_attestation_proto_rawDescGZIP(), []int{6}
+	return file_vmmanager_attestation_v1_attestation_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *FirmwareBuild) GetSha256() string {
@@ -859,7 +943,7 @@ const file_vmmanager_attestation_v1_attestation_proto_rawDesc = "" +
 	"\x04boot\x18\x06 \x01(\x04B\x03\xe0A\x03R\x04boot\x12*\n" +
 	"\x0eak_fingerprint\x18\a \x01(\tB\x03\xe0A\x03R\rakFingerprint\x12D\n" +
 	"\tak_origin\x18\b \x01(\x0e2\".vmmanager.attestation.v1.AkOriginB\x03\xe0A\x03R\bakOrigin:L\xeaAI\n" +
-	"$vm-manager.giantswarm.io/Attestation\x12\x14vms/{vm}/attestation2\vattestation\"\xc5\x03\n" +
+	"$vm-manager.giantswarm.io/Attestation\x12\x14vms/{vm}/attestation2\vattestation\"\x80\x04\n" +
 	"\x05Quote\x12\"\n" +
 	"\bverified\x18\x01 \x01(\bB\x06\xe0A\x02\xe0A\x03R\bverified\x12\x1d\n" +
 	"\amessage\x18\x02 \x01(\tB\x03\xe0A\x03R\amessage\x122\n" +
@@ -869,10 +953,16 @@ const file_vmmanager_attestation_v1_attestation_proto_rawDesc = "" +
 	"\alearned\x18\x06 \x03(\rB\x03\xe0A\x03R\alearned\x12Y\n" +
 	"\x11mismatched_events\x18\a \x03(\v2'.vmmanager.attestation.v1.EventMismatchB\x03\xe0A\x03R\x10mismatchedEvents\x12\"\n" +
 	"\n" +
-	"learn_mode\x18\b \x01(\bB\x03\xe0A\x03R\tlearnMode\x1a7\n" +
+	"learn_mode\x18\b \x01(\bB\x03\xe0A\x03R\tlearnMode\x129\n" +
+	"\x03oci\x18\t \x01(\v2\".vmmanager.attestation.v1.OciImageB\x03\xe0A\x03R\x03oci\x1a7\n" +
 	"\tPcrsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x98\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x93\x01\n" +
+	"\bOciImage\x12\x1c\n" +
+	"\treference\x18\x01 \x01(\tR\treference\x12'\n" +
+	"\x0fmanifest_digest\x18\x02 \x01(\tR\x0emanifestDigest\x12#\n" +
+	"\rconfig_digest\x18\x03 \x01(\tR\fconfigDigest\x12\x1b\n" +
+	"\troot_hash\x18\x04 \x01(\tR\brootHash\"\x98\x01\n" +
 	"\rEventMismatch\x12\x10\n" +
 	"\x03pcr\x18\x01 \x01(\rR\x03pcr\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12 \n" +
@@ -936,40 +1026,42 @@ func file_vmmanager_attestation_v1_attestation_proto_rawDescGZIP() []byte {
 }
 
 var file_vmmanager_attestation_v1_attestation_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_vmmanager_attestation_v1_attestation_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_vmmanager_attestation_v1_attestation_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_vmmanager_attestation_v1_attestation_proto_goTypes = []any{
 	(Stage)(0),                    // 0: vmmanager.attestation.v1.Stage
 	(AkOrigin)(0),                 // 1: vmmanager.attestation.v1.AkOrigin
 	(Mode)(0),                     // 2: vmmanager.attestation.v1.Mode
 	(*Attestation)(nil),           // 3: vmmanager.attestation.v1.Attestation
 	(*Quote)(nil),                 // 4: vmmanager.attestation.v1.Quote
-	(*EventMismatch)(nil),         // 5: vmmanager.attestation.v1.EventMismatch
-	(*ImagePolicy)(nil),           // 6: vmmanager.attestation.v1.ImagePolicy
-	(*AttestationStatus)(nil),     // 7: vmmanager.attestation.v1.AttestationStatus
-	(*NonceStats)(nil),            // 8: vmmanager.attestation.v1.NonceStats
-	(*FirmwareBuild)(nil),         // 9: vmmanager.attestation.v1.FirmwareBuild
-	nil,                           // 10: vmmanager.attestation.v1.Quote.PcrsEntry
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 12: google.protobuf.Struct
+	(*OciImage)(nil),              // 5: vmmanager.attestation.v1.OciImage
+	(*EventMismatch)(nil),         // 6: vmmanager.attestation.v1.EventMismatch
+	(*ImagePolicy)(nil),           // 7: vmmanager.attestation.v1.ImagePolicy
+	(*AttestationStatus)(nil),     // 8: vmmanager.attestation.v1.AttestationStatus
+	(*NonceStats)(nil),            // 9: vmmanager.attestation.v1.NonceStats
+	(*FirmwareBuild)(nil),         // 10: vmmanager.attestation.v1.FirmwareBuild
+	nil,                           // 11: vmmanager.attestation.v1.Quote.PcrsEntry
+	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 13: google.protobuf.Struct
 }
 var file_vmmanager_attestation_v1_attestation_proto_depIdxs = []int32{
-	11, // 0: vmmanager.attestation.v1.Attestation.nonce_issued_at:type_name -> google.protobuf.Timestamp
+	12, // 0: vmmanager.attestation.v1.Attestation.nonce_issued_at:type_name -> google.protobuf.Timestamp
 	4,  // 1: vmmanager.attestation.v1.Attestation.initrd:type_name -> vmmanager.attestation.v1.Quote
 	4,  // 2: vmmanager.attestation.v1.Attestation.ready:type_name -> vmmanager.attestation.v1.Quote
 	1,  // 3: vmmanager.attestation.v1.Attestation.ak_origin:type_name -> vmmanager.attestation.v1.AkOrigin
-	11, // 4: vmmanager.attestation.v1.Quote.at:type_name -> google.protobuf.Timestamp
-	10, // 5: vmmanager.attestation.v1.Quote.pcrs:type_name -> vmmanager.attestation.v1.Quote.PcrsEntry
-	5,  // 6: vmmanager.attestation.v1.Quote.mismatched_events:type_name -> vmmanager.attestation.v1.EventMismatch
-	12, // 7: vmmanager.attestation.v1.ImagePolicy.document:type_name -> google.protobuf.Struct
-	11, // 8: vmmanager.attestation.v1.ImagePolicy.import_time:type_name -> google.protobuf.Timestamp
-	11, // 9: vmmanager.attestation.v1.ImagePolicy.golden_update_time:type_name -> google.protobuf.Timestamp
-	2,  // 10: vmmanager.attestation.v1.AttestationStatus.mode:type_name -> vmmanager.attestation.v1.Mode
-	8,  // 11: vmmanager.attestation.v1.AttestationStatus.nonces:type_name -> vmmanager.attestation.v1.NonceStats
-	12, // [12:12] is the sub-list for method output_type
-	12, // [12:12] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	12, // 4: vmmanager.attestation.v1.Quote.at:type_name -> google.protobuf.Timestamp
+	11, // 5: vmmanager.attestation.v1.Quote.pcrs:type_name -> vmmanager.attestation.v1.Quote.PcrsEntry
+	6,  // 6: vmmanager.attestation.v1.Quote.mismatched_events:type_name -> vmmanager.attestation.v1.EventMismatch
+	5,  // 7: vmmanager.attestation.v1.Quote.oci:type_name -> vmmanager.attestation.v1.OciImage
+	13, // 8: vmmanager.attestation.v1.ImagePolicy.document:type_name -> google.protobuf.Struct
+	12, // 9: vmmanager.attestation.v1.ImagePolicy.import_time:type_name -> google.protobuf.Timestamp
+	12, // 10: vmmanager.attestation.v1.ImagePolicy.golden_update_time:type_name -> google.protobuf.Timestamp
+	2,  // 11: vmmanager.attestation.v1.AttestationStatus.mode:type_name -> vmmanager.attestation.v1.Mode
+	9,  // 12: vmmanager.attestation.v1.AttestationStatus.nonces:type_name -> vmmanager.attestation.v1.NonceStats
+	13, // [13:13] is the sub-list for method output_type
+	13, // [13:13] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_vmmanager_attestation_v1_attestation_proto_init() }
@@ -983,7 +1075,7 @@ func file_vmmanager_attestation_v1_attestation_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vmmanager_attestation_v1_attestation_proto_rawDesc), len(file_vmmanager_attestation_v1_attestation_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

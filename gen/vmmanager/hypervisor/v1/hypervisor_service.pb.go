@@ -343,6 +343,179 @@ func (x *GetImageRequest) GetNode() string {
 	return ""
 }
 
+type ImportImageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A registry reference (host[:port]/repository[:tag|@digest]; the
+	// registry credentials are the hypervisor's, as for guest-image pulls),
+	// or oci-layout:<dir>[:<tag>] for an OCI layout directory on the host.
+	Source string `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	// The catalog id (default: the repository's last path element).
+	Id string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	// The catalog version (default: the tag, else "sha256-<12 hex>" of the
+	// digest). An existing <id>_<version> of the same manifest is returned
+	// as it is; of another manifest, conflict.
+	Version string `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"`
+	// The catalog image whose kernel and initrd boot it (default: the
+	// hypervisor's --oci-boot-image).
+	BootImage string `protobuf:"bytes,4,opt,name=boot_image,json=bootImage,proto3" json:"boot_image,omitempty"`
+	// Fleet gateway only: the node to import on (docs/fleet.md); ignored by a node.
+	Node          string `protobuf:"bytes,5,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportImageRequest) Reset() {
+	*x = ImportImageRequest{}
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportImageRequest) ProtoMessage() {}
+
+func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
+func (*ImportImageRequest) Descriptor() ([]byte, []int) {
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ImportImageRequest) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *ImportImageRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ImportImageRequest) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *ImportImageRequest) GetBootImage() string {
+	if x != nil {
+		return x.BootImage
+	}
+	return ""
+}
+
+func (x *ImportImageRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+type ImportImageResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Phase ImportPhase            `protobuf:"varint,1,opt,name=phase,proto3,enum=vmmanager.hypervisor.v1.ImportPhase" json:"phase,omitempty"`
+	// Layer bytes read so far, and in all (phase LAYERS); 0 when unknown.
+	BytesDone  int64 `protobuf:"varint,2,opt,name=bytes_done,json=bytesDone,proto3" json:"bytes_done,omitempty"`
+	BytesTotal int64 `protobuf:"varint,3,opt,name=bytes_total,json=bytesTotal,proto3" json:"bytes_total,omitempty"`
+	// The layer being read (sha256:<hex>).
+	Layer string `protobuf:"bytes,4,opt,name=layer,proto3" json:"layer,omitempty"`
+	// Phase DONE: the image, and whether it was already in the catalog.
+	Image         *Image `protobuf:"bytes,5,opt,name=image,proto3" json:"image,omitempty"`
+	Unchanged     bool   `protobuf:"varint,6,opt,name=unchanged,proto3" json:"unchanged,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportImageResponse) Reset() {
+	*x = ImportImageResponse{}
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportImageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportImageResponse) ProtoMessage() {}
+
+func (x *ImportImageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportImageResponse.ProtoReflect.Descriptor instead.
+func (*ImportImageResponse) Descriptor() ([]byte, []int) {
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ImportImageResponse) GetPhase() ImportPhase {
+	if x != nil {
+		return x.Phase
+	}
+	return ImportPhase_IMPORT_PHASE_UNSPECIFIED
+}
+
+func (x *ImportImageResponse) GetBytesDone() int64 {
+	if x != nil {
+		return x.BytesDone
+	}
+	return 0
+}
+
+func (x *ImportImageResponse) GetBytesTotal() int64 {
+	if x != nil {
+		return x.BytesTotal
+	}
+	return 0
+}
+
+func (x *ImportImageResponse) GetLayer() string {
+	if x != nil {
+		return x.Layer
+	}
+	return ""
+}
+
+func (x *ImportImageResponse) GetImage() *Image {
+	if x != nil {
+		return x.Image
+	}
+	return nil
+}
+
+func (x *ImportImageResponse) GetUnchanged() bool {
+	if x != nil {
+		return x.Unchanged
+	}
+	return false
+}
+
 type ListNetworksRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Fleet gateway only: only this node's networks (docs/fleet.md); ignored by a node.
@@ -353,7 +526,7 @@ type ListNetworksRequest struct {
 
 func (x *ListNetworksRequest) Reset() {
 	*x = ListNetworksRequest{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[4]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -365,7 +538,7 @@ func (x *ListNetworksRequest) String() string {
 func (*ListNetworksRequest) ProtoMessage() {}
 
 func (x *ListNetworksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[4]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -378,7 +551,7 @@ func (x *ListNetworksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNetworksRequest.ProtoReflect.Descriptor instead.
 func (*ListNetworksRequest) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{4}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListNetworksRequest) GetNode() string {
@@ -400,7 +573,7 @@ type ListNetworksResponse struct {
 
 func (x *ListNetworksResponse) Reset() {
 	*x = ListNetworksResponse{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[5]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -412,7 +585,7 @@ func (x *ListNetworksResponse) String() string {
 func (*ListNetworksResponse) ProtoMessage() {}
 
 func (x *ListNetworksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[5]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -425,7 +598,7 @@ func (x *ListNetworksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNetworksResponse.ProtoReflect.Descriptor instead.
 func (*ListNetworksResponse) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{5}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListNetworksResponse) GetNetworks() []*Network {
@@ -453,7 +626,7 @@ type GetNetworkRequest struct {
 
 func (x *GetNetworkRequest) Reset() {
 	*x = GetNetworkRequest{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[6]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -465,7 +638,7 @@ func (x *GetNetworkRequest) String() string {
 func (*GetNetworkRequest) ProtoMessage() {}
 
 func (x *GetNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[6]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -478,7 +651,7 @@ func (x *GetNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNetworkRequest.ProtoReflect.Descriptor instead.
 func (*GetNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{6}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetNetworkRequest) GetName() string {
@@ -522,7 +695,7 @@ type CreateNetworkRequest struct {
 
 func (x *CreateNetworkRequest) Reset() {
 	*x = CreateNetworkRequest{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[7]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -534,7 +707,7 @@ func (x *CreateNetworkRequest) String() string {
 func (*CreateNetworkRequest) ProtoMessage() {}
 
 func (x *CreateNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[7]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -547,7 +720,7 @@ func (x *CreateNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateNetworkRequest.ProtoReflect.Descriptor instead.
 func (*CreateNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{7}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CreateNetworkRequest) GetName() string {
@@ -610,7 +783,7 @@ type DeleteNetworkRequest struct {
 
 func (x *DeleteNetworkRequest) Reset() {
 	*x = DeleteNetworkRequest{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[8]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -622,7 +795,7 @@ func (x *DeleteNetworkRequest) String() string {
 func (*DeleteNetworkRequest) ProtoMessage() {}
 
 func (x *DeleteNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[8]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -635,7 +808,7 @@ func (x *DeleteNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteNetworkRequest.ProtoReflect.Descriptor instead.
 func (*DeleteNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{8}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DeleteNetworkRequest) GetName() string {
@@ -662,7 +835,7 @@ type DeleteNetworkResponse struct {
 
 func (x *DeleteNetworkResponse) Reset() {
 	*x = DeleteNetworkResponse{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[9]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -674,7 +847,7 @@ func (x *DeleteNetworkResponse) String() string {
 func (*DeleteNetworkResponse) ProtoMessage() {}
 
 func (x *DeleteNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[9]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -687,7 +860,7 @@ func (x *DeleteNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteNetworkResponse.ProtoReflect.Descriptor instead.
 func (*DeleteNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{9}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeleteNetworkResponse) GetName() string {
@@ -714,7 +887,7 @@ type ListVirtualMachinesRequest struct {
 
 func (x *ListVirtualMachinesRequest) Reset() {
 	*x = ListVirtualMachinesRequest{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[10]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -726,7 +899,7 @@ func (x *ListVirtualMachinesRequest) String() string {
 func (*ListVirtualMachinesRequest) ProtoMessage() {}
 
 func (x *ListVirtualMachinesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[10]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -739,7 +912,7 @@ func (x *ListVirtualMachinesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVirtualMachinesRequest.ProtoReflect.Descriptor instead.
 func (*ListVirtualMachinesRequest) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{10}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListVirtualMachinesRequest) GetNode() string {
@@ -761,7 +934,7 @@ type ListVirtualMachinesResponse struct {
 
 func (x *ListVirtualMachinesResponse) Reset() {
 	*x = ListVirtualMachinesResponse{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[11]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -773,7 +946,7 @@ func (x *ListVirtualMachinesResponse) String() string {
 func (*ListVirtualMachinesResponse) ProtoMessage() {}
 
 func (x *ListVirtualMachinesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[11]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -786,7 +959,7 @@ func (x *ListVirtualMachinesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVirtualMachinesResponse.ProtoReflect.Descriptor instead.
 func (*ListVirtualMachinesResponse) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{11}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListVirtualMachinesResponse) GetVms() []*VirtualMachine {
@@ -812,7 +985,7 @@ type GetVirtualMachineRequest struct {
 
 func (x *GetVirtualMachineRequest) Reset() {
 	*x = GetVirtualMachineRequest{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[12]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -824,7 +997,7 @@ func (x *GetVirtualMachineRequest) String() string {
 func (*GetVirtualMachineRequest) ProtoMessage() {}
 
 func (x *GetVirtualMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[12]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -837,7 +1010,7 @@ func (x *GetVirtualMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVirtualMachineRequest.ProtoReflect.Descriptor instead.
 func (*GetVirtualMachineRequest) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{12}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetVirtualMachineRequest) GetId() string {
@@ -898,7 +1071,7 @@ type CreateVirtualMachineRequest struct {
 
 func (x *CreateVirtualMachineRequest) Reset() {
 	*x = CreateVirtualMachineRequest{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[13]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -910,7 +1083,7 @@ func (x *CreateVirtualMachineRequest) String() string {
 func (*CreateVirtualMachineRequest) ProtoMessage() {}
 
 func (x *CreateVirtualMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[13]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -923,7 +1096,7 @@ func (x *CreateVirtualMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVirtualMachineRequest.ProtoReflect.Descriptor instead.
 func (*CreateVirtualMachineRequest) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{13}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CreateVirtualMachineRequest) GetName() string {
@@ -1075,7 +1248,7 @@ type DeleteVirtualMachineRequest struct {
 
 func (x *DeleteVirtualMachineRequest) Reset() {
 	*x = DeleteVirtualMachineRequest{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[14]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1087,7 +1260,7 @@ func (x *DeleteVirtualMachineRequest) String() string {
 func (*DeleteVirtualMachineRequest) ProtoMessage() {}
 
 func (x *DeleteVirtualMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[14]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1100,7 +1273,7 @@ func (x *DeleteVirtualMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVirtualMachineRequest.ProtoReflect.Descriptor instead.
 func (*DeleteVirtualMachineRequest) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{14}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DeleteVirtualMachineRequest) GetId() string {
@@ -1120,7 +1293,7 @@ type DeleteVirtualMachineResponse struct {
 
 func (x *DeleteVirtualMachineResponse) Reset() {
 	*x = DeleteVirtualMachineResponse{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[15]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1132,7 +1305,7 @@ func (x *DeleteVirtualMachineResponse) String() string {
 func (*DeleteVirtualMachineResponse) ProtoMessage() {}
 
 func (x *DeleteVirtualMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[15]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1145,7 +1318,7 @@ func (x *DeleteVirtualMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVirtualMachineResponse.ProtoReflect.Descriptor instead.
 func (*DeleteVirtualMachineResponse) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{15}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DeleteVirtualMachineResponse) GetId() string {
@@ -1171,7 +1344,7 @@ type StartVirtualMachineRequest struct {
 
 func (x *StartVirtualMachineRequest) Reset() {
 	*x = StartVirtualMachineRequest{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[16]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1183,7 +1356,7 @@ func (x *StartVirtualMachineRequest) String() string {
 func (*StartVirtualMachineRequest) ProtoMessage() {}
 
 func (x *StartVirtualMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[16]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1196,7 +1369,7 @@ func (x *StartVirtualMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartVirtualMachineRequest.ProtoReflect.Descriptor instead.
 func (*StartVirtualMachineRequest) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{16}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StartVirtualMachineRequest) GetId() string {
@@ -1215,7 +1388,7 @@ type StopVirtualMachineRequest struct {
 
 func (x *StopVirtualMachineRequest) Reset() {
 	*x = StopVirtualMachineRequest{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[17]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1227,7 +1400,7 @@ func (x *StopVirtualMachineRequest) String() string {
 func (*StopVirtualMachineRequest) ProtoMessage() {}
 
 func (x *StopVirtualMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[17]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1240,7 +1413,7 @@ func (x *StopVirtualMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopVirtualMachineRequest.ProtoReflect.Descriptor instead.
 func (*StopVirtualMachineRequest) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{17}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *StopVirtualMachineRequest) GetId() string {
@@ -1259,7 +1432,7 @@ type RebootVirtualMachineRequest struct {
 
 func (x *RebootVirtualMachineRequest) Reset() {
 	*x = RebootVirtualMachineRequest{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[18]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1271,7 +1444,7 @@ func (x *RebootVirtualMachineRequest) String() string {
 func (*RebootVirtualMachineRequest) ProtoMessage() {}
 
 func (x *RebootVirtualMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[18]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1284,7 +1457,7 @@ func (x *RebootVirtualMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebootVirtualMachineRequest.ProtoReflect.Descriptor instead.
 func (*RebootVirtualMachineRequest) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{18}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RebootVirtualMachineRequest) GetId() string {
@@ -1305,7 +1478,7 @@ type ExecVirtualMachineRequest struct {
 
 func (x *ExecVirtualMachineRequest) Reset() {
 	*x = ExecVirtualMachineRequest{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[19]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1317,7 +1490,7 @@ func (x *ExecVirtualMachineRequest) String() string {
 func (*ExecVirtualMachineRequest) ProtoMessage() {}
 
 func (x *ExecVirtualMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[19]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1330,7 +1503,7 @@ func (x *ExecVirtualMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecVirtualMachineRequest.ProtoReflect.Descriptor instead.
 func (*ExecVirtualMachineRequest) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{19}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ExecVirtualMachineRequest) GetId() string {
@@ -1360,7 +1533,7 @@ type ExecVirtualMachineResponse struct {
 
 func (x *ExecVirtualMachineResponse) Reset() {
 	*x = ExecVirtualMachineResponse{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[20]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1372,7 +1545,7 @@ func (x *ExecVirtualMachineResponse) String() string {
 func (*ExecVirtualMachineResponse) ProtoMessage() {}
 
 func (x *ExecVirtualMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[20]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1385,7 +1558,7 @@ func (x *ExecVirtualMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecVirtualMachineResponse.ProtoReflect.Descriptor instead.
 func (*ExecVirtualMachineResponse) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{20}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ExecVirtualMachineResponse) GetStdout() string {
@@ -1427,7 +1600,7 @@ type ForwardVirtualMachinePortRequest struct {
 
 func (x *ForwardVirtualMachinePortRequest) Reset() {
 	*x = ForwardVirtualMachinePortRequest{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[21]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1439,7 +1612,7 @@ func (x *ForwardVirtualMachinePortRequest) String() string {
 func (*ForwardVirtualMachinePortRequest) ProtoMessage() {}
 
 func (x *ForwardVirtualMachinePortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[21]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1452,7 +1625,7 @@ func (x *ForwardVirtualMachinePortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardVirtualMachinePortRequest.ProtoReflect.Descriptor instead.
 func (*ForwardVirtualMachinePortRequest) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{21}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ForwardVirtualMachinePortRequest) GetId() string {
@@ -1482,7 +1655,7 @@ type ForwardVirtualMachinePortResponse struct {
 
 func (x *ForwardVirtualMachinePortResponse) Reset() {
 	*x = ForwardVirtualMachinePortResponse{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[22]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1494,7 +1667,7 @@ func (x *ForwardVirtualMachinePortResponse) String() string {
 func (*ForwardVirtualMachinePortResponse) ProtoMessage() {}
 
 func (x *ForwardVirtualMachinePortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[22]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1507,7 +1680,7 @@ func (x *ForwardVirtualMachinePortResponse) ProtoReflect() protoreflect.Message 
 
 // Deprecated: Use ForwardVirtualMachinePortResponse.ProtoReflect.Descriptor instead.
 func (*ForwardVirtualMachinePortResponse) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{22}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ForwardVirtualMachinePortResponse) GetId() string {
@@ -1542,7 +1715,7 @@ type GetVirtualMachineConsoleRequest struct {
 
 func (x *GetVirtualMachineConsoleRequest) Reset() {
 	*x = GetVirtualMachineConsoleRequest{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[23]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1554,7 +1727,7 @@ func (x *GetVirtualMachineConsoleRequest) String() string {
 func (*GetVirtualMachineConsoleRequest) ProtoMessage() {}
 
 func (x *GetVirtualMachineConsoleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[23]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1567,7 +1740,7 @@ func (x *GetVirtualMachineConsoleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVirtualMachineConsoleRequest.ProtoReflect.Descriptor instead.
 func (*GetVirtualMachineConsoleRequest) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{23}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GetVirtualMachineConsoleRequest) GetId() string {
@@ -1595,7 +1768,7 @@ type GetVirtualMachineConsoleResponse struct {
 
 func (x *GetVirtualMachineConsoleResponse) Reset() {
 	*x = GetVirtualMachineConsoleResponse{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[24]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1607,7 +1780,7 @@ func (x *GetVirtualMachineConsoleResponse) String() string {
 func (*GetVirtualMachineConsoleResponse) ProtoMessage() {}
 
 func (x *GetVirtualMachineConsoleResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[24]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1620,7 +1793,7 @@ func (x *GetVirtualMachineConsoleResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVirtualMachineConsoleResponse.ProtoReflect.Descriptor instead.
 func (*GetVirtualMachineConsoleResponse) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{24}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GetVirtualMachineConsoleResponse) GetId() string {
@@ -1653,7 +1826,7 @@ type GetVirtualMachineMetricsRequest struct {
 
 func (x *GetVirtualMachineMetricsRequest) Reset() {
 	*x = GetVirtualMachineMetricsRequest{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[25]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1665,7 +1838,7 @@ func (x *GetVirtualMachineMetricsRequest) String() string {
 func (*GetVirtualMachineMetricsRequest) ProtoMessage() {}
 
 func (x *GetVirtualMachineMetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[25]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1678,7 +1851,7 @@ func (x *GetVirtualMachineMetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVirtualMachineMetricsRequest.ProtoReflect.Descriptor instead.
 func (*GetVirtualMachineMetricsRequest) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{25}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GetVirtualMachineMetricsRequest) GetId() string {
@@ -1697,7 +1870,7 @@ type GetVirtualMachineReportRequest struct {
 
 func (x *GetVirtualMachineReportRequest) Reset() {
 	*x = GetVirtualMachineReportRequest{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[26]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1709,7 +1882,7 @@ func (x *GetVirtualMachineReportRequest) String() string {
 func (*GetVirtualMachineReportRequest) ProtoMessage() {}
 
 func (x *GetVirtualMachineReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[26]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1722,7 +1895,7 @@ func (x *GetVirtualMachineReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVirtualMachineReportRequest.ProtoReflect.Descriptor instead.
 func (*GetVirtualMachineReportRequest) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{26}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetVirtualMachineReportRequest) GetId() string {
@@ -1743,7 +1916,7 @@ type GetVirtualMachineReportResponse struct {
 
 func (x *GetVirtualMachineReportResponse) Reset() {
 	*x = GetVirtualMachineReportResponse{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[27]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1755,7 +1928,7 @@ func (x *GetVirtualMachineReportResponse) String() string {
 func (*GetVirtualMachineReportResponse) ProtoMessage() {}
 
 func (x *GetVirtualMachineReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[27]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1768,7 +1941,7 @@ func (x *GetVirtualMachineReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVirtualMachineReportResponse.ProtoReflect.Descriptor instead.
 func (*GetVirtualMachineReportResponse) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{27}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetVirtualMachineReportResponse) GetReport() *structpb.Value {
@@ -1800,7 +1973,7 @@ type VirtualMachineMetrics struct {
 
 func (x *VirtualMachineMetrics) Reset() {
 	*x = VirtualMachineMetrics{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[28]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1812,7 +1985,7 @@ func (x *VirtualMachineMetrics) String() string {
 func (*VirtualMachineMetrics) ProtoMessage() {}
 
 func (x *VirtualMachineMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[28]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1825,7 +1998,7 @@ func (x *VirtualMachineMetrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VirtualMachineMetrics.ProtoReflect.Descriptor instead.
 func (*VirtualMachineMetrics) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{28}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *VirtualMachineMetrics) GetId() string {
@@ -1883,7 +2056,7 @@ type HostMetrics struct {
 
 func (x *HostMetrics) Reset() {
 	*x = HostMetrics{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[29]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1895,7 +2068,7 @@ func (x *HostMetrics) String() string {
 func (*HostMetrics) ProtoMessage() {}
 
 func (x *HostMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[29]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1908,7 +2081,7 @@ func (x *HostMetrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostMetrics.ProtoReflect.Descriptor instead.
 func (*HostMetrics) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{29}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *HostMetrics) GetState() State {
@@ -2012,7 +2185,7 @@ type BootPhases struct {
 
 func (x *BootPhases) Reset() {
 	*x = BootPhases{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[30]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2024,7 +2197,7 @@ func (x *BootPhases) String() string {
 func (*BootPhases) ProtoMessage() {}
 
 func (x *BootPhases) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[30]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2037,7 +2210,7 @@ func (x *BootPhases) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootPhases.ProtoReflect.Descriptor instead.
 func (*BootPhases) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{30}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *BootPhases) GetProvisionSeconds() float64 {
@@ -2136,7 +2309,7 @@ type NetworkMetrics struct {
 
 func (x *NetworkMetrics) Reset() {
 	*x = NetworkMetrics{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[31]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2148,7 +2321,7 @@ func (x *NetworkMetrics) String() string {
 func (*NetworkMetrics) ProtoMessage() {}
 
 func (x *NetworkMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[31]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2161,7 +2334,7 @@ func (x *NetworkMetrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkMetrics.ProtoReflect.Descriptor instead.
 func (*NetworkMetrics) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{31}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *NetworkMetrics) GetName() string {
@@ -2278,7 +2451,7 @@ type GuestMetrics struct {
 
 func (x *GuestMetrics) Reset() {
 	*x = GuestMetrics{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[32]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2290,7 +2463,7 @@ func (x *GuestMetrics) String() string {
 func (*GuestMetrics) ProtoMessage() {}
 
 func (x *GuestMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[32]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2303,7 +2476,7 @@ func (x *GuestMetrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GuestMetrics.ProtoReflect.Descriptor instead.
 func (*GuestMetrics) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{32}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *GuestMetrics) GetReceivedAt() *timestamppb.Timestamp {
@@ -2374,7 +2547,7 @@ type MetricSample struct {
 
 func (x *MetricSample) Reset() {
 	*x = MetricSample{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[33]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2386,7 +2559,7 @@ func (x *MetricSample) String() string {
 func (*MetricSample) ProtoMessage() {}
 
 func (x *MetricSample) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[33]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2399,7 +2572,7 @@ func (x *MetricSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricSample.ProtoReflect.Descriptor instead.
 func (*MetricSample) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{33}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *MetricSample) GetName() string {
@@ -2444,7 +2617,23 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\bwarnings\x18\x02 \x03(\tB\x03\xe0A\x03R\bwarnings\"A\n" +
 	"\x0fGetImageRequest\x12\x15\n" +
 	"\x03ref\x18\x01 \x01(\tB\x03\xe0A\x02R\x03ref\x12\x17\n" +
-	"\x04node\x18\x02 \x01(\tB\x03\xe0A\x01R\x04node\".\n" +
+	"\x04node\x18\x02 \x01(\tB\x03\xe0A\x01R\x04node\"\xa2\x01\n" +
+	"\x12ImportImageRequest\x12\x1b\n" +
+	"\x06source\x18\x01 \x01(\tB\x03\xe0A\x02R\x06source\x12\x13\n" +
+	"\x02id\x18\x02 \x01(\tB\x03\xe0A\x01R\x02id\x12\x1d\n" +
+	"\aversion\x18\x03 \x01(\tB\x03\xe0A\x01R\aversion\x12\"\n" +
+	"\n" +
+	"boot_image\x18\x04 \x01(\tB\x03\xe0A\x01R\tbootImage\x12\x17\n" +
+	"\x04node\x18\x05 \x01(\tB\x03\xe0A\x01R\x04node\"\x80\x02\n" +
+	"\x13ImportImageResponse\x12?\n" +
+	"\x05phase\x18\x01 \x01(\x0e2$.vmmanager.hypervisor.v1.ImportPhaseB\x03\xe0A\x02R\x05phase\x12\x1d\n" +
+	"\n" +
+	"bytes_done\x18\x02 \x01(\x03R\tbytesDone\x12\x1f\n" +
+	"\vbytes_total\x18\x03 \x01(\x03R\n" +
+	"bytesTotal\x12\x14\n" +
+	"\x05layer\x18\x04 \x01(\tR\x05layer\x124\n" +
+	"\x05image\x18\x05 \x01(\v2\x1e.vmmanager.hypervisor.v1.ImageR\x05image\x12\x1c\n" +
+	"\tunchanged\x18\x06 \x01(\bR\tunchanged\".\n" +
 	"\x13ListNetworksRequest\x12\x17\n" +
 	"\x04node\x18\x01 \x01(\tB\x03\xe0A\x01R\x04node\"u\n" +
 	"\x14ListNetworksResponse\x12<\n" +
@@ -2643,12 +2832,13 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\x1aATTESTATION_STATE_DISABLED\x10\x01\x12\x1d\n" +
 	"\x19ATTESTATION_STATE_PENDING\x10\x02\x12\x1e\n" +
 	"\x1aATTESTATION_STATE_RELEASED\x10\x03\x12\x1c\n" +
-	"\x18ATTESTATION_STATE_FAILED\x10\x042\xc0\x1c\n" +
+	"\x18ATTESTATION_STATE_FAILED\x10\x042\xcf\x1d\n" +
 	"\x11HypervisorService\x12g\n" +
 	"\aGetHost\x12'.vmmanager.hypervisor.v1.GetHostRequest\x1a\x1d.vmmanager.hypervisor.v1.Host\"\x14\x82\xd3\xe4\x93\x02\x0e\x12\f/api/v1/host\x12\x85\x01\n" +
 	"\n" +
 	"ListImages\x12*.vmmanager.hypervisor.v1.ListImagesRequest\x1a+.vmmanager.hypervisor.v1.ListImagesResponse\"\x1e\x82\xd3\xe4\x93\x02\x18b\x06images\x12\x0e/api/v1/images\x12r\n" +
-	"\bGetImage\x12(.vmmanager.hypervisor.v1.GetImageRequest\x1a\x1e.vmmanager.hypervisor.v1.Image\"\x1c\x82\xd3\xe4\x93\x02\x16\x12\x14/api/v1/images/{ref}\x12\x8f\x01\n" +
+	"\bGetImage\x12(.vmmanager.hypervisor.v1.GetImageRequest\x1a\x1e.vmmanager.hypervisor.v1.Image\"\x1c\x82\xd3\xe4\x93\x02\x16\x12\x14/api/v1/images/{ref}\x12\x8c\x01\n" +
+	"\vImportImage\x12+.vmmanager.hypervisor.v1.ImportImageRequest\x1a,.vmmanager.hypervisor.v1.ImportImageResponse\" \x82\xd3\xe4\x93\x02\x1a:\x01*\"\x15/api/v1/images:import0\x01\x12\x8f\x01\n" +
 	"\fListNetworks\x12,.vmmanager.hypervisor.v1.ListNetworksRequest\x1a-.vmmanager.hypervisor.v1.ListNetworksResponse\"\"\x82\xd3\xe4\x93\x02\x1cb\bnetworks\x12\x10/api/v1/networks\x12{\n" +
 	"\n" +
 	"GetNetwork\x12*.vmmanager.hypervisor.v1.GetNetworkRequest\x1a .vmmanager.hypervisor.v1.Network\"\x1f\x82\xd3\xe4\x93\x02\x19\x12\x17/api/v1/networks/{name}\x12}\n" +
@@ -2685,7 +2875,7 @@ func file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP() []byte 
 }
 
 var file_vmmanager_hypervisor_v1_hypervisor_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_vmmanager_hypervisor_v1_hypervisor_service_proto_goTypes = []any{
 	(WaitFor)(0),                                // 0: vmmanager.hypervisor.v1.WaitFor
 	(AttestationState)(0),                       // 1: vmmanager.hypervisor.v1.AttestationState
@@ -2693,142 +2883,149 @@ var file_vmmanager_hypervisor_v1_hypervisor_service_proto_goTypes = []any{
 	(*ListImagesRequest)(nil),                   // 3: vmmanager.hypervisor.v1.ListImagesRequest
 	(*ListImagesResponse)(nil),                  // 4: vmmanager.hypervisor.v1.ListImagesResponse
 	(*GetImageRequest)(nil),                     // 5: vmmanager.hypervisor.v1.GetImageRequest
-	(*ListNetworksRequest)(nil),                 // 6: vmmanager.hypervisor.v1.ListNetworksRequest
-	(*ListNetworksResponse)(nil),                // 7: vmmanager.hypervisor.v1.ListNetworksResponse
-	(*GetNetworkRequest)(nil),                   // 8: vmmanager.hypervisor.v1.GetNetworkRequest
-	(*CreateNetworkRequest)(nil),                // 9: vmmanager.hypervisor.v1.CreateNetworkRequest
-	(*DeleteNetworkRequest)(nil),                // 10: vmmanager.hypervisor.v1.DeleteNetworkRequest
-	(*DeleteNetworkResponse)(nil),               // 11: vmmanager.hypervisor.v1.DeleteNetworkResponse
-	(*ListVirtualMachinesRequest)(nil),          // 12: vmmanager.hypervisor.v1.ListVirtualMachinesRequest
-	(*ListVirtualMachinesResponse)(nil),         // 13: vmmanager.hypervisor.v1.ListVirtualMachinesResponse
-	(*GetVirtualMachineRequest)(nil),            // 14: vmmanager.hypervisor.v1.GetVirtualMachineRequest
-	(*CreateVirtualMachineRequest)(nil),         // 15: vmmanager.hypervisor.v1.CreateVirtualMachineRequest
-	(*DeleteVirtualMachineRequest)(nil),         // 16: vmmanager.hypervisor.v1.DeleteVirtualMachineRequest
-	(*DeleteVirtualMachineResponse)(nil),        // 17: vmmanager.hypervisor.v1.DeleteVirtualMachineResponse
-	(*StartVirtualMachineRequest)(nil),          // 18: vmmanager.hypervisor.v1.StartVirtualMachineRequest
-	(*StopVirtualMachineRequest)(nil),           // 19: vmmanager.hypervisor.v1.StopVirtualMachineRequest
-	(*RebootVirtualMachineRequest)(nil),         // 20: vmmanager.hypervisor.v1.RebootVirtualMachineRequest
-	(*ExecVirtualMachineRequest)(nil),           // 21: vmmanager.hypervisor.v1.ExecVirtualMachineRequest
-	(*ExecVirtualMachineResponse)(nil),          // 22: vmmanager.hypervisor.v1.ExecVirtualMachineResponse
-	(*ForwardVirtualMachinePortRequest)(nil),    // 23: vmmanager.hypervisor.v1.ForwardVirtualMachinePortRequest
-	(*ForwardVirtualMachinePortResponse)(nil),   // 24: vmmanager.hypervisor.v1.ForwardVirtualMachinePortResponse
-	(*GetVirtualMachineConsoleRequest)(nil),     // 25: vmmanager.hypervisor.v1.GetVirtualMachineConsoleRequest
-	(*GetVirtualMachineConsoleResponse)(nil),    // 26: vmmanager.hypervisor.v1.GetVirtualMachineConsoleResponse
-	(*GetVirtualMachineMetricsRequest)(nil),     // 27: vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
-	(*GetVirtualMachineReportRequest)(nil),      // 28: vmmanager.hypervisor.v1.GetVirtualMachineReportRequest
-	(*GetVirtualMachineReportResponse)(nil),     // 29: vmmanager.hypervisor.v1.GetVirtualMachineReportResponse
-	(*VirtualMachineMetrics)(nil),               // 30: vmmanager.hypervisor.v1.VirtualMachineMetrics
-	(*HostMetrics)(nil),                         // 31: vmmanager.hypervisor.v1.HostMetrics
-	(*BootPhases)(nil),                          // 32: vmmanager.hypervisor.v1.BootPhases
-	(*NetworkMetrics)(nil),                      // 33: vmmanager.hypervisor.v1.NetworkMetrics
-	(*GuestMetrics)(nil),                        // 34: vmmanager.hypervisor.v1.GuestMetrics
-	(*MetricSample)(nil),                        // 35: vmmanager.hypervisor.v1.MetricSample
-	nil,                                         // 36: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.MetadataEntry
-	nil,                                         // 37: vmmanager.hypervisor.v1.NetworkMetrics.EgressDroppedByReasonEntry
-	nil,                                         // 38: vmmanager.hypervisor.v1.NetworkMetrics.NatRefusedEntry
-	nil,                                         // 39: vmmanager.hypervisor.v1.NetworkMetrics.DnsRefusedEntry
-	nil,                                         // 40: vmmanager.hypervisor.v1.MetricSample.FieldsEntry
-	(*Image)(nil),                               // 41: vmmanager.hypervisor.v1.Image
-	(*Network)(nil),                             // 42: vmmanager.hypervisor.v1.Network
-	(*EgressRule)(nil),                          // 43: vmmanager.hypervisor.v1.EgressRule
-	(*DnsRecord)(nil),                           // 44: vmmanager.hypervisor.v1.DnsRecord
-	(DnsPolicy)(0),                              // 45: vmmanager.hypervisor.v1.DnsPolicy
-	(*VirtualMachine)(nil),                      // 46: vmmanager.hypervisor.v1.VirtualMachine
-	(*timestamppb.Timestamp)(nil),               // 47: google.protobuf.Timestamp
-	(OnExpire)(0),                               // 48: vmmanager.hypervisor.v1.OnExpire
-	(OnIdle)(0),                                 // 49: vmmanager.hypervisor.v1.OnIdle
-	(*structpb.Value)(nil),                      // 50: google.protobuf.Value
-	(State)(0),                                  // 51: vmmanager.hypervisor.v1.State
-	(*UpdateVirtualMachineLifetimeRequest)(nil), // 52: vmmanager.hypervisor.v1.UpdateVirtualMachineLifetimeRequest
-	(*WatchVirtualMachinesRequest)(nil),         // 53: vmmanager.hypervisor.v1.WatchVirtualMachinesRequest
-	(*ExecVirtualMachineStreamRequest)(nil),     // 54: vmmanager.hypervisor.v1.ExecVirtualMachineStreamRequest
-	(*SuspendVirtualMachineRequest)(nil),        // 55: vmmanager.hypervisor.v1.SuspendVirtualMachineRequest
-	(*ResumeVirtualMachineRequest)(nil),         // 56: vmmanager.hypervisor.v1.ResumeVirtualMachineRequest
-	(*Host)(nil),                                // 57: vmmanager.hypervisor.v1.Host
-	(*WatchVirtualMachinesResponse)(nil),        // 58: vmmanager.hypervisor.v1.WatchVirtualMachinesResponse
-	(*ExecVirtualMachineStreamResponse)(nil),    // 59: vmmanager.hypervisor.v1.ExecVirtualMachineStreamResponse
+	(*ImportImageRequest)(nil),                  // 6: vmmanager.hypervisor.v1.ImportImageRequest
+	(*ImportImageResponse)(nil),                 // 7: vmmanager.hypervisor.v1.ImportImageResponse
+	(*ListNetworksRequest)(nil),                 // 8: vmmanager.hypervisor.v1.ListNetworksRequest
+	(*ListNetworksResponse)(nil),                // 9: vmmanager.hypervisor.v1.ListNetworksResponse
+	(*GetNetworkRequest)(nil),                   // 10: vmmanager.hypervisor.v1.GetNetworkRequest
+	(*CreateNetworkRequest)(nil),                // 11: vmmanager.hypervisor.v1.CreateNetworkRequest
+	(*DeleteNetworkRequest)(nil),                // 12: vmmanager.hypervisor.v1.DeleteNetworkRequest
+	(*DeleteNetworkResponse)(nil),               // 13: vmmanager.hypervisor.v1.DeleteNetworkResponse
+	(*ListVirtualMachinesRequest)(nil),          // 14: vmmanager.hypervisor.v1.ListVirtualMachinesRequest
+	(*ListVirtualMachinesResponse)(nil),         // 15: vmmanager.hypervisor.v1.ListVirtualMachinesResponse
+	(*GetVirtualMachineRequest)(nil),            // 16: vmmanager.hypervisor.v1.GetVirtualMachineRequest
+	(*CreateVirtualMachineRequest)(nil),         // 17: vmmanager.hypervisor.v1.CreateVirtualMachineRequest
+	(*DeleteVirtualMachineRequest)(nil),         // 18: vmmanager.hypervisor.v1.DeleteVirtualMachineRequest
+	(*DeleteVirtualMachineResponse)(nil),        // 19: vmmanager.hypervisor.v1.DeleteVirtualMachineResponse
+	(*StartVirtualMachineRequest)(nil),          // 20: vmmanager.hypervisor.v1.StartVirtualMachineRequest
+	(*StopVirtualMachineRequest)(nil),           // 21: vmmanager.hypervisor.v1.StopVirtualMachineRequest
+	(*RebootVirtualMachineRequest)(nil),         // 22: vmmanager.hypervisor.v1.RebootVirtualMachineRequest
+	(*ExecVirtualMachineRequest)(nil),           // 23: vmmanager.hypervisor.v1.ExecVirtualMachineRequest
+	(*ExecVirtualMachineResponse)(nil),          // 24: vmmanager.hypervisor.v1.ExecVirtualMachineResponse
+	(*ForwardVirtualMachinePortRequest)(nil),    // 25: vmmanager.hypervisor.v1.ForwardVirtualMachinePortRequest
+	(*ForwardVirtualMachinePortResponse)(nil),   // 26: vmmanager.hypervisor.v1.ForwardVirtualMachinePortResponse
+	(*GetVirtualMachineConsoleRequest)(nil),     // 27: vmmanager.hypervisor.v1.GetVirtualMachineConsoleRequest
+	(*GetVirtualMachineConsoleResponse)(nil),    // 28: vmmanager.hypervisor.v1.GetVirtualMachineConsoleResponse
+	(*GetVirtualMachineMetricsRequest)(nil),     // 29: vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
+	(*GetVirtualMachineReportRequest)(nil),      // 30: vmmanager.hypervisor.v1.GetVirtualMachineReportRequest
+	(*GetVirtualMachineReportResponse)(nil),     // 31: vmmanager.hypervisor.v1.GetVirtualMachineReportResponse
+	(*VirtualMachineMetrics)(nil),               // 32: vmmanager.hypervisor.v1.VirtualMachineMetrics
+	(*HostMetrics)(nil),                         // 33: vmmanager.hypervisor.v1.HostMetrics
+	(*BootPhases)(nil),                          // 34: vmmanager.hypervisor.v1.BootPhases
+	(*NetworkMetrics)(nil),                      // 35: vmmanager.hypervisor.v1.NetworkMetrics
+	(*GuestMetrics)(nil),                        // 36: vmmanager.hypervisor.v1.GuestMetrics
+	(*MetricSample)(nil),                        // 37: vmmanager.hypervisor.v1.MetricSample
+	nil,                                         // 38: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.MetadataEntry
+	nil,                                         // 39: vmmanager.hypervisor.v1.NetworkMetrics.EgressDroppedByReasonEntry
+	nil,                                         // 40: vmmanager.hypervisor.v1.NetworkMetrics.NatRefusedEntry
+	nil,                                         // 41: vmmanager.hypervisor.v1.NetworkMetrics.DnsRefusedEntry
+	nil,                                         // 42: vmmanager.hypervisor.v1.MetricSample.FieldsEntry
+	(*Image)(nil),                               // 43: vmmanager.hypervisor.v1.Image
+	(ImportPhase)(0),                            // 44: vmmanager.hypervisor.v1.ImportPhase
+	(*Network)(nil),                             // 45: vmmanager.hypervisor.v1.Network
+	(*EgressRule)(nil),                          // 46: vmmanager.hypervisor.v1.EgressRule
+	(*DnsRecord)(nil),                           // 47: vmmanager.hypervisor.v1.DnsRecord
+	(DnsPolicy)(0),                              // 48: vmmanager.hypervisor.v1.DnsPolicy
+	(*VirtualMachine)(nil),                      // 49: vmmanager.hypervisor.v1.VirtualMachine
+	(*timestamppb.Timestamp)(nil),               // 50: google.protobuf.Timestamp
+	(OnExpire)(0),                               // 51: vmmanager.hypervisor.v1.OnExpire
+	(OnIdle)(0),                                 // 52: vmmanager.hypervisor.v1.OnIdle
+	(*structpb.Value)(nil),                      // 53: google.protobuf.Value
+	(State)(0),                                  // 54: vmmanager.hypervisor.v1.State
+	(*UpdateVirtualMachineLifetimeRequest)(nil), // 55: vmmanager.hypervisor.v1.UpdateVirtualMachineLifetimeRequest
+	(*WatchVirtualMachinesRequest)(nil),         // 56: vmmanager.hypervisor.v1.WatchVirtualMachinesRequest
+	(*ExecVirtualMachineStreamRequest)(nil),     // 57: vmmanager.hypervisor.v1.ExecVirtualMachineStreamRequest
+	(*SuspendVirtualMachineRequest)(nil),        // 58: vmmanager.hypervisor.v1.SuspendVirtualMachineRequest
+	(*ResumeVirtualMachineRequest)(nil),         // 59: vmmanager.hypervisor.v1.ResumeVirtualMachineRequest
+	(*Host)(nil),                                // 60: vmmanager.hypervisor.v1.Host
+	(*WatchVirtualMachinesResponse)(nil),        // 61: vmmanager.hypervisor.v1.WatchVirtualMachinesResponse
+	(*ExecVirtualMachineStreamResponse)(nil),    // 62: vmmanager.hypervisor.v1.ExecVirtualMachineStreamResponse
 }
 var file_vmmanager_hypervisor_v1_hypervisor_service_proto_depIdxs = []int32{
-	41, // 0: vmmanager.hypervisor.v1.ListImagesResponse.images:type_name -> vmmanager.hypervisor.v1.Image
-	42, // 1: vmmanager.hypervisor.v1.ListNetworksResponse.networks:type_name -> vmmanager.hypervisor.v1.Network
-	43, // 2: vmmanager.hypervisor.v1.CreateNetworkRequest.egress:type_name -> vmmanager.hypervisor.v1.EgressRule
-	44, // 3: vmmanager.hypervisor.v1.CreateNetworkRequest.dns_records:type_name -> vmmanager.hypervisor.v1.DnsRecord
-	45, // 4: vmmanager.hypervisor.v1.CreateNetworkRequest.dns_policy:type_name -> vmmanager.hypervisor.v1.DnsPolicy
-	46, // 5: vmmanager.hypervisor.v1.ListVirtualMachinesResponse.vms:type_name -> vmmanager.hypervisor.v1.VirtualMachine
-	36, // 6: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.metadata:type_name -> vmmanager.hypervisor.v1.CreateVirtualMachineRequest.MetadataEntry
-	0,  // 7: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.wait_for:type_name -> vmmanager.hypervisor.v1.WaitFor
-	47, // 8: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.expire_at:type_name -> google.protobuf.Timestamp
-	48, // 9: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.on_expire:type_name -> vmmanager.hypervisor.v1.OnExpire
-	49, // 10: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.on_idle:type_name -> vmmanager.hypervisor.v1.OnIdle
-	50, // 11: vmmanager.hypervisor.v1.GetVirtualMachineReportResponse.report:type_name -> google.protobuf.Value
-	47, // 12: vmmanager.hypervisor.v1.GetVirtualMachineReportResponse.received_at:type_name -> google.protobuf.Timestamp
-	31, // 13: vmmanager.hypervisor.v1.VirtualMachineMetrics.host:type_name -> vmmanager.hypervisor.v1.HostMetrics
-	34, // 14: vmmanager.hypervisor.v1.VirtualMachineMetrics.guest:type_name -> vmmanager.hypervisor.v1.GuestMetrics
-	51, // 15: vmmanager.hypervisor.v1.HostMetrics.state:type_name -> vmmanager.hypervisor.v1.State
-	1,  // 16: vmmanager.hypervisor.v1.HostMetrics.attestation:type_name -> vmmanager.hypervisor.v1.AttestationState
-	33, // 17: vmmanager.hypervisor.v1.HostMetrics.network:type_name -> vmmanager.hypervisor.v1.NetworkMetrics
-	32, // 18: vmmanager.hypervisor.v1.HostMetrics.boot_phases:type_name -> vmmanager.hypervisor.v1.BootPhases
-	37, // 19: vmmanager.hypervisor.v1.NetworkMetrics.egress_dropped_by_reason:type_name -> vmmanager.hypervisor.v1.NetworkMetrics.EgressDroppedByReasonEntry
-	38, // 20: vmmanager.hypervisor.v1.NetworkMetrics.nat_refused:type_name -> vmmanager.hypervisor.v1.NetworkMetrics.NatRefusedEntry
-	39, // 21: vmmanager.hypervisor.v1.NetworkMetrics.dns_refused:type_name -> vmmanager.hypervisor.v1.NetworkMetrics.DnsRefusedEntry
-	47, // 22: vmmanager.hypervisor.v1.GuestMetrics.received_at:type_name -> google.protobuf.Timestamp
-	47, // 23: vmmanager.hypervisor.v1.GuestMetrics.generated_at:type_name -> google.protobuf.Timestamp
-	35, // 24: vmmanager.hypervisor.v1.GuestMetrics.sample:type_name -> vmmanager.hypervisor.v1.MetricSample
-	40, // 25: vmmanager.hypervisor.v1.MetricSample.fields:type_name -> vmmanager.hypervisor.v1.MetricSample.FieldsEntry
-	50, // 26: vmmanager.hypervisor.v1.MetricSample.value:type_name -> google.protobuf.Value
-	2,  // 27: vmmanager.hypervisor.v1.HypervisorService.GetHost:input_type -> vmmanager.hypervisor.v1.GetHostRequest
-	3,  // 28: vmmanager.hypervisor.v1.HypervisorService.ListImages:input_type -> vmmanager.hypervisor.v1.ListImagesRequest
-	5,  // 29: vmmanager.hypervisor.v1.HypervisorService.GetImage:input_type -> vmmanager.hypervisor.v1.GetImageRequest
-	6,  // 30: vmmanager.hypervisor.v1.HypervisorService.ListNetworks:input_type -> vmmanager.hypervisor.v1.ListNetworksRequest
-	8,  // 31: vmmanager.hypervisor.v1.HypervisorService.GetNetwork:input_type -> vmmanager.hypervisor.v1.GetNetworkRequest
-	9,  // 32: vmmanager.hypervisor.v1.HypervisorService.CreateNetwork:input_type -> vmmanager.hypervisor.v1.CreateNetworkRequest
-	10, // 33: vmmanager.hypervisor.v1.HypervisorService.DeleteNetwork:input_type -> vmmanager.hypervisor.v1.DeleteNetworkRequest
-	12, // 34: vmmanager.hypervisor.v1.HypervisorService.ListVirtualMachines:input_type -> vmmanager.hypervisor.v1.ListVirtualMachinesRequest
-	14, // 35: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachine:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineRequest
-	15, // 36: vmmanager.hypervisor.v1.HypervisorService.CreateVirtualMachine:input_type -> vmmanager.hypervisor.v1.CreateVirtualMachineRequest
-	16, // 37: vmmanager.hypervisor.v1.HypervisorService.DeleteVirtualMachine:input_type -> vmmanager.hypervisor.v1.DeleteVirtualMachineRequest
-	18, // 38: vmmanager.hypervisor.v1.HypervisorService.StartVirtualMachine:input_type -> vmmanager.hypervisor.v1.StartVirtualMachineRequest
-	19, // 39: vmmanager.hypervisor.v1.HypervisorService.StopVirtualMachine:input_type -> vmmanager.hypervisor.v1.StopVirtualMachineRequest
-	20, // 40: vmmanager.hypervisor.v1.HypervisorService.RebootVirtualMachine:input_type -> vmmanager.hypervisor.v1.RebootVirtualMachineRequest
-	21, // 41: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachine:input_type -> vmmanager.hypervisor.v1.ExecVirtualMachineRequest
-	23, // 42: vmmanager.hypervisor.v1.HypervisorService.ForwardVirtualMachinePort:input_type -> vmmanager.hypervisor.v1.ForwardVirtualMachinePortRequest
-	25, // 43: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineConsole:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineConsoleRequest
-	27, // 44: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineMetrics:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
-	28, // 45: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineReport:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineReportRequest
-	52, // 46: vmmanager.hypervisor.v1.HypervisorService.UpdateVirtualMachineLifetime:input_type -> vmmanager.hypervisor.v1.UpdateVirtualMachineLifetimeRequest
-	53, // 47: vmmanager.hypervisor.v1.HypervisorService.WatchVirtualMachines:input_type -> vmmanager.hypervisor.v1.WatchVirtualMachinesRequest
-	54, // 48: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachineStream:input_type -> vmmanager.hypervisor.v1.ExecVirtualMachineStreamRequest
-	55, // 49: vmmanager.hypervisor.v1.HypervisorService.SuspendVirtualMachine:input_type -> vmmanager.hypervisor.v1.SuspendVirtualMachineRequest
-	56, // 50: vmmanager.hypervisor.v1.HypervisorService.ResumeVirtualMachine:input_type -> vmmanager.hypervisor.v1.ResumeVirtualMachineRequest
-	57, // 51: vmmanager.hypervisor.v1.HypervisorService.GetHost:output_type -> vmmanager.hypervisor.v1.Host
-	4,  // 52: vmmanager.hypervisor.v1.HypervisorService.ListImages:output_type -> vmmanager.hypervisor.v1.ListImagesResponse
-	41, // 53: vmmanager.hypervisor.v1.HypervisorService.GetImage:output_type -> vmmanager.hypervisor.v1.Image
-	7,  // 54: vmmanager.hypervisor.v1.HypervisorService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
-	42, // 55: vmmanager.hypervisor.v1.HypervisorService.GetNetwork:output_type -> vmmanager.hypervisor.v1.Network
-	42, // 56: vmmanager.hypervisor.v1.HypervisorService.CreateNetwork:output_type -> vmmanager.hypervisor.v1.Network
-	11, // 57: vmmanager.hypervisor.v1.HypervisorService.DeleteNetwork:output_type -> vmmanager.hypervisor.v1.DeleteNetworkResponse
-	13, // 58: vmmanager.hypervisor.v1.HypervisorService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
-	46, // 59: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	46, // 60: vmmanager.hypervisor.v1.HypervisorService.CreateVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	17, // 61: vmmanager.hypervisor.v1.HypervisorService.DeleteVirtualMachine:output_type -> vmmanager.hypervisor.v1.DeleteVirtualMachineResponse
-	46, // 62: vmmanager.hypervisor.v1.HypervisorService.StartVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	46, // 63: vmmanager.hypervisor.v1.HypervisorService.StopVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	46, // 64: vmmanager.hypervisor.v1.HypervisorService.RebootVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	22, // 65: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachine:output_type -> vmmanager.hypervisor.v1.ExecVirtualMachineResponse
-	24, // 66: vmmanager.hypervisor.v1.HypervisorService.ForwardVirtualMachinePort:output_type -> vmmanager.hypervisor.v1.ForwardVirtualMachinePortResponse
-	26, // 67: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineConsole:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineConsoleResponse
-	30, // 68: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
-	29, // 69: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineReport:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineReportResponse
-	46, // 70: vmmanager.hypervisor.v1.HypervisorService.UpdateVirtualMachineLifetime:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	58, // 71: vmmanager.hypervisor.v1.HypervisorService.WatchVirtualMachines:output_type -> vmmanager.hypervisor.v1.WatchVirtualMachinesResponse
-	59, // 72: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachineStream:output_type -> vmmanager.hypervisor.v1.ExecVirtualMachineStreamResponse
-	46, // 73: vmmanager.hypervisor.v1.HypervisorService.SuspendVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	46, // 74: vmmanager.hypervisor.v1.HypervisorService.ResumeVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	51, // [51:75] is the sub-list for method output_type
-	27, // [27:51] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	43, // 0: vmmanager.hypervisor.v1.ListImagesResponse.images:type_name -> vmmanager.hypervisor.v1.Image
+	44, // 1: vmmanager.hypervisor.v1.ImportImageResponse.phase:type_name -> vmmanager.hypervisor.v1.ImportPhase
+	43, // 2: vmmanager.hypervisor.v1.ImportImageResponse.image:type_name -> vmmanager.hypervisor.v1.Image
+	45, // 3: vmmanager.hypervisor.v1.ListNetworksResponse.networks:type_name -> vmmanager.hypervisor.v1.Network
+	46, // 4: vmmanager.hypervisor.v1.CreateNetworkRequest.egress:type_name -> vmmanager.hypervisor.v1.EgressRule
+	47, // 5: vmmanager.hypervisor.v1.CreateNetworkRequest.dns_records:type_name -> vmmanager.hypervisor.v1.DnsRecord
+	48, // 6: vmmanager.hypervisor.v1.CreateNetworkRequest.dns_policy:type_name -> vmmanager.hypervisor.v1.DnsPolicy
+	49, // 7: vmmanager.hypervisor.v1.ListVirtualMachinesResponse.vms:type_name -> vmmanager.hypervisor.v1.VirtualMachine
+	38, // 8: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.metadata:type_name -> vmmanager.hypervisor.v1.CreateVirtualMachineRequest.MetadataEntry
+	0,  // 9: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.wait_for:type_name -> vmmanager.hypervisor.v1.WaitFor
+	50, // 10: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.expire_at:type_name -> google.protobuf.Timestamp
+	51, // 11: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.on_expire:type_name -> vmmanager.hypervisor.v1.OnExpire
+	52, // 12: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.on_idle:type_name -> vmmanager.hypervisor.v1.OnIdle
+	53, // 13: vmmanager.hypervisor.v1.GetVirtualMachineReportResponse.report:type_name -> google.protobuf.Value
+	50, // 14: vmmanager.hypervisor.v1.GetVirtualMachineReportResponse.received_at:type_name -> google.protobuf.Timestamp
+	33, // 15: vmmanager.hypervisor.v1.VirtualMachineMetrics.host:type_name -> vmmanager.hypervisor.v1.HostMetrics
+	36, // 16: vmmanager.hypervisor.v1.VirtualMachineMetrics.guest:type_name -> vmmanager.hypervisor.v1.GuestMetrics
+	54, // 17: vmmanager.hypervisor.v1.HostMetrics.state:type_name -> vmmanager.hypervisor.v1.State
+	1,  // 18: vmmanager.hypervisor.v1.HostMetrics.attestation:type_name -> vmmanager.hypervisor.v1.AttestationState
+	35, // 19: vmmanager.hypervisor.v1.HostMetrics.network:type_name -> vmmanager.hypervisor.v1.NetworkMetrics
+	34, // 20: vmmanager.hypervisor.v1.HostMetrics.boot_phases:type_name -> vmmanager.hypervisor.v1.BootPhases
+	39, // 21: vmmanager.hypervisor.v1.NetworkMetrics.egress_dropped_by_reason:type_name -> vmmanager.hypervisor.v1.NetworkMetrics.EgressDroppedByReasonEntry
+	40, // 22: vmmanager.hypervisor.v1.NetworkMetrics.nat_refused:type_name -> vmmanager.hypervisor.v1.NetworkMetrics.NatRefusedEntry
+	41, // 23: vmmanager.hypervisor.v1.NetworkMetrics.dns_refused:type_name -> vmmanager.hypervisor.v1.NetworkMetrics.DnsRefusedEntry
+	50, // 24: vmmanager.hypervisor.v1.GuestMetrics.received_at:type_name -> google.protobuf.Timestamp
+	50, // 25: vmmanager.hypervisor.v1.GuestMetrics.generated_at:type_name -> google.protobuf.Timestamp
+	37, // 26: vmmanager.hypervisor.v1.GuestMetrics.sample:type_name -> vmmanager.hypervisor.v1.MetricSample
+	42, // 27: vmmanager.hypervisor.v1.MetricSample.fields:type_name -> vmmanager.hypervisor.v1.MetricSample.FieldsEntry
+	53, // 28: vmmanager.hypervisor.v1.MetricSample.value:type_name -> google.protobuf.Value
+	2,  // 29: vmmanager.hypervisor.v1.HypervisorService.GetHost:input_type -> vmmanager.hypervisor.v1.GetHostRequest
+	3,  // 30: vmmanager.hypervisor.v1.HypervisorService.ListImages:input_type -> vmmanager.hypervisor.v1.ListImagesRequest
+	5,  // 31: vmmanager.hypervisor.v1.HypervisorService.GetImage:input_type -> vmmanager.hypervisor.v1.GetImageRequest
+	6,  // 32: vmmanager.hypervisor.v1.HypervisorService.ImportImage:input_type -> vmmanager.hypervisor.v1.ImportImageRequest
+	8,  // 33: vmmanager.hypervisor.v1.HypervisorService.ListNetworks:input_type -> vmmanager.hypervisor.v1.ListNetworksRequest
+	10, // 34: vmmanager.hypervisor.v1.HypervisorService.GetNetwork:input_type -> vmmanager.hypervisor.v1.GetNetworkRequest
+	11, // 35: vmmanager.hypervisor.v1.HypervisorService.CreateNetwork:input_type -> vmmanager.hypervisor.v1.CreateNetworkRequest
+	12, // 36: vmmanager.hypervisor.v1.HypervisorService.DeleteNetwork:input_type -> vmmanager.hypervisor.v1.DeleteNetworkRequest
+	14, // 37: vmmanager.hypervisor.v1.HypervisorService.ListVirtualMachines:input_type -> vmmanager.hypervisor.v1.ListVirtualMachinesRequest
+	16, // 38: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachine:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineRequest
+	17, // 39: vmmanager.hypervisor.v1.HypervisorService.CreateVirtualMachine:input_type -> vmmanager.hypervisor.v1.CreateVirtualMachineRequest
+	18, // 40: vmmanager.hypervisor.v1.HypervisorService.DeleteVirtualMachine:input_type -> vmmanager.hypervisor.v1.DeleteVirtualMachineRequest
+	20, // 41: vmmanager.hypervisor.v1.HypervisorService.StartVirtualMachine:input_type -> vmmanager.hypervisor.v1.StartVirtualMachineRequest
+	21, // 42: vmmanager.hypervisor.v1.HypervisorService.StopVirtualMachine:input_type -> vmmanager.hypervisor.v1.StopVirtualMachineRequest
+	22, // 43: vmmanager.hypervisor.v1.HypervisorService.RebootVirtualMachine:input_type -> vmmanager.hypervisor.v1.RebootVirtualMachineRequest
+	23, // 44: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachine:input_type -> vmmanager.hypervisor.v1.ExecVirtualMachineRequest
+	25, // 45: vmmanager.hypervisor.v1.HypervisorService.ForwardVirtualMachinePort:input_type -> vmmanager.hypervisor.v1.ForwardVirtualMachinePortRequest
+	27, // 46: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineConsole:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineConsoleRequest
+	29, // 47: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineMetrics:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
+	30, // 48: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineReport:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineReportRequest
+	55, // 49: vmmanager.hypervisor.v1.HypervisorService.UpdateVirtualMachineLifetime:input_type -> vmmanager.hypervisor.v1.UpdateVirtualMachineLifetimeRequest
+	56, // 50: vmmanager.hypervisor.v1.HypervisorService.WatchVirtualMachines:input_type -> vmmanager.hypervisor.v1.WatchVirtualMachinesRequest
+	57, // 51: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachineStream:input_type -> vmmanager.hypervisor.v1.ExecVirtualMachineStreamRequest
+	58, // 52: vmmanager.hypervisor.v1.HypervisorService.SuspendVirtualMachine:input_type -> vmmanager.hypervisor.v1.SuspendVirtualMachineRequest
+	59, // 53: vmmanager.hypervisor.v1.HypervisorService.ResumeVirtualMachine:input_type -> vmmanager.hypervisor.v1.ResumeVirtualMachineRequest
+	60, // 54: vmmanager.hypervisor.v1.HypervisorService.GetHost:output_type -> vmmanager.hypervisor.v1.Host
+	4,  // 55: vmmanager.hypervisor.v1.HypervisorService.ListImages:output_type -> vmmanager.hypervisor.v1.ListImagesResponse
+	43, // 56: vmmanager.hypervisor.v1.HypervisorService.GetImage:output_type -> vmmanager.hypervisor.v1.Image
+	7,  // 57: vmmanager.hypervisor.v1.HypervisorService.ImportImage:output_type -> vmmanager.hypervisor.v1.ImportImageResponse
+	9,  // 58: vmmanager.hypervisor.v1.HypervisorService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
+	45, // 59: vmmanager.hypervisor.v1.HypervisorService.GetNetwork:output_type -> vmmanager.hypervisor.v1.Network
+	45, // 60: vmmanager.hypervisor.v1.HypervisorService.CreateNetwork:output_type -> vmmanager.hypervisor.v1.Network
+	13, // 61: vmmanager.hypervisor.v1.HypervisorService.DeleteNetwork:output_type -> vmmanager.hypervisor.v1.DeleteNetworkResponse
+	15, // 62: vmmanager.hypervisor.v1.HypervisorService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
+	49, // 63: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	49, // 64: vmmanager.hypervisor.v1.HypervisorService.CreateVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	19, // 65: vmmanager.hypervisor.v1.HypervisorService.DeleteVirtualMachine:output_type -> vmmanager.hypervisor.v1.DeleteVirtualMachineResponse
+	49, // 66: vmmanager.hypervisor.v1.HypervisorService.StartVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	49, // 67: vmmanager.hypervisor.v1.HypervisorService.StopVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	49, // 68: vmmanager.hypervisor.v1.HypervisorService.RebootVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	24, // 69: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachine:output_type -> vmmanager.hypervisor.v1.ExecVirtualMachineResponse
+	26, // 70: vmmanager.hypervisor.v1.HypervisorService.ForwardVirtualMachinePort:output_type -> vmmanager.hypervisor.v1.ForwardVirtualMachinePortResponse
+	28, // 71: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineConsole:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineConsoleResponse
+	32, // 72: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
+	31, // 73: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineReport:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineReportResponse
+	49, // 74: vmmanager.hypervisor.v1.HypervisorService.UpdateVirtualMachineLifetime:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	61, // 75: vmmanager.hypervisor.v1.HypervisorService.WatchVirtualMachines:output_type -> vmmanager.hypervisor.v1.WatchVirtualMachinesResponse
+	62, // 76: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachineStream:output_type -> vmmanager.hypervisor.v1.ExecVirtualMachineStreamResponse
+	49, // 77: vmmanager.hypervisor.v1.HypervisorService.SuspendVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	49, // 78: vmmanager.hypervisor.v1.HypervisorService.ResumeVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	54, // [54:79] is the sub-list for method output_type
+	29, // [29:54] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_vmmanager_hypervisor_v1_hypervisor_service_proto_init() }
@@ -2844,17 +3041,17 @@ func file_vmmanager_hypervisor_v1_hypervisor_service_proto_init() {
 	file_vmmanager_hypervisor_v1_suspend_proto_init()
 	file_vmmanager_hypervisor_v1_virtual_machine_proto_init()
 	file_vmmanager_hypervisor_v1_watch_proto_init()
-	file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[13].OneofWrappers = []any{}
-	file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[28].OneofWrappers = []any{}
-	file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[29].OneofWrappers = []any{}
+	file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[15].OneofWrappers = []any{}
 	file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[30].OneofWrappers = []any{}
+	file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[31].OneofWrappers = []any{}
+	file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[32].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc), len(file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   39,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

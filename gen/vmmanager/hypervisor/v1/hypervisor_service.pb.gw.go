@@ -158,6 +158,29 @@ func local_request_HypervisorService_GetImage_0(ctx context.Context, marshaler r
 	return msg, metadata, err
 }
 
+func request_HypervisorService_ImportImage_0(ctx context.Context, marshaler runtime.Marshaler, client HypervisorServiceClient, req *http.Request, pathParams map[string]string) (HypervisorService_ImportImageClient, runtime.ServerMetadata, error) {
+	var (
+		protoReq ImportImageRequest
+		metadata runtime.ServerMetadata
+	)
+	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if req.Body != nil {
+		_, _ = io.Copy(io.Discard, req.Body)
+	}
+	stream, err := client.ImportImage(ctx, &protoReq)
+	if err != nil {
+		return nil, metadata, err
+	}
+	header, err := stream.Header()
+	if err != nil {
+		return nil, metadata, err
+	}
+	metadata.HeaderMD = header
+	return stream, metadata, nil
+}
+
 var filter_HypervisorService_ListNetworks_0 = &utilities.DoubleArray{Encoding: map[string]int{}, Base: []int(nil), Check: []int(nil)}
 
 func request_HypervisorService_ListNetworks_0(ctx context.Context, marshaler runtime.Marshaler, client HypervisorServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
@@ -1021,6 +1044,13 @@ func RegisterHypervisorServiceHandlerServer(ctx context.Context, mux *runtime.Se
 		}
 		forward_HypervisorService_GetImage_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
+
+	mux.Handle(http.MethodPost, pattern_HypervisorService_ImportImage_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		err := status.Error(codes.Unimplemented, "streaming calls are not yet supported in the in-process transport")
+		_, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+		return
+	})
 	mux.Handle(http.MethodGet, pattern_HypervisorService_ListNetworks_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
 		ctx, cancel := context.WithCancel(req.Context())
 		defer cancel()
@@ -1499,6 +1529,23 @@ func RegisterHypervisorServiceHandlerClient(ctx context.Context, mux *runtime.Se
 		}
 		forward_HypervisorService_GetImage_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
+	mux.Handle(http.MethodPost, pattern_HypervisorService_ImportImage_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/vmmanager.hypervisor.v1.HypervisorService/ImportImage", runtime.WithHTTPPathPattern("/api/v1/images:import"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := request_HypervisorService_ImportImage_0(annotatedContext, inboundMarshaler, client, req, pathParams)
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_HypervisorService_ImportImage_0(annotatedContext, mux, outboundMarshaler, w, req, func() (proto.Message, error) { return resp.Recv() }, mux.GetForwardResponseOptions()...)
+	})
 	mux.Handle(http.MethodGet, pattern_HypervisorService_ListNetworks_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
 		ctx, cancel := context.WithCancel(req.Context())
 		defer cancel()
@@ -1882,6 +1929,7 @@ var (
 	pattern_HypervisorService_GetHost_0                      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"api", "v1", "host"}, ""))
 	pattern_HypervisorService_ListImages_0                   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"api", "v1", "images"}, ""))
 	pattern_HypervisorService_GetImage_0                     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"api", "v1", "images", "ref"}, ""))
+	pattern_HypervisorService_ImportImage_0                  = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"api", "v1", "images"}, "import"))
 	pattern_HypervisorService_ListNetworks_0                 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"api", "v1", "networks"}, ""))
 	pattern_HypervisorService_GetNetwork_0                   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"api", "v1", "networks", "name"}, ""))
 	pattern_HypervisorService_CreateNetwork_0                = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"api", "v1", "networks"}, ""))
@@ -1908,6 +1956,7 @@ var (
 	forward_HypervisorService_GetHost_0                      = runtime.ForwardResponseMessage
 	forward_HypervisorService_ListImages_0                   = runtime.ForwardResponseMessage
 	forward_HypervisorService_GetImage_0                     = runtime.ForwardResponseMessage
+	forward_HypervisorService_ImportImage_0                  = runtime.ForwardResponseStream
 	forward_HypervisorService_ListNetworks_0                 = runtime.ForwardResponseMessage
 	forward_HypervisorService_GetNetwork_0                   = runtime.ForwardResponseMessage
 	forward_HypervisorService_CreateNetwork_0                = runtime.ForwardResponseMessage

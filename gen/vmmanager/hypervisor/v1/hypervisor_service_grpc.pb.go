@@ -22,6 +22,7 @@ const (
 	HypervisorService_GetHost_FullMethodName                      = "/vmmanager.hypervisor.v1.HypervisorService/GetHost"
 	HypervisorService_ListImages_FullMethodName                   = "/vmmanager.hypervisor.v1.HypervisorService/ListImages"
 	HypervisorService_GetImage_FullMethodName                     = "/vmmanager.hypervisor.v1.HypervisorService/GetImage"
+	HypervisorService_ImportImage_FullMethodName                  = "/vmmanager.hypervisor.v1.HypervisorService/ImportImage"
 	HypervisorService_ListNetworks_FullMethodName                 = "/vmmanager.hypervisor.v1.HypervisorService/ListNetworks"
 	HypervisorService_GetNetwork_FullMethodName                   = "/vmmanager.hypervisor.v1.HypervisorService/GetNetwork"
 	HypervisorService_CreateNetwork_FullMethodName                = "/vmmanager.hypervisor.v1.HypervisorService/CreateNetwork"
@@ -58,6 +59,12 @@ type HypervisorServiceClient interface {
 	ListImages(ctx context.Context, in *ListImagesRequest, opts ...grpc.CallOption) (*ListImagesResponse, error)
 	// One image, by <id>_<version> or by bare id for its newest version.
 	GetImage(ctx context.Context, in *GetImageRequest, opts ...grpc.CallOption) (*Image, error)
+	// Import an OCI image (a registry reference or oci-layout:<dir>[:<tag>])
+	// into the catalog: its layers flattened into an erofs root behind
+	// dm-verity, paired with the boot chain, its policy computed. Streams
+	// progress; the last message (phase DONE) carries the image. Cancelled
+	// with the call, leaving nothing behind. REST: newline-delimited JSON.
+	ImportImage(ctx context.Context, in *ImportImageRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ImportImageResponse], error)
 	// Networks, sorted by name.
 	ListNetworks(ctx context.Context, in *ListNetworksRequest, opts ...grpc.CallOption) (*ListNetworksResponse, error)
 	GetNetwork(ctx context.Context, in *GetNetworkRequest, opts ...grpc.CallOption) (*Network, error)
@@ -147,6 +154,25 @@ func (c *hypervisorServiceClient) GetImage(ctx context.Context, in *GetImageRequ
 	}
 	return out, nil
 }
+
+func (c *hypervisorServiceClient) ImportImage(ctx context.Context, in *ImportImageRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ImportImageResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &HypervisorService_ServiceDesc.Streams[0], HypervisorService_ImportImage_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ImportImageRequest, ImportImageResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type HypervisorService_ImportImageClient = grpc.ServerStreamingClient[ImportImageResponse]
 
 func (c *hypervisorServiceClient) ListNetworks(ctx context.Context, in *ListNetworksRequest, opts ...grpc.CallOption) (*ListNetworksResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -320,7 +346,7 @@ func (c *hypervisorServiceClient) UpdateVirtualMachineLifetime(ctx context.Conte
 
 func (c *hypervisorServiceClient) WatchVirtualMachines(ctx context.Context, in *WatchVirtualMachinesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchVirtualMachinesResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &HypervisorService_ServiceDesc.Streams[0], HypervisorService_WatchVirtualMachines_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &HypervisorService_ServiceDesc.Streams[1], HypervisorService_WatchVirtualMachines_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -339,7 +365,7 @@ type HypervisorService_WatchVirtualMachinesClient = grpc.ServerStreamingClient[W
 
 func (c *hypervisorServiceClient) ExecVirtualMachineStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ExecVirtualMachineStreamRequest, ExecVirtualMachineStreamResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &HypervisorService_ServiceDesc.Streams[1], HypervisorService_ExecVirtualMachineStream_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &HypervisorService_ServiceDesc.Streams[2], HypervisorService_ExecVirtualMachineStream_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -383,6 +409,12 @@ type HypervisorServiceServer interface {
 	ListImages(context.Context, *ListImagesRequest) (*ListImagesResponse, error)
 	// One image, by <id>_<version> or by bare id for its newest version.
 	GetImage(context.Context, *GetImageRequest) (*Image, error)
+	// Import an OCI image (a registry reference or oci-layout:<dir>[:<tag>])
+	// into the catalog: its layers flattened into an erofs root behind
+	// dm-verity, paired with the boot chain, its policy computed. Streams
+	// progress; the last message (phase DONE) carries the image. Cancelled
+	// with the call, leaving nothing behind. REST: newline-delimited JSON.
+	ImportImage(*ImportImageRequest, grpc.ServerStreamingServer[ImportImageResponse]) error
 	// Networks, sorted by name.
 	ListNetworks(context.Context, *ListNetworksRequest) (*ListNetworksResponse, error)
 	GetNetwork(context.Context, *GetNetworkRequest) (*Network, error)
@@ -451,6 +483,9 @@ func (UnimplementedHypervisorServiceServer) ListImages(context.Context, *ListIma
 }
 func (UnimplementedHypervisorServiceServer) GetImage(context.Context, *GetImageRequest) (*Image, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetImage not implemented")
+}
+func (UnimplementedHypervisorServiceServer) ImportImage(*ImportImageRequest, grpc.ServerStreamingServer[ImportImageResponse]) error {
+	return status.Error(codes.Unimplemented, "method ImportImage not implemented")
 }
 func (UnimplementedHypervisorServiceServer) ListNetworks(context.Context, *ListNetworksRequest) (*ListNetworksResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListNetworks not implemented")
@@ -589,6 +624,17 @@ func _HypervisorService_GetImage_Handler(srv interface{}, ctx context.Context, d
 	}
 	return interceptor(ctx, in, info, handler)
 }
+
+func _HypervisorService_ImportImage_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ImportImageRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(HypervisorServiceServer).ImportImage(m, &grpc.GenericServerStream[ImportImageRequest, ImportImageResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type HypervisorService_ImportImageServer = grpc.ServerStreamingServer[ImportImageResponse]
 
 func _HypervisorService_ListNetworks_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ListNetworksRequest)
@@ -1047,6 +1093,11 @@ var HypervisorService_ServiceDesc = grpc.ServiceDesc{
 		},
 	},
 	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "ImportImage",
+			Handler:       _HypervisorService_ImportImage_Handler,
+			ServerStreams: true,
+		},
 		{
 			StreamName:    "WatchVirtualMachines",
 			Handler:       _HypervisorService_WatchVirtualMachines_Handler,

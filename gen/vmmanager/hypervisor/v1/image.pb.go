@@ -33,6 +33,10 @@ const (
 	ImageKind_IMAGE_KIND_UKI ImageKind = 1
 	// A kernel, an initrd and a command line, booted directly through OVMF.
 	ImageKind_IMAGE_KIND_KERNEL ImageKind = 2
+	// An imported OCI image: its root file system as erofs behind dm-verity,
+	// booted by the project's own direct kernel (kernel, initrd, cmdline) with
+	// the root hash on the measured command line (docs/api.md, "OCI images").
+	ImageKind_IMAGE_KIND_OCI ImageKind = 3
 )
 
 // Enum value maps for ImageKind.
@@ -41,11 +45,13 @@ var (
 		0: "IMAGE_KIND_UNSPECIFIED",
 		1: "IMAGE_KIND_UKI",
 		2: "IMAGE_KIND_KERNEL",
+		3: "IMAGE_KIND_OCI",
 	}
 	ImageKind_value = map[string]int32{
 		"IMAGE_KIND_UNSPECIFIED": 0,
 		"IMAGE_KIND_UKI":         1,
 		"IMAGE_KIND_KERNEL":      2,
+		"IMAGE_KIND_OCI":         3,
 	}
 )
 
@@ -76,6 +82,221 @@ func (ImageKind) EnumDescriptor() ([]byte, []int) {
 	return file_vmmanager_hypervisor_v1_image_proto_rawDescGZIP(), []int{0}
 }
 
+// ImportPhase is a step of an image import, in order.
+type ImportPhase int32
+
+const (
+	ImportPhase_IMPORT_PHASE_UNSPECIFIED ImportPhase = 0
+	// Resolving the reference and reading the manifest and config.
+	ImportPhase_IMPORT_PHASE_RESOLVING ImportPhase = 1
+	// Reading and flattening the layers (bytes: compressed layer bytes read).
+	ImportPhase_IMPORT_PHASE_LAYERS ImportPhase = 2
+	// Writing the erofs root and its dm-verity hash device.
+	ImportPhase_IMPORT_PHASE_ROOT ImportPhase = 3
+	// Booting the boot chain once to record the golden PCRs.
+	ImportPhase_IMPORT_PHASE_MEASURING ImportPhase = 4
+	// In the catalog: the last message, with the image.
+	ImportPhase_IMPORT_PHASE_DONE ImportPhase = 5
+)
+
+// Enum value maps for ImportPhase.
+var (
+	ImportPhase_name = map[int32]string{
+		0: "IMPORT_PHASE_UNSPECIFIED",
+		1: "IMPORT_PHASE_RESOLVING",
+		2: "IMPORT_PHASE_LAYERS",
+		3: "IMPORT_PHASE_ROOT",
+		4: "IMPORT_PHASE_MEASURING",
+		5: "IMPORT_PHASE_DONE",
+	}
+	ImportPhase_value = map[string]int32{
+		"IMPORT_PHASE_UNSPECIFIED": 0,
+		"IMPORT_PHASE_RESOLVING":   1,
+		"IMPORT_PHASE_LAYERS":      2,
+		"IMPORT_PHASE_ROOT":        3,
+		"IMPORT_PHASE_MEASURING":   4,
+		"IMPORT_PHASE_DONE":        5,
+	}
+)
+
+func (x ImportPhase) Enum() *ImportPhase {
+	p := new(ImportPhase)
+	*p = x
+	return p
+}
+
+func (x ImportPhase) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ImportPhase) Descriptor() protoreflect.EnumDescriptor {
+	return file_vmmanager_hypervisor_v1_image_proto_enumTypes[1].Descriptor()
+}
+
+func (ImportPhase) Type() protoreflect.EnumType {
+	return &file_vmmanager_hypervisor_v1_image_proto_enumTypes[1]
+}
+
+func (x ImportPhase) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ImportPhase.Descriptor instead.
+func (ImportPhase) EnumDescriptor() ([]byte, []int) {
+	return file_vmmanager_hypervisor_v1_image_proto_rawDescGZIP(), []int{1}
+}
+
+// OciSource is where an imported OCI image came from and what it boots.
+type OciSource struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The reference as given to the import (registry/repository:tag,
+	// @digest, or oci-layout:<dir>:<tag>).
+	Reference string `protobuf:"bytes,1,opt,name=reference,proto3" json:"reference,omitempty"`
+	// sha256:<hex> of the image manifest (for an index: of its linux/amd64 manifest).
+	ManifestDigest string `protobuf:"bytes,2,opt,name=manifest_digest,json=manifestDigest,proto3" json:"manifest_digest,omitempty"`
+	// sha256:<hex> of the image config.
+	ConfigDigest string `protobuf:"bytes,3,opt,name=config_digest,json=configDigest,proto3" json:"config_digest,omitempty"`
+	// The dm-verity root hash of the root (hex): vmm.oci.roothash= on the
+	// command line, and what the guest measures into PCR 15.
+	RootHash string `protobuf:"bytes,4,opt,name=root_hash,json=rootHash,proto3" json:"root_hash,omitempty"`
+	// The root (erofs) and its verity hash device.
+	Root       string `protobuf:"bytes,5,opt,name=root,proto3" json:"root,omitempty"`
+	RootVerity string `protobuf:"bytes,6,opt,name=root_verity,json=rootVerity,proto3" json:"root_verity,omitempty"`
+	// Their sizes together: what the image takes in the image store.
+	StoredBytes int64 `protobuf:"varint,7,opt,name=stored_bytes,json=storedBytes,proto3" json:"stored_bytes,omitempty"`
+	// What the VM runs: entrypoint, then cmd, with env, working directory and user.
+	Entrypoint []string `protobuf:"bytes,8,rep,name=entrypoint,proto3" json:"entrypoint,omitempty"`
+	Cmd        []string `protobuf:"bytes,9,rep,name=cmd,proto3" json:"cmd,omitempty"`
+	Env        []string `protobuf:"bytes,10,rep,name=env,proto3" json:"env,omitempty"`
+	WorkingDir string   `protobuf:"bytes,11,opt,name=working_dir,json=workingDir,proto3" json:"working_dir,omitempty"`
+	User       string   `protobuf:"bytes,12,opt,name=user,proto3" json:"user,omitempty"`
+	// The catalog image whose kernel and initrd boot it.
+	BootImage     string `protobuf:"bytes,13,opt,name=boot_image,json=bootImage,proto3" json:"boot_image,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OciSource) Reset() {
+	*x = OciSource{}
+	mi := &file_vmmanager_hypervisor_v1_image_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OciSource) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OciSource) ProtoMessage() {}
+
+func (x *OciSource) ProtoReflect() protoreflect.Message {
+	mi := &file_vmmanager_hypervisor_v1_image_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OciSource.ProtoReflect.Descriptor instead.
+func (*OciSource) Descriptor() ([]byte, []int) {
+	return file_vmmanager_hypervisor_v1_image_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *OciSource) GetReference() string {
+	if x != nil {
+		return x.Reference
+	}
+	return ""
+}
+
+func (x *OciSource) GetManifestDigest() string {
+	if x != nil {
+		return x.ManifestDigest
+	}
+	return ""
+}
+
+func (x *OciSource) GetConfigDigest() string {
+	if x != nil {
+		return x.ConfigDigest
+	}
+	return ""
+}
+
+func (x *OciSource) GetRootHash() string {
+	if x != nil {
+		return x.RootHash
+	}
+	return ""
+}
+
+func (x *OciSource) GetRoot() string {
+	if x != nil {
+		return x.Root
+	}
+	return ""
+}
+
+func (x *OciSource) GetRootVerity() string {
+	if x != nil {
+		return x.RootVerity
+	}
+	return ""
+}
+
+func (x *OciSource) GetStoredBytes() int64 {
+	if x != nil {
+		return x.StoredBytes
+	}
+	return 0
+}
+
+func (x *OciSource) GetEntrypoint() []string {
+	if x != nil {
+		return x.Entrypoint
+	}
+	return nil
+}
+
+func (x *OciSource) GetCmd() []string {
+	if x != nil {
+		return x.Cmd
+	}
+	return nil
+}
+
+func (x *OciSource) GetEnv() []string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *OciSource) GetWorkingDir() string {
+	if x != nil {
+		return x.WorkingDir
+	}
+	return ""
+}
+
+func (x *OciSource) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *OciSource) GetBootImage() string {
+	if x != nil {
+		return x.BootImage
+	}
+	return ""
+}
+
 // Image is one bootable image of the catalog (--image-dir).
 type Image struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -103,14 +324,16 @@ type Image struct {
 	// The image's policy.json as found in the catalog.
 	Policy *structpb.Struct `protobuf:"bytes,12,opt,name=policy,proto3" json:"policy,omitempty"`
 	// The fleet node whose catalog holds it; set by a fleet gateway.
-	Node          string `protobuf:"bytes,13,opt,name=node,proto3" json:"node,omitempty"`
+	Node string `protobuf:"bytes,13,opt,name=node,proto3" json:"node,omitempty"`
+	// OCI images: the source and the root.
+	Oci           *OciSource `protobuf:"bytes,14,opt,name=oci,proto3" json:"oci,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_vmmanager_hypervisor_v1_image_proto_msgTypes[0]
+	mi := &file_vmmanager_hypervisor_v1_image_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -122,7 +345,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_image_proto_msgTypes[0]
+	mi := &file_vmmanager_hypervisor_v1_image_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -135,7 +358,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_image_proto_rawDescGZIP(), []int{0}
+	return file_vmmanager_hypervisor_v1_image_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *Image) GetId() string {
@@ -229,11 +452,38 @@ func (x *Image) GetNode() string {
 	return ""
 }
 
+func (x *Image) GetOci() *OciSource {
+	if x != nil {
+		return x.Oci
+	}
+	return nil
+}
+
 var File_vmmanager_hypervisor_v1_image_proto protoreflect.FileDescriptor
 
 const file_vmmanager_hypervisor_v1_image_proto_rawDesc = "" +
 	"\n" +
-	"#vmmanager/hypervisor/v1/image.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1cgoogle/protobuf/struct.proto\"\x97\x04\n" +
+	"#vmmanager/hypervisor/v1/image.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1cgoogle/protobuf/struct.proto\"\xc5\x03\n" +
+	"\tOciSource\x12!\n" +
+	"\treference\x18\x01 \x01(\tB\x03\xe0A\x03R\treference\x12,\n" +
+	"\x0fmanifest_digest\x18\x02 \x01(\tB\x03\xe0A\x03R\x0emanifestDigest\x12(\n" +
+	"\rconfig_digest\x18\x03 \x01(\tB\x03\xe0A\x03R\fconfigDigest\x12 \n" +
+	"\troot_hash\x18\x04 \x01(\tB\x03\xe0A\x03R\brootHash\x12\x17\n" +
+	"\x04root\x18\x05 \x01(\tB\x03\xe0A\x03R\x04root\x12$\n" +
+	"\vroot_verity\x18\x06 \x01(\tB\x03\xe0A\x03R\n" +
+	"rootVerity\x12&\n" +
+	"\fstored_bytes\x18\a \x01(\x03B\x03\xe0A\x03R\vstoredBytes\x12#\n" +
+	"\n" +
+	"entrypoint\x18\b \x03(\tB\x03\xe0A\x03R\n" +
+	"entrypoint\x12\x15\n" +
+	"\x03cmd\x18\t \x03(\tB\x03\xe0A\x03R\x03cmd\x12\x15\n" +
+	"\x03env\x18\n" +
+	" \x03(\tB\x03\xe0A\x03R\x03env\x12$\n" +
+	"\vworking_dir\x18\v \x01(\tB\x03\xe0A\x03R\n" +
+	"workingDir\x12\x17\n" +
+	"\x04user\x18\f \x01(\tB\x03\xe0A\x03R\x04user\x12\"\n" +
+	"\n" +
+	"boot_image\x18\r \x01(\tB\x03\xe0A\x03R\tbootImage\"\xd2\x04\n" +
 	"\x05Image\x12\x16\n" +
 	"\x02id\x18\x01 \x01(\tB\x06\xe0A\x02\xe0A\x03R\x02id\x12 \n" +
 	"\aversion\x18\x02 \x01(\tB\x06\xe0A\x02\xe0A\x03R\aversion\x12\x15\n" +
@@ -248,12 +498,21 @@ const file_vmmanager_hypervisor_v1_image_proto_rawDesc = "" +
 	" \x01(\tB\x03\xe0A\x03R\fsysupdateDir\x124\n" +
 	"\x13kubernetes_versions\x18\v \x03(\tB\x03\xe0A\x03R\x12kubernetesVersions\x124\n" +
 	"\x06policy\x18\f \x01(\v2\x17.google.protobuf.StructB\x03\xe0A\x03R\x06policy\x12\x17\n" +
-	"\x04node\x18\r \x01(\tB\x03\xe0A\x03R\x04node:B\xeaA?\n" +
-	"\x1evm-manager.giantswarm.io/Image\x12\x0eimages/{image}*\x06images2\x05image*R\n" +
+	"\x04node\x18\r \x01(\tB\x03\xe0A\x03R\x04node\x129\n" +
+	"\x03oci\x18\x0e \x01(\v2\".vmmanager.hypervisor.v1.OciSourceB\x03\xe0A\x03R\x03oci:B\xeaA?\n" +
+	"\x1evm-manager.giantswarm.io/Image\x12\x0eimages/{image}*\x06images2\x05image*f\n" +
 	"\tImageKind\x12\x1a\n" +
 	"\x16IMAGE_KIND_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eIMAGE_KIND_UKI\x10\x01\x12\x15\n" +
-	"\x11IMAGE_KIND_KERNEL\x10\x02BKZIgithub.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1;hypervisorv1b\x06proto3"
+	"\x11IMAGE_KIND_KERNEL\x10\x02\x12\x12\n" +
+	"\x0eIMAGE_KIND_OCI\x10\x03*\xaa\x01\n" +
+	"\vImportPhase\x12\x1c\n" +
+	"\x18IMPORT_PHASE_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16IMPORT_PHASE_RESOLVING\x10\x01\x12\x17\n" +
+	"\x13IMPORT_PHASE_LAYERS\x10\x02\x12\x15\n" +
+	"\x11IMPORT_PHASE_ROOT\x10\x03\x12\x1a\n" +
+	"\x16IMPORT_PHASE_MEASURING\x10\x04\x12\x15\n" +
+	"\x11IMPORT_PHASE_DONE\x10\x05BKZIgithub.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1;hypervisorv1b\x06proto3"
 
 var (
 	file_vmmanager_hypervisor_v1_image_proto_rawDescOnce sync.Once
@@ -267,21 +526,24 @@ func file_vmmanager_hypervisor_v1_image_proto_rawDescGZIP() []byte {
 	return file_vmmanager_hypervisor_v1_image_proto_rawDescData
 }
 
-var file_vmmanager_hypervisor_v1_image_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_vmmanager_hypervisor_v1_image_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
+var file_vmmanager_hypervisor_v1_image_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_vmmanager_hypervisor_v1_image_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
 var file_vmmanager_hypervisor_v1_image_proto_goTypes = []any{
 	(ImageKind)(0),          // 0: vmmanager.hypervisor.v1.ImageKind
-	(*Image)(nil),           // 1: vmmanager.hypervisor.v1.Image
-	(*structpb.Struct)(nil), // 2: google.protobuf.Struct
+	(ImportPhase)(0),        // 1: vmmanager.hypervisor.v1.ImportPhase
+	(*OciSource)(nil),       // 2: vmmanager.hypervisor.v1.OciSource
+	(*Image)(nil),           // 3: vmmanager.hypervisor.v1.Image
+	(*structpb.Struct)(nil), // 4: google.protobuf.Struct
 }
 var file_vmmanager_hypervisor_v1_image_proto_depIdxs = []int32{
 	0, // 0: vmmanager.hypervisor.v1.Image.kind:type_name -> vmmanager.hypervisor.v1.ImageKind
-	2, // 1: vmmanager.hypervisor.v1.Image.policy:type_name -> google.protobuf.Struct
-	2, // [2:2] is the sub-list for method output_type
-	2, // [2:2] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	4, // 1: vmmanager.hypervisor.v1.Image.policy:type_name -> google.protobuf.Struct
+	2, // 2: vmmanager.hypervisor.v1.Image.oci:type_name -> vmmanager.hypervisor.v1.OciSource
+	3, // [3:3] is the sub-list for method output_type
+	3, // [3:3] is the sub-list for method input_type
+	3, // [3:3] is the sub-list for extension type_name
+	3, // [3:3] is the sub-list for extension extendee
+	0, // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_vmmanager_hypervisor_v1_image_proto_init() }
@@ -294,8 +556,8 @@ func file_vmmanager_hypervisor_v1_image_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vmmanager_hypervisor_v1_image_proto_rawDesc), len(file_vmmanager_hypervisor_v1_image_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   1,
+			NumEnums:      2,
+			NumMessages:   2,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

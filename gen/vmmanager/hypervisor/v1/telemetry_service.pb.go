@@ -380,7 +380,8 @@ type GetBoundCountersResponse struct {
 	// One entry per VM, by VM id.
 	Vms []*VirtualMachineBoundCounters `protobuf:"bytes,1,rep,name=vms,proto3" json:"vms,omitempty"`
 	// Creates refused at a per-host bound, by bound: "vms" (--max-vms),
-	// "networks" (--max-networks), "forwards_per_vm" (--max-forwards-per-vm).
+	// "networks" (--max-networks), "forwards_per_vm" (--max-forwards-per-vm),
+	// "image_bytes" (--max-image-bytes), "image_store" (--image-store-bytes).
 	RefusedTotal map[string]uint64 `protobuf:"bytes,2,rep,name=refused_total,json=refusedTotal,proto3" json:"refused_total,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// What lifetimes did to VMs, by "<reason>_<action>": "expired_stop",
 	// "expired_delete", "idle_stop".

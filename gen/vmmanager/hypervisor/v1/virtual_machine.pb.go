@@ -235,7 +235,10 @@ type VirtualMachine struct {
 	// it has no lifetime.
 	Lifetime *Lifetime `protobuf:"bytes,37,opt,name=lifetime,proto3" json:"lifetime,omitempty"`
 	// The fleet node the VM runs on; set by a fleet gateway (docs/fleet.md).
-	Node          string `protobuf:"bytes,38,opt,name=node,proto3" json:"node,omitempty"`
+	Node string `protobuf:"bytes,38,opt,name=node,proto3" json:"node,omitempty"`
+	// VMs of an imported OCI image: the reference and manifest digest it was
+	// imported from, and the dm-verity root hash its boot must measure.
+	OciImage      *OciImageRef `protobuf:"bytes,39,opt,name=oci_image,json=ociImage,proto3" json:"oci_image,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -536,11 +539,79 @@ func (x *VirtualMachine) GetNode() string {
 	return ""
 }
 
+func (x *VirtualMachine) GetOciImage() *OciImageRef {
+	if x != nil {
+		return x.OciImage
+	}
+	return nil
+}
+
 // TpmIdentity is a VM's vTPM identity, in the manner of a cloud's shielded-VM
 // identity: the platform, not the guest, says which keys belong to the VM.
 // The hypervisor creates the keys over swtpm's own socket before the guest
 // first runs and reads them again before every boot; attestation accepts
 // quotes of this AK only.
+// OciImageRef names the OCI image content a VM boots.
+type OciImageRef struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Reference      string                 `protobuf:"bytes,1,opt,name=reference,proto3" json:"reference,omitempty"`
+	ManifestDigest string                 `protobuf:"bytes,2,opt,name=manifest_digest,json=manifestDigest,proto3" json:"manifest_digest,omitempty"`
+	RootHash       string                 `protobuf:"bytes,3,opt,name=root_hash,json=rootHash,proto3" json:"root_hash,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *OciImageRef) Reset() {
+	*x = OciImageRef{}
+	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OciImageRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OciImageRef) ProtoMessage() {}
+
+func (x *OciImageRef) ProtoReflect() protoreflect.Message {
+	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OciImageRef.ProtoReflect.Descriptor instead.
+func (*OciImageRef) Descriptor() ([]byte, []int) {
+	return file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *OciImageRef) GetReference() string {
+	if x != nil {
+		return x.Reference
+	}
+	return ""
+}
+
+func (x *OciImageRef) GetManifestDigest() string {
+	if x != nil {
+		return x.ManifestDigest
+	}
+	return ""
+}
+
+func (x *OciImageRef) GetRootHash() string {
+	if x != nil {
+		return x.RootHash
+	}
+	return ""
+}
+
 type TpmIdentity struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// PEM (PKIX) of the RSA-2048 endorsement key persisted at 0x81010001.
@@ -567,7 +638,7 @@ type TpmIdentity struct {
 
 func (x *TpmIdentity) Reset() {
 	*x = TpmIdentity{}
-	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[1]
+	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -579,7 +650,7 @@ func (x *TpmIdentity) String() string {
 func (*TpmIdentity) ProtoMessage() {}
 
 func (x *TpmIdentity) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[1]
+	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -592,7 +663,7 @@ func (x *TpmIdentity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TpmIdentity.ProtoReflect.Descriptor instead.
 func (*TpmIdentity) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDescGZIP(), []int{1}
+	return file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *TpmIdentity) GetEkPublic() string {
@@ -665,7 +736,7 @@ type PortForward struct {
 
 func (x *PortForward) Reset() {
 	*x = PortForward{}
-	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[2]
+	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -677,7 +748,7 @@ func (x *PortForward) String() string {
 func (*PortForward) ProtoMessage() {}
 
 func (x *PortForward) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[2]
+	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -690,7 +761,7 @@ func (x *PortForward) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortForward.ProtoReflect.Descriptor instead.
 func (*PortForward) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDescGZIP(), []int{2}
+	return file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *PortForward) GetPort() int32 {
@@ -733,7 +804,7 @@ type Paths struct {
 
 func (x *Paths) Reset() {
 	*x = Paths{}
-	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[3]
+	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -745,7 +816,7 @@ func (x *Paths) String() string {
 func (*Paths) ProtoMessage() {}
 
 func (x *Paths) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[3]
+	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -758,7 +829,7 @@ func (x *Paths) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Paths.ProtoReflect.Descriptor instead.
 func (*Paths) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDescGZIP(), []int{3}
+	return file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Paths) GetDir() string {
@@ -863,7 +934,7 @@ type Processes struct {
 
 func (x *Processes) Reset() {
 	*x = Processes{}
-	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[4]
+	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -875,7 +946,7 @@ func (x *Processes) String() string {
 func (*Processes) ProtoMessage() {}
 
 func (x *Processes) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[4]
+	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -888,7 +959,7 @@ func (x *Processes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Processes.ProtoReflect.Descriptor instead.
 func (*Processes) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDescGZIP(), []int{4}
+	return file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Processes) GetQemu() *Process {
@@ -917,7 +988,7 @@ type Process struct {
 
 func (x *Process) Reset() {
 	*x = Process{}
-	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[5]
+	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -929,7 +1000,7 @@ func (x *Process) String() string {
 func (*Process) ProtoMessage() {}
 
 func (x *Process) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[5]
+	mi := &file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -942,7 +1013,7 @@ func (x *Process) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Process.ProtoReflect.Descriptor instead.
 func (*Process) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDescGZIP(), []int{5}
+	return file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Process) GetPid() int32 {
@@ -963,7 +1034,7 @@ var File_vmmanager_hypervisor_v1_virtual_machine_proto protoreflect.FileDescript
 
 const file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDesc = "" +
 	"\n" +
-	"-vmmanager/hypervisor/v1/virtual_machine.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\"\x93\x0f\n" +
+	"-vmmanager/hypervisor/v1/virtual_machine.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\"\xdb\x0f\n" +
 	"\x0eVirtualMachine\x12\x16\n" +
 	"\x02id\x18\x01 \x01(\tB\x06\xe0A\x02\xe0A\bR\x02id\x12\x1a\n" +
 	"\x04name\x18\x02 \x01(\tB\x06\xe0A\x02\xe0A\x03R\x04name\x12\x1c\n" +
@@ -1009,11 +1080,16 @@ const file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDesc = "" +
 	"\n" +
 	"boot_count\x18$ \x01(\rB\x03\xe0A\x03R\tbootCount\x12B\n" +
 	"\blifetime\x18% \x01(\v2!.vmmanager.hypervisor.v1.LifetimeB\x03\xe0A\x03R\blifetime\x12\x17\n" +
-	"\x04node\x18& \x01(\tB\x03\xe0A\x03R\x04node\x1a;\n" +
+	"\x04node\x18& \x01(\tB\x03\xe0A\x03R\x04node\x12F\n" +
+	"\toci_image\x18' \x01(\v2$.vmmanager.hypervisor.v1.OciImageRefB\x03\xe0A\x03R\bociImage\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01:W\xeaAT\n" +
-	"'vm-manager.giantswarm.io/VirtualMachine\x12\bvms/{vm}*\x0fvirtualMachines2\x0evirtualMachine\"\x81\x03\n" +
+	"'vm-manager.giantswarm.io/VirtualMachine\x12\bvms/{vm}*\x0fvirtualMachines2\x0evirtualMachine\"\x80\x01\n" +
+	"\vOciImageRef\x12!\n" +
+	"\treference\x18\x01 \x01(\tB\x03\xe0A\x03R\treference\x12,\n" +
+	"\x0fmanifest_digest\x18\x02 \x01(\tB\x03\xe0A\x03R\x0emanifestDigest\x12 \n" +
+	"\troot_hash\x18\x03 \x01(\tB\x03\xe0A\x03R\brootHash\"\x81\x03\n" +
 	"\vTpmIdentity\x12\x1b\n" +
 	"\tek_public\x18\x01 \x01(\tR\bekPublic\x12%\n" +
 	"\x0eek_fingerprint\x18\x02 \x01(\tR\rekFingerprint\x12%\n" +
@@ -1087,46 +1163,48 @@ func file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDescGZIP() []byte {
 }
 
 var file_vmmanager_hypervisor_v1_virtual_machine_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_vmmanager_hypervisor_v1_virtual_machine_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_vmmanager_hypervisor_v1_virtual_machine_proto_goTypes = []any{
 	(State)(0),                    // 0: vmmanager.hypervisor.v1.State
 	(Phase)(0),                    // 1: vmmanager.hypervisor.v1.Phase
 	(*VirtualMachine)(nil),        // 2: vmmanager.hypervisor.v1.VirtualMachine
-	(*TpmIdentity)(nil),           // 3: vmmanager.hypervisor.v1.TpmIdentity
-	(*PortForward)(nil),           // 4: vmmanager.hypervisor.v1.PortForward
-	(*Paths)(nil),                 // 5: vmmanager.hypervisor.v1.Paths
-	(*Processes)(nil),             // 6: vmmanager.hypervisor.v1.Processes
-	(*Process)(nil),               // 7: vmmanager.hypervisor.v1.Process
-	nil,                           // 8: vmmanager.hypervisor.v1.VirtualMachine.MetadataEntry
-	(Accelerator)(0),              // 9: vmmanager.hypervisor.v1.Accelerator
-	(*v1.Attestation)(nil),        // 10: vmmanager.attestation.v1.Attestation
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
-	(*Lifetime)(nil),              // 12: vmmanager.hypervisor.v1.Lifetime
+	(*OciImageRef)(nil),           // 3: vmmanager.hypervisor.v1.OciImageRef
+	(*TpmIdentity)(nil),           // 4: vmmanager.hypervisor.v1.TpmIdentity
+	(*PortForward)(nil),           // 5: vmmanager.hypervisor.v1.PortForward
+	(*Paths)(nil),                 // 6: vmmanager.hypervisor.v1.Paths
+	(*Processes)(nil),             // 7: vmmanager.hypervisor.v1.Processes
+	(*Process)(nil),               // 8: vmmanager.hypervisor.v1.Process
+	nil,                           // 9: vmmanager.hypervisor.v1.VirtualMachine.MetadataEntry
+	(Accelerator)(0),              // 10: vmmanager.hypervisor.v1.Accelerator
+	(*v1.Attestation)(nil),        // 11: vmmanager.attestation.v1.Attestation
+	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
+	(*Lifetime)(nil),              // 13: vmmanager.hypervisor.v1.Lifetime
 }
 var file_vmmanager_hypervisor_v1_virtual_machine_proto_depIdxs = []int32{
-	8,  // 0: vmmanager.hypervisor.v1.VirtualMachine.metadata:type_name -> vmmanager.hypervisor.v1.VirtualMachine.MetadataEntry
+	9,  // 0: vmmanager.hypervisor.v1.VirtualMachine.metadata:type_name -> vmmanager.hypervisor.v1.VirtualMachine.MetadataEntry
 	0,  // 1: vmmanager.hypervisor.v1.VirtualMachine.state:type_name -> vmmanager.hypervisor.v1.State
 	1,  // 2: vmmanager.hypervisor.v1.VirtualMachine.phase:type_name -> vmmanager.hypervisor.v1.Phase
-	9,  // 3: vmmanager.hypervisor.v1.VirtualMachine.accelerator:type_name -> vmmanager.hypervisor.v1.Accelerator
-	10, // 4: vmmanager.hypervisor.v1.VirtualMachine.attestation:type_name -> vmmanager.attestation.v1.Attestation
-	11, // 5: vmmanager.hypervisor.v1.VirtualMachine.created_at:type_name -> google.protobuf.Timestamp
-	11, // 6: vmmanager.hypervisor.v1.VirtualMachine.installed_at:type_name -> google.protobuf.Timestamp
-	11, // 7: vmmanager.hypervisor.v1.VirtualMachine.booted_at:type_name -> google.protobuf.Timestamp
-	11, // 8: vmmanager.hypervisor.v1.VirtualMachine.ready_at:type_name -> google.protobuf.Timestamp
-	5,  // 9: vmmanager.hypervisor.v1.VirtualMachine.paths:type_name -> vmmanager.hypervisor.v1.Paths
-	6,  // 10: vmmanager.hypervisor.v1.VirtualMachine.processes:type_name -> vmmanager.hypervisor.v1.Processes
-	4,  // 11: vmmanager.hypervisor.v1.VirtualMachine.forwards:type_name -> vmmanager.hypervisor.v1.PortForward
-	3,  // 12: vmmanager.hypervisor.v1.VirtualMachine.tpm:type_name -> vmmanager.hypervisor.v1.TpmIdentity
-	12, // 13: vmmanager.hypervisor.v1.VirtualMachine.lifetime:type_name -> vmmanager.hypervisor.v1.Lifetime
-	11, // 14: vmmanager.hypervisor.v1.TpmIdentity.provision_time:type_name -> google.protobuf.Timestamp
-	11, // 15: vmmanager.hypervisor.v1.TpmIdentity.update_time:type_name -> google.protobuf.Timestamp
-	7,  // 16: vmmanager.hypervisor.v1.Processes.qemu:type_name -> vmmanager.hypervisor.v1.Process
-	7,  // 17: vmmanager.hypervisor.v1.Processes.tpm:type_name -> vmmanager.hypervisor.v1.Process
-	18, // [18:18] is the sub-list for method output_type
-	18, // [18:18] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	10, // 3: vmmanager.hypervisor.v1.VirtualMachine.accelerator:type_name -> vmmanager.hypervisor.v1.Accelerator
+	11, // 4: vmmanager.hypervisor.v1.VirtualMachine.attestation:type_name -> vmmanager.attestation.v1.Attestation
+	12, // 5: vmmanager.hypervisor.v1.VirtualMachine.created_at:type_name -> google.protobuf.Timestamp
+	12, // 6: vmmanager.hypervisor.v1.VirtualMachine.installed_at:type_name -> google.protobuf.Timestamp
+	12, // 7: vmmanager.hypervisor.v1.VirtualMachine.booted_at:type_name -> google.protobuf.Timestamp
+	12, // 8: vmmanager.hypervisor.v1.VirtualMachine.ready_at:type_name -> google.protobuf.Timestamp
+	6,  // 9: vmmanager.hypervisor.v1.VirtualMachine.paths:type_name -> vmmanager.hypervisor.v1.Paths
+	7,  // 10: vmmanager.hypervisor.v1.VirtualMachine.processes:type_name -> vmmanager.hypervisor.v1.Processes
+	5,  // 11: vmmanager.hypervisor.v1.VirtualMachine.forwards:type_name -> vmmanager.hypervisor.v1.PortForward
+	4,  // 12: vmmanager.hypervisor.v1.VirtualMachine.tpm:type_name -> vmmanager.hypervisor.v1.TpmIdentity
+	13, // 13: vmmanager.hypervisor.v1.VirtualMachine.lifetime:type_name -> vmmanager.hypervisor.v1.Lifetime
+	3,  // 14: vmmanager.hypervisor.v1.VirtualMachine.oci_image:type_name -> vmmanager.hypervisor.v1.OciImageRef
+	12, // 15: vmmanager.hypervisor.v1.TpmIdentity.provision_time:type_name -> google.protobuf.Timestamp
+	12, // 16: vmmanager.hypervisor.v1.TpmIdentity.update_time:type_name -> google.protobuf.Timestamp
+	8,  // 17: vmmanager.hypervisor.v1.Processes.qemu:type_name -> vmmanager.hypervisor.v1.Process
+	8,  // 18: vmmanager.hypervisor.v1.Processes.tpm:type_name -> vmmanager.hypervisor.v1.Process
+	19, // [19:19] is the sub-list for method output_type
+	19, // [19:19] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_vmmanager_hypervisor_v1_virtual_machine_proto_init() }
@@ -1142,7 +1220,7 @@ func file_vmmanager_hypervisor_v1_virtual_machine_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDesc), len(file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

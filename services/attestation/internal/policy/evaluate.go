@@ -59,13 +59,17 @@ type Outcome struct {
 	// from the stored golden boot. It leaves out PCR 13 when the policy's
 	// sysext says what its events are.
 	Mismatched []uint32
-	// MismatchedEvents are the PCR 11 and 13 events that differ from what
-	// the policy's uki.sections and sysext say, when the logs replay.
+	// MismatchedEvents are the PCR 11, 13 and 15 events that differ from
+	// what the policy's uki.sections, sysext and oci say, when the logs
+	// replay.
 	MismatchedEvents []*attestationv1.EventMismatch
 	// Reason is set when the quote is rejected.
 	Reason string
 	// Summary is the success message's policy part.
 	Summary string
+	// OCI is the OCI image a verified quote's PCR 15 showed the guest
+	// booted, when the policy is an imported OCI image's.
+	OCI *attestationv1.OciImage
 }
 
 // Evaluate compares quoted PCRs with a policy document (contract §5.4 steps
@@ -82,6 +86,11 @@ type Outcome struct {
 // cmdlineExtra is what the host asked systemd-stub to append to the command
 // line on this boot through SMBIOS ("ignition.firstboot" on a first boot): a
 // golden PCR 12 may then be extended by it, on this boot only.
+//
+// A policy with an oci object (an imported OCI image) also needs PCR 15
+// quoted and holding the verity root word of its root_hash alone, at both
+// stages and in learn mode too; a mismatch names the root hash the guest
+// measured when the userspace log replays (verityRoot).
 func Evaluate(doc *structpb.Struct, stage attestationv1.Stage, kubernetesVersion string, directKernel bool, cmdlineExtra string, pcrs map[uint32][]byte, events []verify.Event, learn bool) Outcome {
 	f := doc.GetFields()
 	var out Outcome
@@ -194,9 +203,22 @@ func Evaluate(doc *structpb.Struct, stage attestationv1.Stage, kubernetesVersion
 		}
 		// PCR 13 without an expected value is accepted and recorded.
 	}
+	// An OCI image's root: PCR 15, at every stage, learn mode or not.
+	img, rootReason, rootEvents := verityRoot(doc, pcrs, events)
+	out.MismatchedEvents = append(out.MismatchedEvents, rootEvents...)
 	if len(mismatches) > 0 {
 		out.Reason = "golden mismatch: " + strings.Join(mismatches, "; ")
+		if rootReason != "" {
+			out.Reason += "; " + rootReason
+		}
 		return out
+	}
+	if rootReason != "" {
+		out.Reason = rootReason
+		return out
+	}
+	if img != nil {
+		summary = append(summary, fmt.Sprintf("oci %s root %s", img.Name(), img.RootHash))
 	}
 	if len(missing) > 0 {
 		if !learn {
@@ -209,6 +231,9 @@ func Evaluate(doc *structpb.Struct, stage attestationv1.Stage, kubernetesVersion
 		}
 	}
 	out.Summary = strings.Join(summary, ", ")
+	if img != nil {
+		out.OCI = img.Proto()
+	}
 	return out
 }
 

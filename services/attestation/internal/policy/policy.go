@@ -1,7 +1,8 @@
 // Package policy validates an image's policy.json (contract §5.5): the PCR 11
 // values per boot phase and the UKI sections they come from, PCR 13 per
 // Kubernetes version and the sysext hashes it comes from, golden sha256 PCRs
-// and the firmware they were recorded on.
+// and the firmware they were recorded on, and an imported OCI image's
+// identity and dm-verity root hash, which PCR 15 must hold.
 package policy
 
 import (
@@ -46,6 +47,9 @@ func Validate(ref string, doc *structpb.Struct) error {
 		return err
 	}
 	if err := validateUKI(f); err != nil {
+		return err
+	}
+	if _, _, err := ociImage(f); err != nil {
 		return err
 	}
 	if g, ok, err := object(f, "golden", "golden", "an object with a sha256 bank"); err != nil {

@@ -56,6 +56,20 @@ func doc(t *testing.T, m map[string]any) *structpb.Struct {
 
 func sub(m map[string]any, key string) map[string]any { return m[key].(map[string]any) }
 
+// withOCI adds an imported OCI image's oci object, changed by mutate.
+func withOCI(mutate func(o map[string]any)) func(m map[string]any) {
+	return func(m map[string]any) {
+		o := map[string]any{
+			"reference":       "localhost:5000/python:3.12",
+			"manifest_digest": "sha256:" + hex32('a'),
+			"config_digest":   "sha256:" + hex32('b'),
+			"root_hash":       hex32('5'),
+		}
+		mutate(o)
+		m["oci"] = o
+	}
+}
+
 func TestValidate(t *testing.T) {
 	cases := []struct {
 		name   string
@@ -109,6 +123,30 @@ func TestValidate(t *testing.T) {
 			sub(m, "golden_firmware")["sha256"] = strings.Repeat("ab", 31)
 		}},
 		{name: "golden_firmware not an object", field: "document.golden_firmware", mutate: func(m map[string]any) { m["golden_firmware"] = hex32('e') }},
+
+		{name: "oci image", mutate: withOCI(func(map[string]any) {})},
+		{name: "oci upper-case root hash", mutate: withOCI(func(o map[string]any) { o["root_hash"] = strings.ToUpper(hex32('5')) })},
+		{name: "oci reference with a digest", mutate: withOCI(func(o map[string]any) { o["reference"] = "registry.example/a/b@" + o["manifest_digest"].(string) })},
+		{name: "oci unknown field kept", mutate: withOCI(func(o map[string]any) { o["platform"] = "linux/amd64" })},
+		{name: "oci not an object", field: "document.oci", mutate: func(m map[string]any) { m["oci"] = "localhost:5000/python:3.12" }},
+		{name: "oci empty", field: "document.oci.reference", mutate: func(m map[string]any) { m["oci"] = map[string]any{} }},
+		{name: "oci reference missing", field: "document.oci.reference", mutate: withOCI(func(o map[string]any) { delete(o, "reference") })},
+		{name: "oci reference empty", field: "document.oci.reference", mutate: withOCI(func(o map[string]any) { o["reference"] = "" })},
+		{name: "oci reference a number", field: "document.oci.reference", mutate: withOCI(func(o map[string]any) { o["reference"] = 5 })},
+		{name: "oci reference too long", field: "document.oci.reference", mutate: withOCI(func(o map[string]any) { o["reference"] = "r/" + strings.Repeat("a", policy.MaxOCIReference) })},
+		{name: "oci reference with a space", field: "document.oci.reference", mutate: withOCI(func(o map[string]any) { o["reference"] = "python:3.12 other" })},
+		{name: "oci reference with a newline", field: "document.oci.reference", mutate: withOCI(func(o map[string]any) { o["reference"] = "python:3.12\nverified" })},
+		{name: "oci manifest_digest missing", field: "document.oci.manifest_digest", mutate: withOCI(func(o map[string]any) { delete(o, "manifest_digest") })},
+		{name: "oci manifest_digest bare hex", field: "document.oci.manifest_digest", mutate: withOCI(func(o map[string]any) { o["manifest_digest"] = hex32('a') })},
+		{name: "oci manifest_digest sha512", field: "document.oci.manifest_digest", mutate: withOCI(func(o map[string]any) { o["manifest_digest"] = "sha512:" + hex32('a') + hex32('a') })},
+		{name: "oci manifest_digest upper case", field: "document.oci.manifest_digest", mutate: withOCI(func(o map[string]any) { o["manifest_digest"] = "sha256:" + hex32('A') })},
+		{name: "oci manifest_digest 31 bytes", field: "document.oci.manifest_digest", mutate: withOCI(func(o map[string]any) { o["manifest_digest"] = "sha256:" + strings.Repeat("ab", 31) })},
+		{name: "oci config_digest missing", field: "document.oci.config_digest", mutate: withOCI(func(o map[string]any) { delete(o, "config_digest") })},
+		{name: "oci config_digest not hex", field: "document.oci.config_digest", mutate: withOCI(func(o map[string]any) { o["config_digest"] = "sha256:" + strings.Repeat("zz", 32) })},
+		{name: "oci root_hash missing", field: "document.oci.root_hash", mutate: withOCI(func(o map[string]any) { delete(o, "root_hash") })},
+		{name: "oci root_hash 31 bytes", field: "document.oci.root_hash", mutate: withOCI(func(o map[string]any) { o["root_hash"] = strings.Repeat("ab", 31) })},
+		{name: "oci root_hash with sha256:", field: "document.oci.root_hash", mutate: withOCI(func(o map[string]any) { o["root_hash"] = "sha256:" + hex32('5') })},
+		{name: "oci root_hash a list", field: "document.oci.root_hash", mutate: withOCI(func(o map[string]any) { o["root_hash"] = []any{hex32('5')} })},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -236,8 +236,8 @@ func (v *Verifier) judge(vm *policystore.VM, att *attestationv1.Attestation, sub
 	return verdict, nil
 }
 
-// accept marks verdict verified, with the success message (step 15) and
-// what learn mode accepted without a golden value.
+// accept marks verdict verified, with the success message (step 15), what
+// learn mode accepted without a golden value and the OCI image verified.
 func (v *Verifier) accept(vmID string, stage attestationv1.Stage, verdict *attestationv1.Quote, res *verify.Result, out policy.Outcome) {
 	verdict.Learned = out.Learned
 	verdict.LearnMode = v.opts.LearnGolden
@@ -258,6 +258,7 @@ func (v *Verifier) accept(vmID string, stage attestationv1.Stage, verdict *attes
 	}
 	verdict.Verified = true
 	verdict.Message = msg
+	verdict.Oci = out.OCI // the OCI image whose root PCR 15 proved, if any
 }
 
 // keyMismatch says why a quote's key is not the VM's: the one the

@@ -18,9 +18,10 @@ import (
 
 // The simulator is one per process, so every test shares this fixture. Its
 // PCRs 0–8 hold exactly the extends of bootEvents (so log replays them), PCR
-// 11 a UKI boot's (ukiEvents, then the word enter-initrd) and PCR 13 a
-// Kubernetes sysext's words: log mentions neither 11 nor 13, ukiLog and
-// userLog together replay both.
+// 11 a UKI boot's (ukiEvents, then the word enter-initrd), PCR 13 a
+// Kubernetes sysext's words and PCR 15 an OCI root's verity root word: log
+// mentions none of 11, 13 and 15, ukiLog and userLog together replay 11
+// and 13, verityLog 15.
 type fixture struct {
 	sim     *simulator.Simulator
 	ecc     *client.Key // ECC P-256 AK, kept loaded
@@ -28,6 +29,8 @@ type fixture struct {
 	log     []byte      // bootEvents
 	ukiLog  []byte      // bootEvents, then ukiEvents
 	userLog []byte      // fixtureWords, as vm-agent logs them
+	// verityLog is vm-agent's record of fixtureRoot in PCR 15.
+	verityLog []byte
 }
 
 var (
@@ -55,17 +58,18 @@ func newFixture() (*fixture, error) {
 		return nil, err
 	}
 	f := &fixture{
-		sim:     sim,
-		log:     buildLog(bootEvents, sha1Alg, sha256Alg),
-		ukiLog:  buildLog(slices.Concat(bootEvents, ukiEvents()), sha1Alg, sha256Alg),
-		userLog: userLog(fixtureWords()...),
+		sim:       sim,
+		log:       buildLog(bootEvents, sha1Alg, sha256Alg),
+		ukiLog:    buildLog(slices.Concat(bootEvents, ukiEvents()), sha1Alg, sha256Alg),
+		userLog:   userLog(fixtureWords()...),
+		verityLog: userLog(fixtureVerityWord()),
 	}
 	for _, e := range slices.Concat(bootEvents, ukiEvents()) {
 		if err := tpm2.PCREvent(sim, tpmutil.Handle(e.pcr), e.measured()); err != nil {
 			return nil, err
 		}
 	}
-	for _, w := range fixtureWords() {
+	for _, w := range append(fixtureWords(), fixtureVerityWord()) {
 		if err := tpm2.PCREvent(sim, tpmutil.Handle(w.pcr), []byte(w.word)); err != nil {
 			return nil, err
 		}

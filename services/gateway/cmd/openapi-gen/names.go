@@ -32,6 +32,8 @@ var schemaNames = map[protoreflect.FullName]string{
 	// Ours: "WatchVMsResponse" would be the type a generated client
 	// (oapi-codegen) names the watchVMs operation's response.
 	"vmmanager.hypervisor.v1.WatchVirtualMachinesResponse": "WatchEvent",
+	// Likewise for importImage.
+	"vmmanager.hypervisor.v1.ImportImageResponse": "ImportProgress",
 }
 
 // operationIDs are the RPCs the original named otherwise.
@@ -67,6 +69,7 @@ var errorCodes = map[protoreflect.Name][]apierr.Code{
 	"GetHost":                   {apierr.Internal},
 	"ListImages":                nil,
 	"GetImage":                  {apierr.NotFound},
+	"ImportImage":               {apierr.InvalidRequest, apierr.NotFound, apierr.Conflict, apierr.ResourceExhausted},
 	"ListNetworks":              nil,
 	"CreateNetwork":             {apierr.InvalidRequest, apierr.Conflict},
 	"GetNetwork":                {apierr.NotFound},

@@ -37,6 +37,8 @@ type fakeHypervisor struct {
 	execReq   *hypervisorv1.ExecVirtualMachineRequest
 	revision  uint64
 	watchers  map[chan *hypervisorv1.WatchVirtualMachinesResponse]string // name filter
+	// importImage serves ImportImage when set (imports_test.go).
+	importImage func(*hypervisorv1.ImportImageRequest, grpc.ServerStreamingServer[hypervisorv1.ImportImageResponse]) error
 }
 
 // publishLocked hands a change of f.vm to the watchers of its name.

@@ -53,7 +53,7 @@ const SessionTimeout = time.Hour
 // Instructions is the server's instructions text (contract §2.3).
 const Instructions = `vm-manager provisions cloud-like virtual machines on this host for the CAPI cluster-manager: each VM gets an IMDS (instance metadata at 169.254.169.254), a vTPM, measured boot with remote attestation, an immutable mkosi-built OS and a Kubernetes sysext.
 
-Workflow: call get_host first and check that it is ready (missing lists what is not). Then list_images / get_image to pick an image and Kubernetes version, then a network (create_network, or the "default" network the server creates at startup), then create_vm.
+Workflow: call get_host first and check that it is ready (missing lists what is not). Then list_images / get_image to pick an image and Kubernetes version (import_image adds an OCI container image, such as a registry's python:3.12, to the catalog), then a network (create_network, or the "default" network the server creates at startup), then create_vm.
 
 States: creating -> installing (the installer copies the OS onto the disk) -> booting (the installed boot) -> attesting (attestation is required and the guest fetched its first nonce) -> ready (the guest sent READY=1). A VM whose guest never sends READY=1 within the boot timeout becomes running: it is up but not ready. stopping and stopped follow stop_vm; failed means lastError says why; deleting while delete_vm runs.
 
@@ -204,6 +204,9 @@ const (
 	// A lifetime change: it may stop or delete the VM later, and a ttl is
 	// from now, so repeating it is not idempotent.
 	hintLifetime
+	// An import: it adds to the catalog and never replaces (a repeat
+	// answers unchanged), and it reaches out to a registry.
+	hintImport
 )
 
 func (c class) annotations() *mcp.ToolAnnotations {
@@ -221,6 +224,8 @@ func (c class) annotations() *mcp.ToolAnnotations {
 		return &mcp.ToolAnnotations{DestructiveHint: &tr, OpenWorldHint: &tr}
 	case hintLifetime:
 		return &mcp.ToolAnnotations{DestructiveHint: &tr, OpenWorldHint: &f}
+	case hintImport:
+		return &mcp.ToolAnnotations{DestructiveHint: &f, IdempotentHint: true, OpenWorldHint: &tr}
 	}
 	panic(fmt.Sprintf("unknown annotation class %d", c))
 }

@@ -53,8 +53,8 @@ func TestListTools(t *testing.T) {
 	if want := slices.Sorted(slices.Values(ToolNames)); !slices.Equal(names, want) {
 		t.Fatalf("tools = %v\nwant   %v", names, want)
 	}
-	if len(ToolNames) != 23 { // the original's 20, update_vm_lifetime, suspend_vm and resume_vm
-		t.Errorf("%d tools, want 23", len(ToolNames))
+	if len(ToolNames) != 24 { // the original's 20, update_vm_lifetime, suspend_vm, resume_vm and import_image
+		t.Errorf("%d tools, want 24", len(ToolNames))
 	}
 
 	type hints struct{ readOnly, destructive, idempotent, openWorld bool }
@@ -65,13 +65,14 @@ func TestListTools(t *testing.T) {
 		"destructive": {false, true, true, false},
 		"exec":        {false, true, false, true},
 		"lifetime":    {false, true, false, false},
+		"import":      {false, false, true, true},
 	}
 	classOf := map[string]string{
 		"create_network": "create", "create_vm": "create",
 		"delete_network": "destructive", "delete_vm": "destructive",
 		"start_vm": "idempotent", "stop_vm": "idempotent", "reboot_vm": "idempotent", "forward_port": "idempotent",
 		"suspend_vm": "idempotent", "resume_vm": "idempotent",
-		"exec_vm": "exec", "update_vm_lifetime": "lifetime",
+		"exec_vm": "exec", "update_vm_lifetime": "lifetime", "import_image": "import",
 	}
 	required := map[string][]string{
 		"get_image":          {"ref"},
@@ -92,6 +93,7 @@ func TestListTools(t *testing.T) {
 		"update_vm_lifetime": {"id"},
 		"suspend_vm":         {"id"},
 		"resume_vm":          {"id"},
+		"import_image":       {"source"},
 	}
 	nameRE := regexp.MustCompile(`^[a-z_]+$`)
 	for _, tool := range res.Tools {

@@ -192,6 +192,7 @@ var validArgs = map[string]map[string]any{
 	"update_vm_lifetime": {"id": "0a1b2c3d", "ttl": "1h"},
 	"suspend_vm":         {"id": "0a1b2c3d"},
 	"resume_vm":          {"id": "0a1b2c3d"},
+	"import_image":       {"source": "localhost:5000/python:3.12"},
 }
 
 // connect is an MCP SDK client session with h.
@@ -253,6 +254,12 @@ func TestStructuredOutput(t *testing.T) {
 				res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: tool.Name, Arguments: validArgs[tool.Name]})
 				if err != nil {
 					t.Fatalf("%s: %v", tool.Name, err)
+				}
+				if tool.Name == "import_image" && !full {
+					// A stream that ends without its DONE message is
+					// an error, not an empty image.
+					wantError(t, res, "internal_error: ")
+					continue
 				}
 				// A fleet's partial list adds a "warning: " text per node
 				// that did not answer, and "warnings" to the structure.

@@ -205,6 +205,10 @@ var toolDefs = []toolDef{
 		call(hv, hvc.SuspendVirtualMachine, vmRequest[hypervisorv1.SuspendVirtualMachineRequest])},
 	{"resume_vm", hintIdempotent, "WRITES: resume a suspended VM from its saved state: the same boot carries on (attestation, user data, vTPM keys, forwards), the guest clock is set again. A resume that fails keeps the state and the VM stays suspended with lastError. stop_vm on a suspended VM discards the state.",
 		call(hv, hvc.ResumeVirtualMachine, vmRequest[hypervisorv1.ResumeVirtualMachineRequest])},
+	// OCI image import (issue 27, imports.go): a server stream, answered
+	// once it is done, its progress as notifications.
+	{"import_image", hintImport, importImageDescription,
+		register((*tools).importImage, importOutput())},
 }
 
 // none is the request of a call that takes no arguments.

@@ -16,7 +16,7 @@ var (
 
 // limitNames are vm_manager_limit_refusals_total's bounds, each exposed
 // from the start.
-var limitNames = []string{"vms", "networks", "forwards_per_vm", "watchers", "watch_buffer"}
+var limitNames = []string{"vms", "networks", "forwards_per_vm", "watchers", "watch_buffer", "image_bytes", "image_store"}
 
 // boundsDescs are what collectBounds exports.
 var boundsDescs = append([]*prometheus.Desc{descIMDSLimited, descIMDSTooLarge, descConsoleRot, descConsoleMoved, descConsoleDrop, descLimitRefusals, descLifetimeActs}, execDescs...)

@@ -73,7 +73,7 @@ var vmSubresources = map[string]bool{
 var topLevel = map[string]bool{
 	"/healthz": true, "/readyz": true, "/metrics": true, "/mcp": true,
 	"/api/v1/host": true, "/api/v1/images": true, "/api/v1/networks": true, "/api/v1/vms": true,
-	"/api/v1/vms:watch":   true,
+	"/api/v1/vms:watch": true, "/api/v1/images:import": true,
 	"/api/v1/attestation": true, "/api/v1/policies": true,
 	"/api/v1/openapi.yaml": true, "/api/v1/openapi.json": true,
 }

@@ -32,6 +32,8 @@ func TestNormalizePath(t *testing.T) {
 		"/api/v1/images/flatcar/policy":                "/api/v1/images/{ref}/policy",
 		"/api/v1/images/flatcar/policy/golden":         "/api/v1/images/{ref}/policy/golden",
 		"/api/v1/host":                                 "/api/v1/host",
+		"/api/v1/images:import":                        "/api/v1/images:import",
+		"/api/v1/vms:watch":                            "/api/v1/vms:watch",
 		"/api/v1/openapi.yaml":                         "/api/v1/openapi.yaml",
 		"/api/v1/random-thing":                         "/api/v1/{unmatched}",
 		"/healthz":                                     "/healthz",

@@ -118,6 +118,8 @@ var ownRequired = map[protoreflect.FullName]bool{
 	// A watch message always says what it is and at which revision.
 	"vmmanager.hypervisor.v1.WatchVirtualMachinesResponse.type":     true,
 	"vmmanager.hypervisor.v1.WatchVirtualMachinesResponse.revision": true,
+	// An import's progress always says its phase.
+	"vmmanager.hypervisor.v1.ImportImageResponse.phase": true,
 	// ExecVirtualMachineStream's parts: a start's and a resize's fields
 	// are the caller's to give, an exit's code is always written.
 	"vmmanager.hypervisor.v1.ExecStart.id":        true,

@@ -23,6 +23,7 @@ import (
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/execstream"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guestapi"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/host"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/imageimport"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/imds"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/network"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vm"
@@ -35,7 +36,7 @@ func main() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	ia := &imageArgs{}
-	cmds := []cli.Command{serveCommand(), imagePushCommand(ia, stdout), imagePullCommand(ia, stdout), imageMeasureCommand(ia, stdout)}
+	cmds := []cli.Command{serveCommand(), imagePushCommand(ia, stdout), imagePullCommand(ia, stdout), imageMeasureCommand(ia, stdout), imageImportCommand(ia, stdout)}
 	args = ia.split(args, cmds)
 	return cli.Main("vmm-hypervisor", "vm-manager's hypervisor (QEMU, swtpm, networks, IMDS, images)", args, stderr, cmds...)
 }
@@ -78,6 +79,10 @@ func serveCommand() cli.Command {
 			imdsBurst := fs.Int("imds-request-burst", "VM_MANAGER_IMDS_REQUEST_BURST", imds.DefaultBurst, "IMDS requests one VM may make at once before the rate applies")
 			maxQuote := fs.Int("imds-max-quote-bytes", "VM_MANAGER_IMDS_MAX_QUOTE_BYTES", imds.DefaultMaxQuoteBytes, "largest body of POST attest/quote; beyond, 413")
 			maxReport := fs.Int("imds-max-report-bytes", "VM_MANAGER_IMDS_MAX_REPORT_BYTES", imds.DefaultMaxReportBytes, "largest body of POST report; beyond, 413")
+			maxImage := fs.Int("max-image-bytes", "VM_MANAGER_MAX_IMAGE_BYTES", imageimport.DefaultMaxImageBytes, "largest OCI image an import takes: its compressed layers, and its root's file contents (resource_exhausted beyond, counted)")
+			storeQuota := fs.Int("image-store-bytes", "VM_MANAGER_IMAGE_STORE_BYTES", imageimport.DefaultStoreQuota, "the roots of all imported OCI images together; an import beyond is refused (resource_exhausted, counted)")
+			ociBoot := fs.String("oci-boot-image", "VM_MANAGER_OCI_BOOT_IMAGE", imageimport.DefaultBootImage, "the kernel image (vmlinuz, initrd, cmdline) that boots imported OCI images, unless an import names another")
+			plainRegistry := fs.Bool("registry-plain-http", "VM_MANAGER_REGISTRY_PLAIN_HTTP", false, "talk HTTP, not HTTPS, to every registry an import reads (loopback registries always are)")
 			consoleMax := fs.Int("console-log-max-bytes", "VM_MANAGER_CONSOLE_LOG_MAX_BYTES", vm.DefaultConsoleLogMaxBytes, "serial console kept per VM, console.log and console.log.1 together (at least 64 KiB)")
 			defaultTTL := fs.Duration("default-vm-ttl", "VM_MANAGER_DEFAULT_VM_TTL", 0, "expiry of a VM created without ttl or expire_at (0: none, it lives until deleted)")
 			maxTTL := fs.Duration("max-vm-ttl", "VM_MANAGER_MAX_VM_TTL", vm.DefaultMaxTTL, "longest ttl, expire_at and idle_timeout a caller may set")
@@ -112,6 +117,7 @@ func serveCommand() cli.Command {
 					{"imds-requests-per-second", *imdsRate, 1}, {"imds-request-burst", *imdsBurst, 1},
 					{"imds-max-quote-bytes", *maxQuote, 1}, {"imds-max-report-bytes", *maxReport, 1},
 					{"console-log-max-bytes", *consoleMax, vm.MinConsoleLogMaxBytes},
+					{"max-image-bytes", *maxImage, 1 << 20}, {"image-store-bytes", *storeQuota, 1 << 20},
 					{"max-nat-flows-tcp", *natTCP, 1}, {"max-nat-flows-udp", *natUDP, 1}, {"max-nat-flows", *natAll, 1},
 					{"max-imds-connections", *imdsConns, 1}, {"max-exec-sessions", *maxExec, 1},
 					{"max-watchers", *maxWatchers, 1}, {"watch-buffer", *watchBuffer, 1}, {"watch-retain", *watchRetain, 1},
@@ -171,6 +177,8 @@ func serveCommand() cli.Command {
 					Lifetimes:          vm.Lifetimes{DefaultTTL: *defaultTTL, MaxTTL: *maxTTL},
 					Watch:              vm.WatchLimits{MaxWatchers: *maxWatchers, Buffer: *watchBuffer, Retain: *watchRetain},
 					Exec:               execstream.Config{MaxSessions: *maxExec, IdleTimeout: *execIdle, MaxDuration: *execMax},
+					Import: imageimport.Config{MaxImageBytes: int64(*maxImage), StoreQuota: int64(*storeQuota),
+						BootImage: *ociBoot, PlainHTTP: *plainRegistry},
 				}, log)
 			})
 		},

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -56,21 +57,10 @@ func imageMeasureCommand(ia *imageArgs, stdout io.Writer) cli.Command {
 					return err
 				}
 				hc := hostConfig()
-				report := host.New(hc).Report(ctx)
-				if report.GetOvmfCode() == "" || report.GetOvmfVars() == "" {
-					return fmt.Errorf("no OVMF code and variable store found (--ovmf-code, --ovmf-vars)")
-				}
-				version, err := qemu.ProbeVersion(ctx, hc.QEMUBinary)
+				drv, report, err := measuringDriver(ctx, hc, log)
 				if err != nil {
 					return err
 				}
-				// TCG: the PCRs do not depend on the accelerator, and a
-				// measuring boot needs no KVM probe.
-				drv := driver.New(driver.Config{
-					QEMUBinary: hc.QEMUBinary, SwtpmBinary: hc.SwtpmBinary, QEMUVersion: version,
-					OVMFCode: report.GetOvmfCode(), OVMFVars: report.GetOvmfVars(),
-					Accelerator: hypervisorv1.Accelerator_ACCELERATOR_TCG,
-				}, log)
 				scratch, err := os.MkdirTemp("", "vmm-measure-")
 				if err != nil {
 					return err
@@ -142,4 +132,24 @@ func writeGolden(path string, img *hypervisorv1.Image, base []byte, values map[u
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+// measuringDriver is a driver for measuring boots on this host's QEMU, OVMF
+// and swtpm, and the host report it was made from.
+func measuringDriver(ctx context.Context, hc host.Config, log *slog.Logger) (*driver.Driver, *hypervisorv1.Host, error) {
+	report := host.New(hc).Report(ctx)
+	if report.GetOvmfCode() == "" || report.GetOvmfVars() == "" {
+		return nil, nil, fmt.Errorf("no OVMF code and variable store found (--ovmf-code, --ovmf-vars)")
+	}
+	version, err := qemu.ProbeVersion(ctx, hc.QEMUBinary)
+	if err != nil {
+		return nil, nil, err
+	}
+	// TCG: the PCRs do not depend on the accelerator, and a measuring boot
+	// needs no KVM probe.
+	return driver.New(driver.Config{
+		QEMUBinary: hc.QEMUBinary, SwtpmBinary: hc.SwtpmBinary, QEMUVersion: version,
+		OVMFCode: report.GetOvmfCode(), OVMFVars: report.GetOvmfVars(),
+		Accelerator: hypervisorv1.Accelerator_ACCELERATOR_TCG,
+	}, log), report, nil
 }

@@ -6,8 +6,11 @@ package apiserver
 import (
 	"context"
 
+	"google.golang.org/grpc"
+
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/pkg/identity"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
 )
 
 // HostProber reports the host's capabilities.
@@ -80,6 +83,13 @@ type Bounds interface {
 	BoundCounters() *hypervisorv1.GetBoundCountersResponse
 }
 
+// Importer turns OCI images into catalog images (imageimport.Importer).
+type Importer interface {
+	Import(ctx context.Context, req *hypervisorv1.ImportImageRequest, progress func(*hypervisorv1.ImportImageResponse) error) (*hypervisorv1.ImportImageResponse, error)
+	// Refusals count imports refused at --max-image-bytes and --image-store-bytes.
+	Refusals() (imageBytes, store uint64)
+}
+
 // Deps are what the HypervisorService serves from.
 type Deps struct {
 	Host      HostProber
@@ -93,6 +103,7 @@ type Deps struct {
 	Networks  Networks
 	Guests    Guests
 	Bounds    Bounds
+	Importer  Importer // nil: ImportImage is unsupported
 }
 
 // Server is the HypervisorService.
@@ -116,6 +127,18 @@ func (s *Server) ListImages(context.Context, *hypervisorv1.ListImagesRequest) (*
 
 func (s *Server) GetImage(_ context.Context, req *hypervisorv1.GetImageRequest) (*hypervisorv1.Image, error) {
 	return s.Catalog.Get(req.GetRef())
+}
+
+// ImportImage streams the import's progress, then the image.
+func (s *Server) ImportImage(req *hypervisorv1.ImportImageRequest, ss grpc.ServerStreamingServer[hypervisorv1.ImportImageResponse]) error {
+	if s.Importer == nil {
+		return apierr.Errorf(apierr.Unsupported, "this hypervisor does not import images")
+	}
+	last, err := s.Importer.Import(ss.Context(), req, ss.Send)
+	if err != nil {
+		return err
+	}
+	return ss.Send(last)
 }
 
 func (s *Server) ListNetworks(context.Context, *hypervisorv1.ListNetworksRequest) (*hypervisorv1.ListNetworksResponse, error) {

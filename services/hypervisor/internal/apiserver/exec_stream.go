@@ -25,11 +25,18 @@ func (s *Server) ExecVirtualMachineStream(stream hypervisorv1.HypervisorService_
 	return s.exec.Serve(stream)
 }
 
-// boundCounters adds the exec sessions to the bounds' counters.
+// boundCounters adds the exec sessions and the imports refused at a bound
+// to the bounds' counters.
 func (s *Server) boundCounters() *hypervisorv1.GetBoundCountersResponse {
 	out := s.Bounds.BoundCounters()
 	if s.exec != nil {
 		out.ExecSessions = s.exec.Counters()
+	}
+	if s.Importer != nil {
+		if out.RefusedTotal == nil {
+			out.RefusedTotal = map[string]uint64{}
+		}
+		out.RefusedTotal["image_bytes"], out.RefusedTotal["image_store"] = s.Importer.Refusals()
 	}
 	return out
 }

@@ -1,7 +1,8 @@
 // Package catalog reads the image directory (--image-dir): UKI images
-// (<id>_<version>.efi + .raw) and direct-kernel images (<id>_<version>.vmlinuz
-// + .initrd, optional .cmdline), their policy.json and the Kubernetes versions
-// of the sysupdate tree.
+// (<id>_<version>.efi + .raw), direct-kernel images (<id>_<version>.vmlinuz
+// + .initrd, optional .cmdline) and imported OCI images (a kernel image's
+// files plus .erofs, .verity and .oci.json: oci.go), their policy.json and
+// the Kubernetes versions of the sysupdate tree.
 package catalog
 
 import (
@@ -185,6 +186,7 @@ func isRefChar(r rune) bool {
 // stemFiles is what the directory holds for one <id>_<version> stem.
 type stemFiles struct {
 	efi, raw, vmlinuz, initrd, cmdline, policy bool
+	oci, erofs, verity                         bool
 }
 
 func (c *Catalog) load() (*snapshot, error) {
@@ -217,6 +219,9 @@ func (c *Catalog) load() (*snapshot, error) {
 		}{
 			// .policy.json before any shorter suffix it could be confused with.
 			{extPolicy, func(f *stemFiles) *bool { return &f.policy }},
+			{extOCI, func(f *stemFiles) *bool { return &f.oci }},
+			{extErofs, func(f *stemFiles) *bool { return &f.erofs }},
+			{extVerity, func(f *stemFiles) *bool { return &f.verity }},
 			{extUKI, func(f *stemFiles) *bool { return &f.efi }},
 			{extDisk, func(f *stemFiles) *bool { return &f.raw }},
 			{extKernel, func(f *stemFiles) *bool { return &f.vmlinuz }},
@@ -274,7 +279,7 @@ func (c *Catalog) load() (*snapshot, error) {
 
 // image builds the image of one stem, or nil (with a warning) when the stem
 // is not a complete image.
-func (c *Catalog) image(stem string, f *stemFiles) *hypervisorv1.Image {
+func (c *Catalog) image(stem string, f *stemFiles) (img *hypervisorv1.Image) {
 	path := func(ext string) string { return filepath.Join(c.dir, stem+ext) }
 	uki := f.efi && f.raw
 	kernel := f.vmlinuz && f.initrd
@@ -310,7 +315,7 @@ func (c *Catalog) image(stem string, f *stemFiles) *hypervisorv1.Image {
 		c.log.Warn("image skipped: its name cannot be referenced", "stem", stem, "error", err)
 		return nil
 	}
-	img := &hypervisorv1.Image{Id: stem[:i], Version: stem[i+1:], Ref: stem}
+	img = &hypervisorv1.Image{Id: stem[:i], Version: stem[i+1:], Ref: stem}
 	if uki {
 		if kernel {
 			c.log.Warn("image has both UKI and kernel files; the UKI is used", "ref", stem)
@@ -322,6 +327,16 @@ func (c *Catalog) image(stem string, f *stemFiles) *hypervisorv1.Image {
 	img.Kind = hypervisorv1.ImageKind_IMAGE_KIND_KERNEL
 	img.Kernel, img.Initrd = path(extKernel), path(extInitrd)
 	img.Cmdline = DefaultCmdline
+	defer func() {
+		// An OCI image is a kernel image with a root: never offered as a
+		// plain kernel image, which would boot without it.
+		if img != nil && (f.oci || f.erofs || f.verity) {
+			if err := c.oci(img, f); err != nil {
+				c.log.Warn("OCI image skipped", "ref", stem, "error", err)
+				img = nil
+			}
+		}
+	}()
 	if f.cmdline {
 		b, err := os.ReadFile(path(extCmdline))
 		if err != nil {

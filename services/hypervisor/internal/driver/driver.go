@@ -17,6 +17,7 @@ import (
 	"time"
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/pkg/ociboot"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/bootphase"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/logtail"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/proc"
@@ -226,6 +227,16 @@ func (d *Driver) spec(rec *storepb.VirtualMachine, img *hypervisorv1.Image, phas
 	case img.GetKind() == hypervisorv1.ImageKind_IMAGE_KIND_KERNEL:
 		s.Boot = qemu.BootKernel
 		s.Kernel, s.Initrd, s.Cmdline = img.GetKernel(), img.GetInitrd(), img.GetCmdline()
+	case img.GetKind() == hypervisorv1.ImageKind_IMAGE_KIND_OCI:
+		// The boot chain's kernel with the root on its command line; the
+		// root and its hash tree read-only, the VM's disk for the overlay.
+		s.Boot = qemu.BootKernel
+		s.Kernel, s.Initrd, s.Cmdline = img.GetKernel(), img.GetInitrd(), img.GetCmdline()
+		s.Volume = p.GetVolume()
+		s.ReadOnlyDisks = []qemu.Disk{
+			{Path: img.GetOci().GetRoot(), Serial: ociboot.SerialRoot},
+			{Path: img.GetOci().GetRootVerity(), Serial: ociboot.SerialVerity},
+		}
 	case phase == hypervisorv1.Phase_PHASE_INSTALL:
 		s.Boot = qemu.BootInstall
 		s.UKI, s.Installer, s.Volume = img.GetUki(), img.GetDisk(), p.GetVolume()

@@ -27,14 +27,16 @@ var KernelStarted = []byte("Linux version ")
 // at its start, as the installer writes it onto a VM's volume.
 const MeasureDiskMiB = 1024
 
-// Measure boots a UKI image's installed disk once, as a VM's installed
-// boot runs (the same QEMU devices, this host's firmware and a fresh swtpm),
+// Measure boots a UKI image's installed disk, or an OCI image's boot chain
+// with its root attached, once, as a VM's boot runs (the same QEMU devices,
+// this host's firmware and a fresh swtpm),
 // until the kernel has started, then reads the sha256 PCRs asked for from
 // the vTPM. dir is a scratch directory (short: it holds sockets). It is how
 // an image's golden firmware PCRs are recorded without a VM of the service.
 func (d *Driver) Measure(ctx context.Context, img *hypervisorv1.Image, dir string, pcrs []uint, timeout time.Duration) (map[uint32][]byte, error) {
-	if img.GetKind() != hypervisorv1.ImageKind_IMAGE_KIND_UKI {
-		return nil, fmt.Errorf("image %s is not a UKI image: only a UKI image's installed boot is measured", img.GetRef())
+	kind := img.GetKind()
+	if kind != hypervisorv1.ImageKind_IMAGE_KIND_UKI && kind != hypervisorv1.ImageKind_IMAGE_KIND_OCI {
+		return nil, fmt.Errorf("image %s is a kernel image: only a UKI image's installed boot and an OCI image's boot are measured", img.GetRef())
 	}
 	rec := &storepb.VirtualMachine{
 		Id: "measure", Cpus: 1, MemoryMib: 512, MachineId: "00000000000000000000000000000000",
@@ -46,7 +48,11 @@ func (d *Driver) Measure(ctx context.Context, img *hypervisorv1.Image, dir strin
 	if err := d.Prepare(&storepb.VirtualMachine{Paths: &hypervisorv1.Paths{TpmState: rec.Paths.TpmState, OvmfVars: rec.Paths.OvmfVars}}); err != nil {
 		return nil, err
 	}
-	if err := copyDisk(img.GetDisk(), rec.Paths.Volume, MeasureDiskMiB<<20); err != nil {
+	disk := img.GetDisk()
+	if kind == hypervisorv1.ImageKind_IMAGE_KIND_OCI {
+		disk = os.DevNull // an empty overlay disk, as a new VM's
+	}
+	if err := copyDisk(disk, rec.Paths.Volume, MeasureDiskMiB<<20); err != nil {
 		return nil, fmt.Errorf("the image's disk: %w", err)
 	}
 	tpmCfg := swtpm.Config{Binary: d.cfg.SwtpmBinary, StateDir: rec.Paths.TpmState, Linger: true}

@@ -31,6 +31,11 @@ type Options struct {
 	UUID string
 	// TempDir holds the staging tree (default: beside out).
 	TempDir string
+	// Subdir puts the stream's tree under this directory of the image
+	// (default: at its top), beside Files.
+	Subdir string
+	// Files are written at the image's top, read-only (name: content).
+	Files map[string][]byte
 }
 
 const xattrPrefix = "SCHILY.xattr."
@@ -51,8 +56,34 @@ func Build(ctx context.Context, stream io.Reader, out string, o Options) error {
 		return err
 	}
 	defer os.RemoveAll(staging)
-	if err := unpack(ctx, stream, staging); err != nil {
+	tree := staging
+	if o.Subdir != "" {
+		tree = filepath.Join(staging, o.Subdir)
+		if err := os.Chmod(staging, 0o755); err != nil {
+			return err
+		}
+		if err := os.Mkdir(tree, 0o755); err != nil {
+			return err
+		}
+	}
+	if err := unpack(ctx, stream, tree); err != nil {
 		return err
+	}
+	for name, b := range o.Files {
+		if name == "" || strings.ContainsRune(name, '/') || name == o.Subdir {
+			return fmt.Errorf("erofsroot: file name %q", name)
+		}
+		if err := os.WriteFile(filepath.Join(staging, name), b, 0o444); err != nil {
+			return err
+		}
+		if err := setMtime(staging, name, time.Unix(0, 0)); err != nil {
+			return err
+		}
+	}
+	if o.Subdir != "" {
+		if err := setMtime(staging, o.Subdir, time.Unix(0, 0)); err != nil {
+			return err
+		}
 	}
 	cmd := exec.CommandContext(ctx, o.MkfsBinary, "--quiet", "-U"+o.UUID, "-T0", out, staging)
 	if b, err := cmd.CombinedOutput(); err != nil {

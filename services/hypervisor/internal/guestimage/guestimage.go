@@ -94,7 +94,10 @@ func DockerCredentials() (auth.CredentialFunc, error) {
 	return credentials.Credential(store), nil
 }
 
-func repository(ref string, opts Options) (*remote.Repository, registry.Reference, error) {
+// Repository is the registry repository of ref, with the Docker config's
+// credentials (or opts.Credential) and the project's User-Agent: what pulls,
+// pushes and OCI image imports talk to.
+func Repository(ref string, opts Options) (*remote.Repository, registry.Reference, error) {
 	r, err := registry.ParseReference(ref)
 	if err != nil {
 		return nil, r, fmt.Errorf("reference %q: %w", ref, err)

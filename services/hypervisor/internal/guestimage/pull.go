@@ -71,7 +71,7 @@ func ReadMarker(dir string) (*Marker, error) {
 func Pull(ctx context.Context, ref, dir string, opts Options) (Result, error) {
 	log := opts.log()
 	res := Result{Reference: ref}
-	repo, r, err := repository(ref, opts)
+	repo, r, err := Repository(ref, opts)
 	if err != nil {
 		return res, err
 	}

@@ -73,7 +73,7 @@ type target interface {
 // registry already has are not uploaded again. The directory must hold at
 // least one catalog image; policy.json is optional.
 func Push(ctx context.Context, dir, ref string, opts Options) (string, error) {
-	repo, r, err := repository(ref, opts)
+	repo, r, err := Repository(ref, opts)
 	if err != nil {
 		return "", err
 	}

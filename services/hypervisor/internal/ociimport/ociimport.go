@@ -22,10 +22,11 @@ import (
 	"oras.land/oras-go/v2"
 	"oras.land/oras-go/v2/content"
 
+	"github.com/giantswarm/vm-manager/pkg/ociboot"
+	"github.com/giantswarm/vm-manager/pkg/verity"
 	"github.com/giantswarm/vm-manager/sdk/apierr"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/erofsroot"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/ocirootfs"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/verity"
 )
 
 // Files of an imported image's directory.
@@ -58,6 +59,14 @@ type Image struct {
 type Options struct {
 	Limits ocirootfs.Limits
 	Erofs  erofsroot.Options
+	// Resolved, when set, sees the manifest before any layer is read (an
+	// import may refuse it there: an existing version of another digest).
+	Resolved func(manifest ocispec.Descriptor, layerBytes int64) error
+	// Progress, when set, is told the compressed layer bytes read so far.
+	Progress func(layer string, done, total int64)
+	// Built, when set, is told the layers are flattened and the root is
+	// being written.
+	Built func()
 }
 
 // maxMetadata bounds a manifest or config read into memory.
@@ -90,15 +99,32 @@ func Import(ctx context.Context, src oras.ReadOnlyTarget, ref, dir string, o Opt
 			os.RemoveAll(dir)
 		}
 	}()
-	layers := make([]ocirootfs.Layer, len(manifest.Layers))
 	var compressed int64
-	for i, l := range manifest.Layers {
+	for _, l := range manifest.Layers {
 		compressed += l.Size
-		layers[i] = ocirootfs.Layer{Digest: l.Digest.String(), MediaType: l.MediaType,
-			Open: func() (io.ReadCloser, error) { return src.Fetch(ctx, l) }}
 	}
 	if max := o.Limits.MaxBytes; max > 0 && compressed > max {
 		return nil, apierr.Errorf(apierr.ResourceExhausted, "image %q: its layers take %d bytes, over %d (--max-image-bytes)", ref, compressed, max)
+	}
+	if o.Resolved != nil {
+		if err := o.Resolved(mdesc, compressed); err != nil {
+			return nil, err
+		}
+	}
+	layers := make([]ocirootfs.Layer, len(manifest.Layers))
+	var read int64
+	for i, l := range manifest.Layers {
+		layers[i] = ocirootfs.Layer{Digest: l.Digest.String(), MediaType: l.MediaType,
+			Open: func() (io.ReadCloser, error) {
+				rc, err := src.Fetch(ctx, l)
+				if err != nil || o.Progress == nil {
+					return rc, err
+				}
+				return &counting{ReadCloser: rc, report: func(n int64) {
+					read += n
+					o.Progress(l.Digest.String(), read, compressed)
+				}}, nil
+			}}
 	}
 	tarPath := filepath.Join(dir, "root.tar")
 	tf, err := os.Create(tarPath)
@@ -112,7 +138,19 @@ func Import(ctx context.Context, src oras.ReadOnlyTarget, ref, dir string, o Opt
 	if err != nil {
 		return nil, err
 	}
-	if err := buildRoot(ctx, tarPath, filepath.Join(dir, RootFile), o.Erofs); err != nil {
+	if o.Built != nil {
+		o.Built()
+	}
+	// The root is a bundle: the file system under rootfs/, and what to run
+	// beside it, so the root hash covers the config too.
+	boot, err := json.MarshalIndent(ociboot.Config{ManifestDigest: mdesc.Digest.String(), ConfigDigest: manifest.Config.Digest.String(),
+		Entrypoint: cfg.Config.Entrypoint, Cmd: cfg.Config.Cmd, Env: cfg.Config.Env, WorkingDir: cfg.Config.WorkingDir, User: cfg.Config.User}, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	eo := o.Erofs
+	eo.Subdir, eo.Files = ociboot.RootfsDir, map[string][]byte{ociboot.ConfigFile: append(boot, '\n')}
+	if err := buildRoot(ctx, tarPath, filepath.Join(dir, RootFile), eo); err != nil {
 		return nil, err
 	}
 	salt := sha256.Sum256([]byte("vm-manager verity salt " + mdesc.Digest.String()))
@@ -210,4 +248,21 @@ func hashRoot(root, hash string, salt []byte) ([]byte, int64, error) {
 		err = cerr
 	}
 	return sum, fi.Size(), err
+}
+
+// counting reports the bytes read through it, at most every 1 MiB.
+type counting struct {
+	io.ReadCloser
+	report  func(int64)
+	pending int64
+}
+
+func (c *counting) Read(p []byte) (int, error) {
+	n, err := c.ReadCloser.Read(p)
+	c.pending += int64(n)
+	if c.pending >= 1<<20 || err != nil && c.pending > 0 {
+		c.report(c.pending)
+		c.pending = 0
+	}
+	return n, err
 }

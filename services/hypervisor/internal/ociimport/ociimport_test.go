@@ -17,8 +17,8 @@ import (
 	"oras.land/oras-go/v2"
 	"oras.land/oras-go/v2/content/oci"
 
+	"github.com/giantswarm/vm-manager/pkg/verity"
 	"github.com/giantswarm/vm-manager/sdk/apierr"
-	"github.com/giantswarm/vm-manager/services/hypervisor/internal/verity"
 )
 
 // gzLayer is a tar+gzip layer of name→content files.

@@ -21,6 +21,7 @@ import (
 	"path"
 	"strings"
 
+	"github.com/klauspost/compress/zstd"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/giantswarm/vm-manager/sdk/apierr"
@@ -30,7 +31,7 @@ import (
 type Layer struct {
 	// Digest is the blob's "sha256:<hex>", checked against its bytes.
 	Digest string
-	// MediaType is an OCI (or Docker) tar, tar+gzip layer type.
+	// MediaType is an OCI (or Docker) tar, tar+gzip or tar+zstd layer type.
 	MediaType string
 	// Open reads the blob from its start; Flatten reads each layer twice.
 	Open func() (io.ReadCloser, error)
@@ -49,6 +50,13 @@ type Stats struct {
 	Entries int   // in the flattened root
 	Bytes   int64 // of file contents
 }
+
+// A zstd layer's decoder bounds: zstd's own default window limit, and the
+// memory one frame may make the decoder hold.
+const (
+	maxZstdWindow = 8 << 20
+	maxZstdMemory = 256 << 20
+)
 
 // Whiteout names (image spec, "Representing Changes").
 const (
@@ -153,8 +161,16 @@ func eachEntry(ctx context.Context, i int, l Layer, fn func(j int, hdr *tar.Head
 		}
 		defer zr.Close()
 		r = zr
+	case ocispec.MediaTypeImageLayerZstd:
+		// Bounded: a hostile frame may ask for a huge window.
+		zr, err := zstd.NewReader(blob, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(maxZstdWindow), zstd.WithDecoderMaxMemory(maxZstdMemory))
+		if err != nil {
+			return refuse(i, l, "", "not zstd: %v", err)
+		}
+		defer zr.Close()
+		r = zr
 	default:
-		return refuse(i, l, "", "media type %q is not a tar or tar+gzip layer", l.MediaType)
+		return refuse(i, l, "", "media type %q is not a tar, tar+gzip or tar+zstd layer", l.MediaType)
 	}
 	tr := tar.NewReader(r)
 	for j := 0; ; j++ {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/klauspost/compress/zstd"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/giantswarm/vm-manager/sdk/apierr"
@@ -171,5 +172,46 @@ func TestFlattenBounds(t *testing.T) {
 	_, err = Flatten(context.Background(), []Layer{big}, Limits{MaxEntries: 1}, io.Discard)
 	if apierr.CodeOf(err) != apierr.ResourceExhausted {
 		t.Fatalf("over MaxEntries: %v", err)
+	}
+}
+
+// zstdOf is l re-compressed as tar+zstd.
+func zstdOf(t *testing.T, l Layer) Layer {
+	t.Helper()
+	rc, _ := l.Open()
+	zr, err := gzip.NewReader(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(zr)
+	var zb bytes.Buffer
+	zw, _ := zstd.NewWriter(&zb)
+	zw.Write(raw)
+	zw.Close()
+	blob := zb.Bytes()
+	sum := sha256.Sum256(blob)
+	return Layer{Digest: "sha256:" + hex.EncodeToString(sum[:]), MediaType: ocispec.MediaTypeImageLayerZstd,
+		Open: func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(blob)), nil }}
+}
+
+// A tar+zstd layer flattens as its tar+gzip twin does; a zstd layer that
+// is not zstd is refused naming the layer.
+func TestZstdLayer(t *testing.T) {
+	base := layer(t, dir("etc"), entry{name: "etc/os-release", typ: tar.TypeReg, mode: 0o644, body: "ID=test\n"})
+	top := layer(t, entry{name: "etc/.wh.os-release", typ: tar.TypeReg, mode: 0o644}, entry{name: "app", typ: tar.TypeReg, mode: 0o755, body: "run"})
+	var gz, zs bytes.Buffer
+	if _, err := Flatten(context.Background(), []Layer{base, top}, Limits{}, &gz); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Flatten(context.Background(), []Layer{zstdOf(t, base), zstdOf(t, top)}, Limits{}, &zs); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(gz.Bytes(), zs.Bytes()) {
+		t.Error("the zstd layers flatten to another root than their gzip twins")
+	}
+	bad := base
+	bad.MediaType = ocispec.MediaTypeImageLayerZstd
+	if _, err := Flatten(context.Background(), []Layer{bad}, Limits{}, io.Discard); apierr.CodeOf(err) != apierr.InvalidRequest || !strings.Contains(err.Error(), bad.Digest) {
+		t.Errorf("gzip bytes as zstd: %v", err)
 	}
 }

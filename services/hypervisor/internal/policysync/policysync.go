@@ -75,3 +75,23 @@ func Run(ctx context.Context, log *slog.Logger, cat Catalog, st Store, client at
 		}
 	}
 }
+
+// Syncer hands one image's policy to attestation now (an import: the image
+// must not be offered before attestation holds its policy).
+type Syncer struct {
+	Store  Store
+	Client attestationv1.VerifierServiceClient
+}
+
+// Sync imports doc as ref's policy and records it as handed over.
+func (s Syncer) Sync(ctx context.Context, ref string, doc []byte) error {
+	st := &structpb.Struct{}
+	if err := st.UnmarshalJSON(doc); err != nil {
+		return err
+	}
+	if _, err := s.Client.SyncImagePolicy(ctx, &attestationv1.SyncImagePolicyRequest{Image: ref, Document: st}); err != nil {
+		return err
+	}
+	sum := sha256.Sum256(doc)
+	return s.Store.SetPolicySynced(ref, hex.EncodeToString(sum[:]))
+}

@@ -102,6 +102,9 @@ type Spec struct {
 	Kernel, Initrd, Cmdline string
 	// Disk serials (/dev/disk/by-id/virtio-<serial>); empty takes the defaults.
 	InstallerSerial, TargetSerial string
+	// ReadOnlyDisks are attached read-only after the target (an OCI image's
+	// root and its verity hash device).
+	ReadOnlyDisks []Disk
 
 	// Network: attached only when NetdevSocket is set; MAC is then required.
 	// QEMU listens on NetdevSocket and the network dials it.
@@ -120,6 +123,11 @@ type Spec struct {
 	Credentials map[string]string
 	// FirstBoot adds FirstBootCmdlineExtra (BootDisk only).
 	FirstBoot bool
+}
+
+// Disk is a raw disk file and the serial the guest finds it by.
+type Disk struct {
+	Path, Serial string
 }
 
 var serialRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,20}$`)
@@ -191,6 +199,13 @@ func (s Spec) Args() ([]string, error) {
 		a = append(a,
 			"-drive", "if=none,id=target,format=raw,file="+esc(s.Volume)+",discard=unmap",
 			"-device", dev,
+		)
+	}
+	for i, d := range s.ReadOnlyDisks {
+		id := "ro" + strconv.Itoa(i)
+		a = append(a,
+			"-drive", "if=none,id="+id+",format=raw,file="+esc(d.Path)+",readonly=on",
+			"-device", "virtio-blk-pci,drive="+id+",serial="+d.Serial,
 		)
 	}
 	if s.NetdevSocket != "" {
@@ -314,6 +329,14 @@ func (s Spec) validate() error {
 		{"netdev socket", s.NetdevSocket, false},
 		{"notify socket", s.NotifySocket, false},
 		{"swtpm socket", s.SwtpmSocket, false},
+	}
+	serials := []string{orDefault(s.InstallerSerial, DefaultInstallerSerial), orDefault(s.TargetSerial, DefaultTargetSerial)}
+	for _, d := range s.ReadOnlyDisks {
+		paths = append(paths, path{"read-only disk " + d.Serial, d.Path, true})
+		if !serialRE.MatchString(d.Serial) || slices.Contains(serials, d.Serial) {
+			return invalid("read-only disk serial %q: want 1-20 characters of [A-Za-z0-9._-], unlike the other disks'", d.Serial)
+		}
+		serials = append(serials, d.Serial)
 	}
 	for _, p := range append(paths, sockets...) {
 		if p.value == "" {

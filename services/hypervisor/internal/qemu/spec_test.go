@@ -331,3 +331,31 @@ func TestParseVersion(t *testing.T) {
 		t.Error("AtLeast")
 	}
 }
+
+// An OCI image's root and hash tree are attached read-only by serial; a
+// serial another disk has is refused.
+func TestReadOnlyDisks(t *testing.T) {
+	s := baseSpec(BootKernel)
+	s.ReadOnlyDisks = []Disk{{Path: "/img/a.erofs", Serial: "oci-root"}, {Path: "/img/a.verity", Serial: "oci-verity"}}
+	args, err := s.Args()
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := strings.Join(args, " ")
+	for _, want := range []string{
+		"-drive if=none,id=ro0,format=raw,file=/img/a.erofs,readonly=on -device virtio-blk-pci,drive=ro0,serial=oci-root",
+		"-drive if=none,id=ro1,format=raw,file=/img/a.verity,readonly=on -device virtio-blk-pci,drive=ro1,serial=oci-verity",
+	} {
+		if !strings.Contains(line, want) {
+			t.Errorf("argv lacks %q:\n%s", want, line)
+		}
+	}
+	s.ReadOnlyDisks[1].Serial = DefaultTargetSerial
+	if err := s.Validate(); err == nil {
+		t.Error("a read-only disk with the target's serial was accepted")
+	}
+	s.ReadOnlyDisks[1] = Disk{Path: "relative", Serial: "x"}
+	if err := s.Validate(); err == nil {
+		t.Error("a relative read-only disk path was accepted")
+	}
+}

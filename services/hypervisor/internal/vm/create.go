@@ -127,8 +127,14 @@ func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMac
 	if r.userData != "" {
 		rec.Paths.UserData = filepath.Join(dir, "user-data")
 	}
-	if r.image.GetKind() == hypervisorv1.ImageKind_IMAGE_KIND_UKI {
+	switch r.image.GetKind() {
+	case hypervisorv1.ImageKind_IMAGE_KIND_UKI:
 		rec.Paths.Volume = filepath.Join(dir, "disk.raw")
+	case hypervisorv1.ImageKind_IMAGE_KIND_OCI:
+		// The writable overlay over the image's read-only root.
+		rec.Paths.Volume = filepath.Join(dir, "disk.raw")
+		o := r.image.GetOci()
+		rec.OciImage = &hypervisorv1.OciImageRef{Reference: o.GetReference(), ManifestDigest: o.GetManifestDigest(), RootHash: o.GetRootHash()}
 	}
 	mc := &machine{id: id, rec: rec, changed: make(chan struct{}), trace: trace.SpanContextFromContext(ctx)}
 	mc.op.Lock()

@@ -49,13 +49,15 @@ func (rn *Runner) provisionTPM(ctx context.Context, rec *storepb.VirtualMachine)
 }
 
 // directKernel says whether the VM's image boots a kernel directly (PCR 9
-// then holds its initrd and command line and is golden). Only UKI images
-// have a volume, which decides when the image has left the catalog.
+// then holds its initrd and command line and is golden): kernel and OCI
+// images. When the image has left the catalog the record decides: an OCI
+// image's VM names it, and of the rest only UKI images have a volume.
 func (bt *Boots) directKernel(rec *storepb.VirtualMachine) bool {
 	if img, err := bt.images.Get(rec.GetImage()); err == nil {
-		return img.GetKind() == hypervisorv1.ImageKind_IMAGE_KIND_KERNEL
+		k := img.GetKind()
+		return k == hypervisorv1.ImageKind_IMAGE_KIND_KERNEL || k == hypervisorv1.ImageKind_IMAGE_KIND_OCI
 	}
-	return rec.GetPaths().GetVolume() == ""
+	return rec.GetOciImage() != nil || rec.GetPaths().GetVolume() == ""
 }
 
 // beginBoot registers a new boot, with the key provisioned for it, before

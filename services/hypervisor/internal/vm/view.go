@@ -57,6 +57,9 @@ func View(rec *storepb.VirtualMachine) *hypervisorv1.VirtualMachine {
 	if lt := rec.GetLifetime(); lt != nil {
 		v.Lifetime = clone(lt).(*hypervisorv1.Lifetime)
 	}
+	if oi := rec.GetOciImage(); oi != nil {
+		v.OciImage = clone(oi).(*hypervisorv1.OciImageRef)
+	}
 	if md := rec.GetMetadata(); md != nil {
 		v.Metadata = make(map[string]string, len(md))
 		for k, val := range md {

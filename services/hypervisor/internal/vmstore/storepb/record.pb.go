@@ -78,6 +78,9 @@ type VirtualMachine struct {
 	// Absent in records written before lifetimes: no lifetime, which is what
 	// they had (no migration needed).
 	Lifetime *v1.Lifetime `protobuf:"bytes,37,opt,name=lifetime,proto3" json:"lifetime,omitempty"`
+	// The OCI image content of the image the VM was created from (its
+	// catalog files may change or go; the VM still names what it was made of).
+	OciImage *v1.OciImageRef `protobuf:"bytes,38,opt,name=oci_image,json=ociImage,proto3" json:"oci_image,omitempty"`
 	// Suspend (issue 19): the state a suspend started from, which a resume
 	// returns to; when the state was saved. Unset on records of older
 	// versions, which never suspended.
@@ -379,6 +382,13 @@ func (x *VirtualMachine) GetLifetime() *v1.Lifetime {
 	return nil
 }
 
+func (x *VirtualMachine) GetOciImage() *v1.OciImageRef {
+	if x != nil {
+		return x.OciImage
+	}
+	return nil
+}
+
 func (x *VirtualMachine) GetSuspendedFrom() v1.State {
 	if x != nil {
 		return x.SuspendedFrom
@@ -610,7 +620,7 @@ var File_vmmanager_hypervisor_store_v1_record_proto protoreflect.FileDescriptor
 
 const file_vmmanager_hypervisor_store_v1_record_proto_rawDesc = "" +
 	"\n" +
-	"*vmmanager/hypervisor/store/v1/record.proto\x12\x1dvmmanager.hypervisor.store.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a0vmmanager/hypervisor/v1/hypervisor_service.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\x1a-vmmanager/hypervisor/v1/virtual_machine.proto\"\x92\x0e\n" +
+	"*vmmanager/hypervisor/store/v1/record.proto\x12\x1dvmmanager.hypervisor.store.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a0vmmanager/hypervisor/v1/hypervisor_service.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\x1a-vmmanager/hypervisor/v1/virtual_machine.proto\"\xd5\x0e\n" +
 	"\x0eVirtualMachine\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
@@ -655,7 +665,8 @@ const file_vmmanager_hypervisor_store_v1_record_proto_rawDesc = "" +
 	"\x03tpm\x18# \x01(\v2&.vmmanager.hypervisor.store.v1.TpmKeysR\x03tpm\x12\x1d\n" +
 	"\n" +
 	"boot_count\x18$ \x01(\rR\tbootCount\x12=\n" +
-	"\blifetime\x18% \x01(\v2!.vmmanager.hypervisor.v1.LifetimeR\blifetime\x12E\n" +
+	"\blifetime\x18% \x01(\v2!.vmmanager.hypervisor.v1.LifetimeR\blifetime\x12A\n" +
+	"\toci_image\x18& \x01(\v2$.vmmanager.hypervisor.v1.OciImageRefR\bociImage\x12E\n" +
 	"\x0esuspended_from\x18< \x01(\x0e2\x1e.vmmanager.hypervisor.v1.StateR\rsuspendedFrom\x12=\n" +
 	"\fsuspended_at\x18= \x01(\v2\x1a.google.protobuf.TimestampR\vsuspendedAt\x12D\n" +
 	"\vboot_phases\x18F \x01(\v2#.vmmanager.hypervisor.v1.BootPhasesR\n" +
@@ -708,7 +719,8 @@ var file_vmmanager_hypervisor_store_v1_record_proto_goTypes = []any{
 	(*v1.Paths)(nil),              // 10: vmmanager.hypervisor.v1.Paths
 	(*v1.PortForward)(nil),        // 11: vmmanager.hypervisor.v1.PortForward
 	(*v1.Lifetime)(nil),           // 12: vmmanager.hypervisor.v1.Lifetime
-	(*v1.BootPhases)(nil),         // 13: vmmanager.hypervisor.v1.BootPhases
+	(*v1.OciImageRef)(nil),        // 13: vmmanager.hypervisor.v1.OciImageRef
+	(*v1.BootPhases)(nil),         // 14: vmmanager.hypervisor.v1.BootPhases
 }
 var file_vmmanager_hypervisor_store_v1_record_proto_depIdxs = []int32{
 	4,  // 0: vmmanager.hypervisor.store.v1.VirtualMachine.metadata:type_name -> vmmanager.hypervisor.store.v1.VirtualMachine.MetadataEntry
@@ -725,18 +737,19 @@ var file_vmmanager_hypervisor_store_v1_record_proto_depIdxs = []int32{
 	11, // 11: vmmanager.hypervisor.store.v1.VirtualMachine.forwards:type_name -> vmmanager.hypervisor.v1.PortForward
 	3,  // 12: vmmanager.hypervisor.store.v1.VirtualMachine.tpm:type_name -> vmmanager.hypervisor.store.v1.TpmKeys
 	12, // 13: vmmanager.hypervisor.store.v1.VirtualMachine.lifetime:type_name -> vmmanager.hypervisor.v1.Lifetime
-	5,  // 14: vmmanager.hypervisor.store.v1.VirtualMachine.suspended_from:type_name -> vmmanager.hypervisor.v1.State
-	9,  // 15: vmmanager.hypervisor.store.v1.VirtualMachine.suspended_at:type_name -> google.protobuf.Timestamp
-	13, // 16: vmmanager.hypervisor.store.v1.VirtualMachine.boot_phases:type_name -> vmmanager.hypervisor.v1.BootPhases
-	2,  // 17: vmmanager.hypervisor.store.v1.Processes.qemu:type_name -> vmmanager.hypervisor.store.v1.Process
-	2,  // 18: vmmanager.hypervisor.store.v1.Processes.tpm:type_name -> vmmanager.hypervisor.store.v1.Process
-	9,  // 19: vmmanager.hypervisor.store.v1.TpmKeys.provision_time:type_name -> google.protobuf.Timestamp
-	9,  // 20: vmmanager.hypervisor.store.v1.TpmKeys.update_time:type_name -> google.protobuf.Timestamp
-	21, // [21:21] is the sub-list for method output_type
-	21, // [21:21] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	13, // 14: vmmanager.hypervisor.store.v1.VirtualMachine.oci_image:type_name -> vmmanager.hypervisor.v1.OciImageRef
+	5,  // 15: vmmanager.hypervisor.store.v1.VirtualMachine.suspended_from:type_name -> vmmanager.hypervisor.v1.State
+	9,  // 16: vmmanager.hypervisor.store.v1.VirtualMachine.suspended_at:type_name -> google.protobuf.Timestamp
+	14, // 17: vmmanager.hypervisor.store.v1.VirtualMachine.boot_phases:type_name -> vmmanager.hypervisor.v1.BootPhases
+	2,  // 18: vmmanager.hypervisor.store.v1.Processes.qemu:type_name -> vmmanager.hypervisor.store.v1.Process
+	2,  // 19: vmmanager.hypervisor.store.v1.Processes.tpm:type_name -> vmmanager.hypervisor.store.v1.Process
+	9,  // 20: vmmanager.hypervisor.store.v1.TpmKeys.provision_time:type_name -> google.protobuf.Timestamp
+	9,  // 21: vmmanager.hypervisor.store.v1.TpmKeys.update_time:type_name -> google.protobuf.Timestamp
+	22, // [22:22] is the sub-list for method output_type
+	22, // [22:22] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_vmmanager_hypervisor_store_v1_record_proto_init() }
