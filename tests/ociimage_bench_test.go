@@ -45,9 +45,11 @@ func BenchmarkOCIImage(b *testing.B) {
 	base := "http://" + c.Addr + "/api/v1"
 	b.Cleanup(func() { killVMsAt(b, base) })
 
+	n := 0
 	ready := func(image string) time.Duration {
+		n++
 		start := time.Now()
-		code, _, out := cluster.Do(b, "POST", base+"/vms", fmt.Sprintf(`{"image":%q,"require_attestation":false,"memory_mib":512,"cpus":1,"wait_for":"ready"}`, image))
+		code, _, out := cluster.Do(b, "POST", base+"/vms", fmt.Sprintf(`{"name":"bench-%d","image":%q,"require_attestation":false,"memory_mib":512,"cpus":1,"wait_for":"ready"}`, n, image))
 		d := time.Since(start)
 		var v struct{ ID, State, LastError string }
 		if code != 201 || json.Unmarshal(out, &v) != nil || v.State != "ready" {
