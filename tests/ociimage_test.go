@@ -9,6 +9,7 @@ import (
 	"io"
 	"io/fs"
 	"log"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -29,6 +30,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/sdk/client"
 	"github.com/giantswarm/vm-manager/tests/cluster"
 )
 
@@ -412,6 +415,35 @@ func TestOCIImage(t *testing.T) {
 		var r execJSON
 		if code != 200 || json.Unmarshal(b, &r) != nil || r.Stdout != "42\n" {
 			return fmt.Errorf("%d %s", code, b)
+		}
+		return nil
+	})
+	// Streamed exec runs in the image too, stdin and all.
+	cl, err := client.Dial(c.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	se := openExec(t, cl, &hypervisorv1.ExecStart{Id: vm.ID, Command: []string{"python3", "-c", "import sys; print(sys.stdin.readline().strip() * 2)"}})
+	se.stdin("ab\n")
+	if exit := se.wait(); exit.GetExitCode() != 0 || se.out() != "abab\n" {
+		t.Errorf("streamed exec: exit %v, output %q", exit, se.out())
+	}
+	// A port forward reaches a server the image runs (busybox's httpd,
+	// serving the app's directory).
+	if r := a.sh(vm.ID, "busybox httpd -p 8080 -h /home/app"); r.ExitCode != 0 {
+		t.Fatalf("httpd: %+v", r)
+	}
+	fwd := a.forward(vm.ID, 8080)
+	cluster.Eventually(t, time.Minute, "the image's httpd through the forward", func() error {
+		resp, err := http.Get("http://" + fwd + "/README")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 || string(b) != "the app\n" {
+			return fmt.Errorf("%d %q", resp.StatusCode, b)
 		}
 		return nil
 	})
