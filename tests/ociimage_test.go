@@ -487,6 +487,9 @@ func TestOCIImage(t *testing.T) {
 		}
 		t.Logf("%s: %s", n, q.Message)
 	}
+	// A lifetime ends an OCI image's VM as any other's: a short ttl stops it.
+	a.lifetimeVM("POST", "/vms/"+ids["pytamper"]+"/lifetime", `{"ttl":"5s","on_expire":"stop"}`, 200)
+	a.waitStopped(ids["pytamper"], 2*time.Minute)
 }
 
 func dirNames(t testing.TB, dir string) []string {
