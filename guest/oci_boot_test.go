@@ -17,6 +17,7 @@ import (
 
 	"github.com/giantswarm/vm-manager/guest/internal/sdnotify"
 	"github.com/giantswarm/vm-manager/pkg/ociboot"
+	"github.com/giantswarm/vm-manager/pkg/poll"
 	"github.com/giantswarm/vm-manager/pkg/verity"
 )
 
@@ -244,18 +245,10 @@ func bootWithOCIDisks(t *testing.T, img, words, rootImg, hashFile, upper, until 
 	readUntilReady(t, p("notify.sock"), qemu, 120*time.Second)
 	t.Logf("READY=1 after %.1fs", time.Since(started).Seconds())
 	// The entrypoint's output may follow READY=1.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	poll.UntilWithin(t, 30*time.Second, fmt.Sprintf("%q in the console after READY=1", until), func() bool {
 		b, _ := os.ReadFile(consoleLog)
-		if bytes.Contains(b, []byte(until)) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("console lacks %q 30s after READY=1", until)
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return bytes.Contains(b, []byte(until))
+	})
 	qmp(t, p("qmp.sock"), "qmp_capabilities", "system_powerdown")
 	if err := qemu.wait(60 * time.Second); err != nil {
 		t.Errorf("qemu after system_powerdown: %v", err)

@@ -2,7 +2,6 @@ package fleet
 
 import (
 	"context"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -57,19 +56,6 @@ func (f *importNode) requests() []*hypervisorv1.ImportImageRequest {
 	return f.reqs
 }
 
-func serveImporter(t *testing.T, f *importNode) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := grpc.NewServer()
-	hypervisorv1.RegisterHypervisorServiceServer(s, f)
-	go func() { _ = s.Serve(ln) }()
-	t.Cleanup(s.Stop)
-	return ln.Addr().String()
-}
-
 // importSink is the server side of a fleet ImportImage, collecting what it
 // sends.
 type importSink struct {
@@ -109,8 +95,8 @@ func runImport(t *testing.T, h *Hypervisor, req *hypervisorv1.ImportImageRequest
 func TestImportImageOnNamedNode(t *testing.T) {
 	a, b := &importNode{bytes: 10}, &importNode{bytes: 20}
 	_, h := newTestRouter(t,
-		Member{Name: "n0", Index: 0, Addr: serveImporter(t, a), Ready: true},
-		Member{Name: "n1", Index: 1, Addr: serveImporter(t, b), Ready: true},
+		Member{Name: "n0", Index: 0, Addr: serveFake(t, a), Ready: true},
+		Member{Name: "n1", Index: 1, Addr: serveFake(t, b), Ready: true},
 	)
 	msgs, err := runImport(t, h, &hypervisorv1.ImportImageRequest{Source: "r/python:3.12", Id: "python", Node: "n1"})
 	if err != nil || len(msgs) != 3 {
@@ -136,8 +122,8 @@ func TestImportImageOnNamedNode(t *testing.T) {
 func TestImportImageEverywhere(t *testing.T) {
 	a, b := &importNode{bytes: 10, unchanged: true}, &importNode{bytes: 20}
 	_, h := newTestRouter(t,
-		Member{Name: "n0", Index: 0, Addr: serveImporter(t, a), Ready: true},
-		Member{Name: "n1", Index: 1, Addr: serveImporter(t, b), Ready: true},
+		Member{Name: "n0", Index: 0, Addr: serveFake(t, a), Ready: true},
+		Member{Name: "n1", Index: 1, Addr: serveFake(t, b), Ready: true},
 	)
 	msgs, err := runImport(t, h, &hypervisorv1.ImportImageRequest{Source: "r/python:3.12", Id: "python"})
 	if err != nil || len(msgs) < 2 {
@@ -179,8 +165,8 @@ func TestImportImageFailsOnANode(t *testing.T) {
 	a := &importNode{bytes: 10}
 	b := &importNode{bytes: 10, fail: apierr.Errorf(apierr.ResourceExhausted, "over the image store quota")}
 	_, h := newTestRouter(t,
-		Member{Name: "n0", Index: 0, Addr: serveImporter(t, a), Ready: true},
-		Member{Name: "n1", Index: 1, Addr: serveImporter(t, b), Ready: true},
+		Member{Name: "n0", Index: 0, Addr: serveFake(t, a), Ready: true},
+		Member{Name: "n1", Index: 1, Addr: serveFake(t, b), Ready: true},
 	)
 	msgs, err := runImport(t, h, &hypervisorv1.ImportImageRequest{Source: "s", Id: "s"})
 	if apierr.CodeOf(err) != apierr.ResourceExhausted || !strings.Contains(apierr.MessageOf(err), "failed on 1 of 2 fleet nodes (the others imported it): n1: over the image store quota") {
@@ -197,7 +183,7 @@ func TestImportImageFailsOnANode(t *testing.T) {
 func TestImportImageCancelReachesTheNodes(t *testing.T) {
 	for _, node := range []string{"n0", ""} {
 		a := &importNode{block: true, ended: make(chan struct{})}
-		_, h := newTestRouter(t, Member{Name: "n0", Index: 0, Addr: serveImporter(t, a), Ready: true})
+		_, h := newTestRouter(t, Member{Name: "n0", Index: 0, Addr: serveFake(t, a), Ready: true})
 		ctx, cancel := context.WithCancel(context.Background())
 		sink := &importSink{ctx: ctx, msgs: make(chan *hypervisorv1.ImportImageResponse, 64)}
 		done := make(chan error, 1)

@@ -59,7 +59,8 @@ func (f *fakeNode) CreateVirtualMachine(_ context.Context, req *hypervisorv1.Cre
 	return &hypervisorv1.VirtualMachine{Id: "00000001", Name: req.GetName()}, nil
 }
 
-func serveFake(t *testing.T, f *fakeNode) string {
+// serveFake serves a fake HypervisorService on loopback.
+func serveFake(t *testing.T, f hypervisorv1.HypervisorServiceServer) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

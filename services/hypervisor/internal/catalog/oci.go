@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/pkg/ociboot"
 )
 
 // Files of an imported OCI image, besides the boot chain's .vmlinuz,
@@ -24,17 +25,12 @@ const maxOCIRecord = 1 << 20
 // OCIRecord is <stem>.oci.json: where an imported image came from and what
 // it runs. The import writes it last, so a stem without it is unfinished.
 type OCIRecord struct {
-	Reference      string   `json:"reference"`
-	ManifestDigest string   `json:"manifestDigest"`
-	ConfigDigest   string   `json:"configDigest"`
-	RootHash       string   `json:"rootHash"`
-	Salt           string   `json:"salt"`
-	BootImage      string   `json:"bootImage"`
-	Entrypoint     []string `json:"entrypoint,omitempty"`
-	Cmd            []string `json:"cmd,omitempty"`
-	Env            []string `json:"env,omitempty"`
-	WorkingDir     string   `json:"workingDir,omitempty"`
-	User           string   `json:"user,omitempty"`
+	Reference string `json:"reference"`
+	RootHash  string `json:"rootHash"`
+	Salt      string `json:"salt"`
+	BootImage string `json:"bootImage"`
+	// The digests and what the VM runs: the root's own image.json.
+	ociboot.Config
 }
 
 // OCIFiles are the paths of an OCI image's files in dir, in the order an

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/pkg/ociboot"
 )
 
 // An imported image is an OCI image with its source; half of one (an import
@@ -21,7 +22,8 @@ func TestOCIImages(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	rec, _ := json.Marshal(OCIRecord{Reference: "localhost:5000/py:1", ManifestDigest: "sha256:aa", RootHash: "bb", BootImage: "test-guest_0.1.0", Cmd: []string{"python3"}, User: "1000"})
+	rec, _ := json.Marshal(OCIRecord{Reference: "localhost:5000/py:1", RootHash: "bb", BootImage: "test-guest_0.1.0",
+		Config: ociboot.Config{ManifestDigest: "sha256:aa", Cmd: []string{"python3"}, User: "1000"}})
 	for _, stem := range []string{"py_1", "half_1"} {
 		write(stem+".vmlinuz", "k")
 		write(stem+".initrd", "i")

@@ -120,7 +120,7 @@ func move(src, dst string) error {
 	if fi.IsDir() {
 		err = os.CopyFS(dst, os.DirFS(src))
 	} else {
-		err = copyFile(src, dst, fi.Mode().Perm())
+		err = CopyFile(src, dst, fi.Mode().Perm())
 	}
 	if err != nil {
 		return err
@@ -128,7 +128,8 @@ func move(src, dst string) error {
 	return os.RemoveAll(src)
 }
 
-func copyFile(src, dst string, perm fs.FileMode) error {
+// CopyFile copies the file src to dst, which must not exist yet.
+func CopyFile(src, dst string, perm fs.FileMode) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return err

@@ -21,7 +21,7 @@ func TestReplaceContents(t *testing.T) {
 	src := filepath.Join(t.TempDir(), "d")
 	writeTree(t, src, map[string]string{"f": "5", "g/h": "6"})
 	dst := filepath.Join(t.TempDir(), "d")
-	if err := copyFile(filepath.Join(src, "f"), dst+".f", 0o644); err != nil {
+	if err := CopyFile(filepath.Join(src, "f"), dst+".f", 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if b, _ := os.ReadFile(dst + ".f"); string(b) != "5" {

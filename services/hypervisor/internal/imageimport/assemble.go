@@ -4,13 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/pkg/ociboot"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/catalog"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guestimage"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/ociimport"
 )
 
@@ -43,11 +44,9 @@ func (im *Importer) assemble(ctx context.Context, stage, stem, source string, oi
 		return nil, nil, err
 	}
 	cfg := oi.Config
-	rec := catalog.OCIRecord{
-		Reference: source, ManifestDigest: oi.ManifestDigest, ConfigDigest: oi.ConfigDigest,
-		RootHash: oi.RootHash, Salt: oi.Salt, BootImage: boot.GetRef(),
-		Entrypoint: cfg.Entrypoint, Cmd: cfg.Cmd, Env: cfg.Env, WorkingDir: cfg.WorkingDir, User: cfg.User,
-	}
+	rec := catalog.OCIRecord{Reference: source, RootHash: oi.RootHash, Salt: oi.Salt, BootImage: boot.GetRef(),
+		Config: ociboot.Config{ManifestDigest: oi.ManifestDigest, ConfigDigest: oi.ConfigDigest,
+			Entrypoint: cfg.Entrypoint, Cmd: cfg.Cmd, Env: cfg.Env, WorkingDir: cfg.WorkingDir, User: cfg.User}}
 	i := strings.LastIndex(stem, "_")
 	img := &hypervisorv1.Image{
 		Id: stem[:i], Version: stem[i+1:], Ref: stem, Kind: hypervisorv1.ImageKind_IMAGE_KIND_OCI,
@@ -145,21 +144,9 @@ func linkOrCopy(src, dst string) error {
 	if err := os.Link(src, dst); err == nil {
 		return nil
 	}
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
-	if err != nil {
-		return err
-	}
-	_, err = io.Copy(out, in)
-	if cerr := out.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	if err := guestimage.CopyFile(src, dst, 0o644); err != nil {
 		os.Remove(dst)
+		return err
 	}
-	return err
+	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"log/slog"
 	"os"
@@ -218,7 +219,7 @@ func TestImportLayout(t *testing.T) {
 		t.Errorf("oci source %v", o)
 	}
 	root, ok, err := ociboot.ParseCmdline(img.GetCmdline())
-	if !ok || err != nil || strings.ToLower(o.GetRootHash()) != hexOf(root.RootHash) || !strings.HasPrefix(img.GetCmdline(), "console=ttyS0 panic=-1 ") {
+	if !ok || err != nil || strings.ToLower(o.GetRootHash()) != hex.EncodeToString(root.RootHash) || !strings.HasPrefix(img.GetCmdline(), "console=ttyS0 panic=-1 ") {
 		t.Errorf("command line %q: %v %v", img.GetCmdline(), ok, err)
 	}
 	// What was measured is what the catalog offers.
@@ -255,15 +256,6 @@ func TestImportLayout(t *testing.T) {
 	if after := f.dirNames(t); !slices.Equal(before, after) {
 		t.Errorf("a refused import changed the directory: %v, then %v", before, after)
 	}
-}
-
-func hexOf(b []byte) string {
-	const digits = "0123456789abcdef"
-	out := make([]byte, 0, 2*len(b))
-	for _, c := range b {
-		out = append(out, digits[c>>4], digits[c&15])
-	}
-	return string(out)
 }
 
 // A hostile layer is refused naming the layer and the entry; nothing is left.
