@@ -137,10 +137,10 @@ test: deps tools check-generated lint breaking build guest-image ## everything b
 
 # The longest guest suites (several minutes each, mostly TCG boots) run in
 # their own target so that make test stays near 20 minutes; .ci/run runs both.
-LONG_SUITES := ^(TestVMLifecycle|TestVMLifetimes|TestOCIImage)$$
+LONG_SUITES := ^(TestVMLifecycle|TestVMLifetimes|TestOCIImage|TestWarmPool)$$
 
 .PHONY: test-long
-test-long: build guest-image ## the long guest suites make test leaves out (full VM lifecycle, lifetimes, OCI images)
+test-long: build guest-image ## the long guest suites make test leaves out (full VM lifecycle, lifetimes, OCI images, warm pools)
 	cd tests && VMM_TEST_IMAGE_DIR=$${VMM_TEST_IMAGE_DIR:-$(IMAGE_DIR)} go test -count=1 -timeout 30m -run '$(LONG_SUITES)' -v .
 
 # The fault suite (tests/faults_test.go): random VM operations with SIGKILL and
@@ -192,6 +192,7 @@ bench: build guest-image os-image ## benchmarks; ratios are printed side by side
 	cd tests && VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) VMM_BENCH_BASELINE_OVMF=$(BENCH_OTHER_OVMF) go test -run '^$$' -bench '^BenchmarkCreateToReady$$' -benchtime 5x .
 	cd tests && VMM_OS_IMAGE_DIR=$(OS_IMAGE_DIR) go test -run '^$$' -bench VMBaseCreateToReady -benchtime 2x -timeout 60m .
 	cd tests && VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -run '^$$' -bench SuspendResume -benchtime 3x .
+	cd tests && VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -run '^$$' -bench WarmPool -benchtime 5x -timeout 30m .
 	cd tests && VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -run '^$$' -bench OCIImage -benchtime 2x -timeout 30m .
 	cd tests && go test -run '^$$' -bench VerifyQuote -benchtime 500x .
 	cd services/attestation && GOMAXPROCS=1 go test -run '^$$' -bench VerifyQuoteInProcess -benchtime 2000x ./internal/apiserver/

@@ -95,6 +95,9 @@ func TestFaultChecksCatch(t *testing.T) {
 		// Suspended without a saved state; suspended with one that does not resume.
 		`{"id":"0b0b0b04","name":"sleeper","state":"suspended","network":"default","ip":"192.168.127.249","paths":{"dir":"` + vmDir("0b0b0b04") + `"}}`,
 		`{"id":"0b0b0b05","name":"dreamer","state":"suspended","network":"default","ip":"192.168.127.248","paths":{"dir":"` + vmDir("0b0b0b05") + `"}}`,
+		// A pool member that is also listed as a claimed VM.
+		`{"id":"0b0b0b06","name":"pool.fp.0b0b0b06","state":"suspended","paths":{"dir":"` + vmDir("0b0b0b06") + `"}}`,
+		`{"id":"0b0b0b06","name":"claimed","state":"stopped","lastError":"x","paths":{"dir":"` + vmDir("0b0b0b06") + `"}}`,
 	} {
 		var v vmJSONF
 		if err := json.Unmarshal([]byte(raw), &v); err != nil {
@@ -133,6 +136,7 @@ func TestFaultChecksCatch(t *testing.T) {
 	defer sock.Close()
 	f.golden = map[string]string{"0": strings.Repeat("cd", 32)}
 	f.unexpect = append(f.unexpect, "500 internal_error: planted")
+	f.claims["0b0b0b07"] = []string{"first", "second"} // one member, two acknowledged claims
 	cluster.Eventually(t, 5*time.Second, "the stray process", func() error {
 		if len(stateProcesses(c.StateDir)) == 0 {
 			return os.ErrNotExist

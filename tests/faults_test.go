@@ -90,13 +90,14 @@ type faultRun struct {
 	inflight  map[string]int // op interrupted by a kill -> count
 	cut       map[string]int // suspend/resume calls an outage cut short (transport error or unavailable)
 	golden    map[string]string
-	execFor   time.Duration // how long execWorks retries
+	execFor   time.Duration       // how long execWorks retries
+	claims    map[string][]string // VM id -> the names of the acknowledged creates that claimed it from the pool
 }
 
 func newFaultRun(t *testing.T, c *cluster.Cluster, seed int64) *faultRun {
 	return &faultRun{t: t, c: c, base: "http://" + c.Addr + "/api/v1", rng: rand.New(rand.NewPCG(uint64(seed), 0x5eed)),
 		ledger: map[string]*vmEntry{}, ops: map[string]int{}, opsOK: map[string]int{}, opTime: map[string]time.Duration{}, downTime: map[string]time.Duration{}, tolerated: map[string]int{},
-		kills: map[string]int{}, inflight: map[string]int{}, cut: map[string]int{}, execFor: 45 * time.Second}
+		kills: map[string]int{}, inflight: map[string]int{}, cut: map[string]int{}, execFor: 45 * time.Second, claims: map[string][]string{}}
 }
 
 type apiResult struct {
@@ -207,6 +208,7 @@ type vmJSONF struct {
 	Network   string `json:"network"`
 	IP        string `json:"ip"`
 	LastError string `json:"lastError"`
+	FromPool  string `json:"fromPool"`
 	Paths     struct {
 		Dir string `json:"dir"`
 	} `json:"paths"`
@@ -275,6 +277,9 @@ func (f *faultRun) create() {
 	_ = json.Unmarshal(r.body, &v)
 	f.mu.Lock()
 	e.id, e.created = v.ID, "acked"
+	if v.FromPool != "" {
+		f.claims[v.ID] = append(f.claims[v.ID], name)
+	}
 	f.mu.Unlock()
 	if wait == "ready" && e.attest {
 		f.notePin(e)
@@ -571,6 +576,7 @@ func TestFaults(t *testing.T) {
 	f := newFaultRun(t, c, seed)
 
 	f.importGolden()
+	f.createPool()
 
 	// The loop: a few operations, then a kill (half of the time into an
 	// operation in flight), restart, /readyz.
@@ -626,7 +632,7 @@ func TestFaults(t *testing.T) {
 				busy++
 			}
 		}
-		if final != nil && busy == 0 || time.Since(settleStart) > faultsSettle {
+		if final != nil && busy == 0 && f.poolSettled() || time.Since(settleStart) > faultsSettle {
 			break
 		}
 		time.Sleep(2 * time.Second)
@@ -637,8 +643,13 @@ func TestFaults(t *testing.T) {
 	if final == nil {
 		t.Fatal("the API does not answer after the settle")
 	}
+	// The pool's members are VMs too (processes, directories, leases,
+	// database records), hidden from the list.
+	members := f.poolMembers()
+	final = append(final, members...)
 
 	inv := f.check(final)
+	t.Logf("warm pool: %d creates claimed a member, %d members at the end", len(f.claims), len(members))
 	f.stopAll()
 	f.checkDatabases(final, inv)
 
@@ -755,6 +766,8 @@ var invariantOrder = []string{
 	"sockets in the run dir besides the services'",
 	"golden values changed",
 	"AK pins lost or changed",
+	"pool members handed to more than one claimer",
+	"pool members listed as claimed VMs",
 	"VMs whose boot attestation does not know",
 	"attested VMs whose user-data stayed gated",
 	"attestation records of deleted VMs",
@@ -778,6 +791,7 @@ func (inv *invariants) fail(kind, format string, args ...any) {
 
 func (f *faultRun) check(final []vmJSONF) *invariants {
 	inv := &invariants{counts: map[string]int{}}
+	f.checkPool(final, inv)
 	byID := map[string]vmJSONF{}
 	byName := map[string]int{}
 	for _, v := range final {
@@ -811,7 +825,7 @@ func (f *faultRun) check(final []vmJSONF) *invariants {
 		}
 	}
 	for _, v := range final {
-		if f.ledger[v.Name] == nil {
+		if f.ledger[v.Name] == nil && !strings.HasPrefix(v.Name, "pool.fp.") { // the pool makes its members
 			inv.fail("vm records resurrected or duplicated", "record %s (%s) was never created by the test", v.ID, v.Name)
 		}
 	}
@@ -883,6 +897,10 @@ func (f *faultRun) check(final []vmJSONF) *invariants {
 				inv.fail("stopped/failed VMs without a reason", "%s (%s) failed without lastError", v.ID, v.Name)
 			}
 		case "suspended":
+			if strings.HasPrefix(v.Name, "pool.") {
+				f.checkParked(inv, v) // resuming it would take it out of the pool
+				continue
+			}
 			f.checkSuspended(inv, v)
 		default:
 			inv.fail("VMs stuck in a transition", "%s (%s) is %s after the settle (lastError %q)", v.ID, v.Name, v.State, v.LastError)

@@ -22,9 +22,9 @@ import (
 )
 
 // mcpTools are the contract's 20 tools (§2.3) in registration order, then
-// our additions (update_vm_lifetime, suspend_vm, resume_vm), with their
-// annotation class; tools/list sorts them by name, as the original's mcp-go
-// did.
+// our additions (update_vm_lifetime, suspend_vm, resume_vm, import_image,
+// the pool tools), with their annotation class; tools/list sorts them by
+// name, as the original's mcp-go did.
 var mcpTools = []struct{ name, class string }{
 	{"get_info", "read"}, {"get_host", "read"}, {"list_images", "read"}, {"get_image", "read"},
 	{"list_networks", "read"}, {"get_network", "read"}, {"list_vms", "read"}, {"get_vm", "read"},
@@ -35,6 +35,9 @@ var mcpTools = []struct{ name, class string }{
 	{"update_vm_lifetime", "lifetime"},
 	{"suspend_vm", "idempotent"}, {"resume_vm", "idempotent"}, // issue 19
 	{"import_image", "import"}, // issue 27
+	// Warm pools.
+	{"list_pools", "read"}, {"get_pool", "read"}, {"create_pool", "create"},
+	{"resize_pool", "idempotent"}, {"delete_pool", "destructive"},
 }
 
 // classOf reads an annotation class back from the hints (contract §2.2).

@@ -74,7 +74,13 @@ func (p *provisioner) run(ctx context.Context) bootResults {
 	// The IMDS decides whether user-data is released: a VM that does not
 	// require attestation gets it even after a rejected quote. After a
 	// rejection a gated answer will not change, so it is asked once.
-	p.userData(ctx, res.initrd == attestRejected)
+	if waited := p.userData(ctx, res.initrd == attestRejected); waited {
+		// A warm pool's member waited here, suspended, for a claim: the
+		// hostname and keys it read before are the member's, the claimer's
+		// are served now (harmless re-reads after a slow attestation).
+		p.hostname(ctx)
+		p.publicKeys(ctx)
+	}
 	p.phases.enter(measure.WordLeaveInitrd)
 	p.phases.enter(measure.WordSysinit)
 	if p.sysext != nil {
@@ -158,7 +164,9 @@ func keySummary(k string) string {
 	return "?"
 }
 
-func (p *provisioner) userData(ctx context.Context, rejected bool) {
+// userData fetches, stores and applies the user-data; waited says whether
+// the IMDS answered 503 at least once before.
+func (p *provisioner) userData(ctx context.Context, rejected bool) (waited bool) {
 	wait := p.userDataWait
 	if wait <= 0 {
 		wait = UserDataWait
@@ -176,35 +184,35 @@ func (p *provisioner) userData(ctx context.Context, rejected bool) {
 	switch {
 	case errors.Is(err, imdsclient.ErrNoUserData):
 		p.con.Printf("no user-data")
-		return
+		return gated > 0
 	case errors.Is(err, imdsclient.ErrNotFound):
 		p.con.Printf("no user-data (404)")
-		return
+		return gated > 0
 	case errors.Is(err, imdsclient.ErrGated) && rejected:
 		p.con.Printf("user-data stays gated: the initrd attestation was rejected")
-		return
+		return gated > 0
 	case errors.Is(err, imdsclient.ErrGated):
 		p.con.Printf("giving up on user-data: %v", err)
-		return
+		return gated > 0
 	case err != nil:
 		p.con.Printf("warning: user-data: %v", err)
-		return
+		return gated > 0
 	}
 	dst := p.path(UserDataPath)
 	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 		p.con.Printf("warning: user-data: %v", err)
-		return
+		return gated > 0
 	}
 	if err := writeFileAtomic(dst, data, 0o600); err != nil {
 		p.con.Printf("warning: user-data: %v", err)
-		return
+		return gated > 0
 	}
 	p.con.Printf("user-data: %d bytes written to %s", len(data), UserDataPath)
 
 	cfg, ignored, err := ignition.Parse(data)
 	if err != nil {
 		p.con.Printf("user-data not applied: %v", err)
-		return
+		return gated > 0
 	}
 	if len(ignored) > 0 {
 		p.con.Printf("ignition: ignoring %s (only storage.files is applied)", strings.Join(ignored, ", "))
@@ -215,9 +223,10 @@ func (p *provisioner) userData(ctx context.Context, rejected bool) {
 	}
 	if err != nil {
 		p.con.Printf("warning: ignition: %v", err)
-		return
+		return gated > 0
 	}
 	p.con.Printf("ignition: %d files written", len(written))
+	return gated > 0
 }
 
 // tpmAttester runs `vm-agent attest` in-process (internal/attest) and sends its

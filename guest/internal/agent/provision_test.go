@@ -24,6 +24,10 @@ type fakeIMDS struct {
 	userData string   // "" → 204
 	gateOpen bool
 	verdict  map[string]attestResult // per stage; default verified
+	// claimAfter > 0: a warm pool's member, answered 503 "asked again at
+	// once" that many times; then claimed: the claimer's hostname and key.
+	claimAfter int
+	claimed    bool
 }
 
 func (f *fakeIMDS) log(e string) {
@@ -37,15 +41,40 @@ func (f *fakeIMDS) handler() http.Handler {
 	text := func(s string) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) { w.Write([]byte(s)) }
 	}
-	mux.HandleFunc("GET /giantswarm/v1/hostname", text("imds-host"))
-	mux.HandleFunc("GET /giantswarm/v1/public-keys/", text("0\n1"))
+	mux.HandleFunc("GET /giantswarm/v1/hostname", func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.claimed {
+			w.Write([]byte("claimer-host"))
+			return
+		}
+		w.Write([]byte("imds-host"))
+	})
+	mux.HandleFunc("GET /giantswarm/v1/public-keys/2", text("ssh-ed25519 AAAAE5Nz claimer@laptop"))
+	mux.HandleFunc("GET /giantswarm/v1/public-keys/", func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.claimed {
+			w.Write([]byte("0\n2"))
+			return
+		}
+		w.Write([]byte("0\n1"))
+	})
 	mux.HandleFunc("GET /giantswarm/v1/public-keys/0", text("ssh-ed25519 AAAAC3Nz vm-manager"))
 	mux.HandleFunc("GET /giantswarm/v1/public-keys/1", text("ssh-ed25519 AAAAD4Nz alice@laptop"))
 	mux.HandleFunc("GET /giantswarm/v1/user-data", func(w http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()
 		open, ud := f.gateOpen, f.userData
+		member := open && f.claimAfter > 0
+		if member {
+			f.claimAfter--
+			f.claimed = f.claimAfter == 0
+		}
 		f.mu.Unlock()
 		switch {
+		case member:
+			w.Header().Set("Retry-After", "0")
+			http.Error(w, "this VM waits in a warm pool", 503)
 		case !open:
 			w.Header().Set("Retry-After", "2")
 			http.Error(w, "user-data is released after the initrd-stage attestation verifies", 503)
@@ -168,6 +197,28 @@ func TestProvisionFullFlow(t *testing.T) {
 	}
 	if fx.slept != 0 {
 		t.Errorf("waited %s for released user-data", fx.slept)
+	}
+}
+
+// A warm pool's member waits for its user-data after a verified initrd
+// quote; once claimed, it takes the claimer's hostname and keys, which the
+// IMDS serves from then on, and its user-data.
+func TestProvisionPoolMemberTakesTheClaimersIdentity(t *testing.T) {
+	fx := newFixture(t, &fakeIMDS{userData: userData, claimAfter: 3})
+	fx.p.run(context.Background())
+	if fx.hostname != "claimer-host" {
+		t.Errorf("hostname %q, want the claimer's", fx.hostname)
+	}
+	keys, err := os.ReadFile(filepath.Join(fx.p.root, "root/.ssh/authorized_keys"))
+	if err != nil || string(keys) != "ssh-ed25519 AAAAC3Nz vm-manager\nssh-ed25519 AAAAE5Nz claimer@laptop\n" {
+		t.Errorf("authorized_keys %q %v", keys, err)
+	}
+	if ud, err := os.ReadFile(filepath.Join(fx.p.root, "run/vm-agent/user-data")); err != nil || string(ud) != userData {
+		t.Errorf("user-data %q %v", ud, err)
+	}
+	// Retry-After 0 is a short wait, not a spin.
+	if fx.slept != 3*100*time.Millisecond {
+		t.Errorf("waited %s, want 3 × 100ms", fx.slept)
 	}
 }
 

@@ -151,11 +151,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if cfg.MetricsEnabled {
 		// The scrape has no caller: it reads the hypervisor's internal,
 		// read-only TelemetryService.
-		var telemetry metrics.Source
+		var telemetry hypervisorv1.TelemetryServiceClient
 		if !cfg.Fleet {
 			telemetry = hypervisorv1.NewTelemetryServiceClient(hconn)
 		}
 		met = metrics.New(telemetry, log)
+		if telemetry != nil {
+			met.AddPools(telemetry)
+		}
 		observe = met.ObserveMCP
 		if verifier != nil {
 			met.AddKeyStats(verifier.KeyStats)

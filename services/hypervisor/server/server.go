@@ -30,6 +30,7 @@ import (
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/network"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/policysync"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/pool"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/swtpm"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vm"
@@ -101,6 +102,9 @@ type Config struct {
 	// Import bounds and places OCI image imports (--max-image-bytes,
 	// --image-store-bytes, --oci-boot-image, --registry-plain-http).
 	Import imageimport.Config
+	// Pools bound the warm pools (--max-pools, --max-pool-size,
+	// --pool-disk-bytes, --pool-refill-concurrency).
+	Pools pool.Config
 }
 
 // networkLimits turns the configuration into the networks' limits, keeping
@@ -245,7 +249,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Network:            networkLimits(cfg, log),
 		Watch:              cfg.Watch,
 		IDPrefix:           idPrefix(cfg.Host.Node),
-	}, log, st, cat, attestationv1.NewVerifierServiceClient(aconn), router, drv)
+	}, cfg.Pools, log, st, cat, attestationv1.NewVerifierServiceClient(aconn), router, drv)
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/imds"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/network"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/notify"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/pool"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vm"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore"
 )
@@ -26,15 +27,23 @@ type vms struct {
 	bounds   *vm.Bounds
 	nets     *network.Registry
 	guest    *guestapi.Side
+	pools    *pool.Pools
 	cancel   context.CancelFunc
 	log      *slog.Logger
+
+	stopPools context.CancelFunc
+	poolsDone chan struct{}
 }
 
 // wireVMs loads the records, restores the networks, then re-adopts the VMs
 // (re-adopted VMs redial their network's socket). No loop runs yet (run).
-func wireVMs(cfg vm.Config, log *slog.Logger, st *vmstore.Store, images vm.ImageResolver, verifier attestationv1.VerifierServiceClient, router *notify.Router, drv vm.Driver) (*vms, error) {
+func wireVMs(cfg vm.Config, poolCfg pool.Config, log *slog.Logger, st *vmstore.Store, images vm.ImageResolver, verifier attestationv1.VerifierServiceClient, router *notify.Router, drv vm.Driver) (*vms, error) {
 	cfg = cfg.WithDefaults()
 	table, err := vm.NewTable(cfg, log, st)
+	if err != nil {
+		return nil, err
+	}
+	pools, err := pool.New(poolCfg, log.With("component", "pools"), st)
 	if err != nil {
 		return nil, err
 	}
@@ -53,17 +62,24 @@ func wireVMs(cfg vm.Config, log *slog.Logger, st *vmstore.Store, images vm.Image
 		Networks: nets, Activity: activity, Boots: boots})
 	access := vm.NewAccess(cfg, log, table, nets, activity, guest, refused)
 	manager := vm.New(cfg, log, vm.Deps{Store: st, Images: images, Verifier: verifier, Driver: drv, Table: table, Runner: runner,
-		Activity: activity, Access: access, Networks: nets, IMDS: guard, Refusals: refused})
+		Activity: activity, Access: access, Networks: nets, IMDS: guard, Refusals: refused, Pools: pools})
 	watches := vm.NewWatches(cfg.Watch, table.Events())
 	consoles := vm.NewConsoles(cfg, log, table)
 	return &vms{table: table, manager: manager, activity: activity, access: access, watches: watches, consoles: consoles,
-		bounds: vm.NewBounds(refused, nets, activity, watches, guard, consoles), nets: nets, guest: guest, cancel: cancel, log: log}, nil
+		bounds: vm.NewBounds(refused, nets, activity, watches, guard, consoles), nets: nets, guest: guest, pools: pools, cancel: cancel, log: log}, nil
 }
 
-// run starts the background loops: forgets, lifetimes, console rotation.
+// run starts the background loops: forgets, lifetimes, console rotation,
+// the pools' refills.
 func (v *vms) run() {
 	v.manager.RunLoops()
 	v.consoles.Run()
+	ctx, cancel := context.WithCancel(context.Background())
+	v.stopPools, v.poolsDone = cancel, make(chan struct{})
+	go func() {
+		defer close(v.poolsDone)
+		v.pools.Run(ctx, v.manager)
+	}()
 }
 
 // endWatches ends the watch streams (they never end by themselves) when
@@ -73,6 +89,10 @@ func (v *vms) endWatches() { v.watches.End() }
 // close stops supervising (the VMs run on for the next hypervisor unless
 // --detach-vms-on-exit=false), then the networks, the watches and the table.
 func (v *vms) close() {
+	if v.stopPools != nil {
+		v.stopPools() // refills end before the manager they call
+		<-v.poolsDone
+	}
 	v.manager.Close()
 	v.consoles.Close()
 	v.nets.Close()
@@ -86,5 +106,5 @@ func (v *vms) close() {
 // api is the HypervisorService's view of the parts.
 func (v *vms) api(host apiserver.HostProber, catalog apiserver.Catalog) apiserver.Deps {
 	return apiserver.Deps{Host: host, Catalog: catalog, VMs: v.table, Lifecycle: v.manager, Lifetimes: v.activity, Access: v.access,
-		Consoles: v.consoles, Watches: v.watches, Networks: v.nets, Guests: v.guest, Bounds: v.bounds}
+		Consoles: v.consoles, Watches: v.watches, Networks: v.nets, Guests: v.guest, Bounds: v.bounds, Pools: v.pools}
 }

@@ -1063,8 +1063,11 @@ type CreateVirtualMachineRequest struct {
 	// Fleet gateway only (docs/fleet.md): the node to create on; without it,
 	// the node with the most free cpus and memory among those whose labels
 	// match node_selector (k=v,..., all must match). A node ignores both.
-	Node          string `protobuf:"bytes,19,opt,name=node,proto3" json:"node,omitempty"`
-	NodeSelector  string `protobuf:"bytes,20,opt,name=node_selector,json=nodeSelector,proto3" json:"node_selector,omitempty"`
+	Node         string `protobuf:"bytes,19,opt,name=node,proto3" json:"node,omitempty"`
+	NodeSelector string `protobuf:"bytes,20,opt,name=node_selector,json=nodeSelector,proto3" json:"node_selector,omitempty"`
+	// Boot a new VM even when a warm pool holds a ready member of this shape
+	// (by default such a create claims one: docs/api.md "Warm pools").
+	SkipPool      bool `protobuf:"varint,21,opt,name=skip_pool,json=skipPool,proto3" json:"skip_pool,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1237,6 +1240,13 @@ func (x *CreateVirtualMachineRequest) GetNodeSelector() string {
 		return x.NodeSelector
 	}
 	return ""
+}
+
+func (x *CreateVirtualMachineRequest) GetSkipPool() bool {
+	if x != nil {
+		return x.SkipPool
+	}
+	return false
 }
 
 type DeleteVirtualMachineRequest struct {
@@ -2607,7 +2617,7 @@ var File_vmmanager_hypervisor_v1_hypervisor_service_proto protoreflect.FileDescr
 
 const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\n" +
-	"0vmmanager/hypervisor/v1/hypervisor_service.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a)vmmanager/hypervisor/v1/exec_stream.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a#vmmanager/hypervisor/v1/image.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\x1a%vmmanager/hypervisor/v1/network.proto\x1a%vmmanager/hypervisor/v1/suspend.proto\x1a-vmmanager/hypervisor/v1/virtual_machine.proto\x1a#vmmanager/hypervisor/v1/watch.proto\")\n" +
+	"0vmmanager/hypervisor/v1/hypervisor_service.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a)vmmanager/hypervisor/v1/exec_stream.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a#vmmanager/hypervisor/v1/image.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\x1a%vmmanager/hypervisor/v1/network.proto\x1a\"vmmanager/hypervisor/v1/pool.proto\x1a%vmmanager/hypervisor/v1/suspend.proto\x1a-vmmanager/hypervisor/v1/virtual_machine.proto\x1a#vmmanager/hypervisor/v1/watch.proto\")\n" +
 	"\x0eGetHostRequest\x12\x17\n" +
 	"\x04node\x18\x01 \x01(\tB\x03\xe0A\x01R\x04node\",\n" +
 	"\x11ListImagesRequest\x12\x17\n" +
@@ -2664,7 +2674,7 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\x03vms\x18\x01 \x03(\v2'.vmmanager.hypervisor.v1.VirtualMachineR\x03vms\x12\x1f\n" +
 	"\bwarnings\x18\x02 \x03(\tB\x03\xe0A\x03R\bwarnings\"/\n" +
 	"\x18GetVirtualMachineRequest\x12\x13\n" +
-	"\x02id\x18\x01 \x01(\tB\x03\xe0A\x02R\x02id\"\xa8\b\n" +
+	"\x02id\x18\x01 \x01(\tB\x03\xe0A\x02R\x02id\"\xca\b\n" +
 	"\x1bCreateVirtualMachineRequest\x12\x17\n" +
 	"\x04name\x18\x01 \x01(\tB\x03\xe0A\x02R\x04name\x12\x19\n" +
 	"\x05image\x18\x02 \x01(\tB\x03\xe0A\x01R\x05image\x122\n" +
@@ -2687,7 +2697,8 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\fidle_timeout\x18\x11 \x01(\tB\x03\xe0A\x01R\vidleTimeout\x12=\n" +
 	"\aon_idle\x18\x12 \x01(\x0e2\x1f.vmmanager.hypervisor.v1.OnIdleB\x03\xe0A\x01R\x06onIdle\x12\x17\n" +
 	"\x04node\x18\x13 \x01(\tB\x03\xe0A\x01R\x04node\x12(\n" +
-	"\rnode_selector\x18\x14 \x01(\tB\x03\xe0A\x01R\fnodeSelector\x1a;\n" +
+	"\rnode_selector\x18\x14 \x01(\tB\x03\xe0A\x01R\fnodeSelector\x12 \n" +
+	"\tskip_pool\x18\x15 \x01(\bB\x03\xe0A\x01R\bskipPool\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\a\n" +
@@ -2832,7 +2843,7 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\x1aATTESTATION_STATE_DISABLED\x10\x01\x12\x1d\n" +
 	"\x19ATTESTATION_STATE_PENDING\x10\x02\x12\x1e\n" +
 	"\x1aATTESTATION_STATE_RELEASED\x10\x03\x12\x1c\n" +
-	"\x18ATTESTATION_STATE_FAILED\x10\x042\xcf\x1d\n" +
+	"\x18ATTESTATION_STATE_FAILED\x10\x042\xbd\"\n" +
 	"\x11HypervisorService\x12g\n" +
 	"\aGetHost\x12'.vmmanager.hypervisor.v1.GetHostRequest\x1a\x1d.vmmanager.hypervisor.v1.Host\"\x14\x82\xd3\xe4\x93\x02\x0e\x12\f/api/v1/host\x12\x85\x01\n" +
 	"\n" +
@@ -2860,7 +2871,15 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\x14WatchVirtualMachines\x124.vmmanager.hypervisor.v1.WatchVirtualMachinesRequest\x1a5.vmmanager.hypervisor.v1.WatchVirtualMachinesResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/api/v1/vms:watch0\x01\x12\x93\x01\n" +
 	"\x18ExecVirtualMachineStream\x128.vmmanager.hypervisor.v1.ExecVirtualMachineStreamRequest\x1a9.vmmanager.hypervisor.v1.ExecVirtualMachineStreamResponse(\x010\x01\x12\x99\x01\n" +
 	"\x15SuspendVirtualMachine\x125.vmmanager.hypervisor.v1.SuspendVirtualMachineRequest\x1a'.vmmanager.hypervisor.v1.VirtualMachine\" \x82\xd3\xe4\x93\x02\x1a\"\x18/api/v1/vms/{id}/suspend\x12\x96\x01\n" +
-	"\x14ResumeVirtualMachine\x124.vmmanager.hypervisor.v1.ResumeVirtualMachineRequest\x1a'.vmmanager.hypervisor.v1.VirtualMachine\"\x1f\x82\xd3\xe4\x93\x02\x19\"\x17/api/v1/vms/{id}/resumeBKZIgithub.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1;hypervisorv1b\x06proto3"
+	"\x14ResumeVirtualMachine\x124.vmmanager.hypervisor.v1.ResumeVirtualMachineRequest\x1a'.vmmanager.hypervisor.v1.VirtualMachine\"\x1f\x82\xd3\xe4\x93\x02\x19\"\x17/api/v1/vms/{id}/resume\x12q\n" +
+	"\n" +
+	"CreatePool\x12*.vmmanager.hypervisor.v1.CreatePoolRequest\x1a\x1d.vmmanager.hypervisor.v1.Pool\"\x18\x82\xd3\xe4\x93\x02\x12:\x01*\"\r/api/v1/pools\x12\x80\x01\n" +
+	"\tListPools\x12).vmmanager.hypervisor.v1.ListPoolsRequest\x1a*.vmmanager.hypervisor.v1.ListPoolsResponse\"\x1c\x82\xd3\xe4\x93\x02\x16b\x05pools\x12\r/api/v1/pools\x12o\n" +
+	"\aGetPool\x12'.vmmanager.hypervisor.v1.GetPoolRequest\x1a\x1d.vmmanager.hypervisor.v1.Pool\"\x1c\x82\xd3\xe4\x93\x02\x16\x12\x14/api/v1/pools/{name}\x12\x7f\n" +
+	"\n" +
+	"ResizePool\x12*.vmmanager.hypervisor.v1.ResizePoolRequest\x1a\x1d.vmmanager.hypervisor.v1.Pool\"&\x82\xd3\xe4\x93\x02 :\x01*\"\x1b/api/v1/pools/{name}:resize\x12\x83\x01\n" +
+	"\n" +
+	"DeletePool\x12*.vmmanager.hypervisor.v1.DeletePoolRequest\x1a+.vmmanager.hypervisor.v1.DeletePoolResponse\"\x1c\x82\xd3\xe4\x93\x02\x16*\x14/api/v1/pools/{name}BKZIgithub.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1;hypervisorv1b\x06proto3"
 
 var (
 	file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescOnce sync.Once
@@ -2937,9 +2956,17 @@ var file_vmmanager_hypervisor_v1_hypervisor_service_proto_goTypes = []any{
 	(*ExecVirtualMachineStreamRequest)(nil),     // 57: vmmanager.hypervisor.v1.ExecVirtualMachineStreamRequest
 	(*SuspendVirtualMachineRequest)(nil),        // 58: vmmanager.hypervisor.v1.SuspendVirtualMachineRequest
 	(*ResumeVirtualMachineRequest)(nil),         // 59: vmmanager.hypervisor.v1.ResumeVirtualMachineRequest
-	(*Host)(nil),                                // 60: vmmanager.hypervisor.v1.Host
-	(*WatchVirtualMachinesResponse)(nil),        // 61: vmmanager.hypervisor.v1.WatchVirtualMachinesResponse
-	(*ExecVirtualMachineStreamResponse)(nil),    // 62: vmmanager.hypervisor.v1.ExecVirtualMachineStreamResponse
+	(*CreatePoolRequest)(nil),                   // 60: vmmanager.hypervisor.v1.CreatePoolRequest
+	(*ListPoolsRequest)(nil),                    // 61: vmmanager.hypervisor.v1.ListPoolsRequest
+	(*GetPoolRequest)(nil),                      // 62: vmmanager.hypervisor.v1.GetPoolRequest
+	(*ResizePoolRequest)(nil),                   // 63: vmmanager.hypervisor.v1.ResizePoolRequest
+	(*DeletePoolRequest)(nil),                   // 64: vmmanager.hypervisor.v1.DeletePoolRequest
+	(*Host)(nil),                                // 65: vmmanager.hypervisor.v1.Host
+	(*WatchVirtualMachinesResponse)(nil),        // 66: vmmanager.hypervisor.v1.WatchVirtualMachinesResponse
+	(*ExecVirtualMachineStreamResponse)(nil),    // 67: vmmanager.hypervisor.v1.ExecVirtualMachineStreamResponse
+	(*Pool)(nil),                                // 68: vmmanager.hypervisor.v1.Pool
+	(*ListPoolsResponse)(nil),                   // 69: vmmanager.hypervisor.v1.ListPoolsResponse
+	(*DeletePoolResponse)(nil),                  // 70: vmmanager.hypervisor.v1.DeletePoolResponse
 }
 var file_vmmanager_hypervisor_v1_hypervisor_service_proto_depIdxs = []int32{
 	43, // 0: vmmanager.hypervisor.v1.ListImagesResponse.images:type_name -> vmmanager.hypervisor.v1.Image
@@ -2996,33 +3023,43 @@ var file_vmmanager_hypervisor_v1_hypervisor_service_proto_depIdxs = []int32{
 	57, // 51: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachineStream:input_type -> vmmanager.hypervisor.v1.ExecVirtualMachineStreamRequest
 	58, // 52: vmmanager.hypervisor.v1.HypervisorService.SuspendVirtualMachine:input_type -> vmmanager.hypervisor.v1.SuspendVirtualMachineRequest
 	59, // 53: vmmanager.hypervisor.v1.HypervisorService.ResumeVirtualMachine:input_type -> vmmanager.hypervisor.v1.ResumeVirtualMachineRequest
-	60, // 54: vmmanager.hypervisor.v1.HypervisorService.GetHost:output_type -> vmmanager.hypervisor.v1.Host
-	4,  // 55: vmmanager.hypervisor.v1.HypervisorService.ListImages:output_type -> vmmanager.hypervisor.v1.ListImagesResponse
-	43, // 56: vmmanager.hypervisor.v1.HypervisorService.GetImage:output_type -> vmmanager.hypervisor.v1.Image
-	7,  // 57: vmmanager.hypervisor.v1.HypervisorService.ImportImage:output_type -> vmmanager.hypervisor.v1.ImportImageResponse
-	9,  // 58: vmmanager.hypervisor.v1.HypervisorService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
-	45, // 59: vmmanager.hypervisor.v1.HypervisorService.GetNetwork:output_type -> vmmanager.hypervisor.v1.Network
-	45, // 60: vmmanager.hypervisor.v1.HypervisorService.CreateNetwork:output_type -> vmmanager.hypervisor.v1.Network
-	13, // 61: vmmanager.hypervisor.v1.HypervisorService.DeleteNetwork:output_type -> vmmanager.hypervisor.v1.DeleteNetworkResponse
-	15, // 62: vmmanager.hypervisor.v1.HypervisorService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
-	49, // 63: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	49, // 64: vmmanager.hypervisor.v1.HypervisorService.CreateVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	19, // 65: vmmanager.hypervisor.v1.HypervisorService.DeleteVirtualMachine:output_type -> vmmanager.hypervisor.v1.DeleteVirtualMachineResponse
-	49, // 66: vmmanager.hypervisor.v1.HypervisorService.StartVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	49, // 67: vmmanager.hypervisor.v1.HypervisorService.StopVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	49, // 68: vmmanager.hypervisor.v1.HypervisorService.RebootVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	24, // 69: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachine:output_type -> vmmanager.hypervisor.v1.ExecVirtualMachineResponse
-	26, // 70: vmmanager.hypervisor.v1.HypervisorService.ForwardVirtualMachinePort:output_type -> vmmanager.hypervisor.v1.ForwardVirtualMachinePortResponse
-	28, // 71: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineConsole:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineConsoleResponse
-	32, // 72: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
-	31, // 73: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineReport:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineReportResponse
-	49, // 74: vmmanager.hypervisor.v1.HypervisorService.UpdateVirtualMachineLifetime:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	61, // 75: vmmanager.hypervisor.v1.HypervisorService.WatchVirtualMachines:output_type -> vmmanager.hypervisor.v1.WatchVirtualMachinesResponse
-	62, // 76: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachineStream:output_type -> vmmanager.hypervisor.v1.ExecVirtualMachineStreamResponse
-	49, // 77: vmmanager.hypervisor.v1.HypervisorService.SuspendVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	49, // 78: vmmanager.hypervisor.v1.HypervisorService.ResumeVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	54, // [54:79] is the sub-list for method output_type
-	29, // [29:54] is the sub-list for method input_type
+	60, // 54: vmmanager.hypervisor.v1.HypervisorService.CreatePool:input_type -> vmmanager.hypervisor.v1.CreatePoolRequest
+	61, // 55: vmmanager.hypervisor.v1.HypervisorService.ListPools:input_type -> vmmanager.hypervisor.v1.ListPoolsRequest
+	62, // 56: vmmanager.hypervisor.v1.HypervisorService.GetPool:input_type -> vmmanager.hypervisor.v1.GetPoolRequest
+	63, // 57: vmmanager.hypervisor.v1.HypervisorService.ResizePool:input_type -> vmmanager.hypervisor.v1.ResizePoolRequest
+	64, // 58: vmmanager.hypervisor.v1.HypervisorService.DeletePool:input_type -> vmmanager.hypervisor.v1.DeletePoolRequest
+	65, // 59: vmmanager.hypervisor.v1.HypervisorService.GetHost:output_type -> vmmanager.hypervisor.v1.Host
+	4,  // 60: vmmanager.hypervisor.v1.HypervisorService.ListImages:output_type -> vmmanager.hypervisor.v1.ListImagesResponse
+	43, // 61: vmmanager.hypervisor.v1.HypervisorService.GetImage:output_type -> vmmanager.hypervisor.v1.Image
+	7,  // 62: vmmanager.hypervisor.v1.HypervisorService.ImportImage:output_type -> vmmanager.hypervisor.v1.ImportImageResponse
+	9,  // 63: vmmanager.hypervisor.v1.HypervisorService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
+	45, // 64: vmmanager.hypervisor.v1.HypervisorService.GetNetwork:output_type -> vmmanager.hypervisor.v1.Network
+	45, // 65: vmmanager.hypervisor.v1.HypervisorService.CreateNetwork:output_type -> vmmanager.hypervisor.v1.Network
+	13, // 66: vmmanager.hypervisor.v1.HypervisorService.DeleteNetwork:output_type -> vmmanager.hypervisor.v1.DeleteNetworkResponse
+	15, // 67: vmmanager.hypervisor.v1.HypervisorService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
+	49, // 68: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	49, // 69: vmmanager.hypervisor.v1.HypervisorService.CreateVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	19, // 70: vmmanager.hypervisor.v1.HypervisorService.DeleteVirtualMachine:output_type -> vmmanager.hypervisor.v1.DeleteVirtualMachineResponse
+	49, // 71: vmmanager.hypervisor.v1.HypervisorService.StartVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	49, // 72: vmmanager.hypervisor.v1.HypervisorService.StopVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	49, // 73: vmmanager.hypervisor.v1.HypervisorService.RebootVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	24, // 74: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachine:output_type -> vmmanager.hypervisor.v1.ExecVirtualMachineResponse
+	26, // 75: vmmanager.hypervisor.v1.HypervisorService.ForwardVirtualMachinePort:output_type -> vmmanager.hypervisor.v1.ForwardVirtualMachinePortResponse
+	28, // 76: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineConsole:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineConsoleResponse
+	32, // 77: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
+	31, // 78: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineReport:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineReportResponse
+	49, // 79: vmmanager.hypervisor.v1.HypervisorService.UpdateVirtualMachineLifetime:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	66, // 80: vmmanager.hypervisor.v1.HypervisorService.WatchVirtualMachines:output_type -> vmmanager.hypervisor.v1.WatchVirtualMachinesResponse
+	67, // 81: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachineStream:output_type -> vmmanager.hypervisor.v1.ExecVirtualMachineStreamResponse
+	49, // 82: vmmanager.hypervisor.v1.HypervisorService.SuspendVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	49, // 83: vmmanager.hypervisor.v1.HypervisorService.ResumeVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	68, // 84: vmmanager.hypervisor.v1.HypervisorService.CreatePool:output_type -> vmmanager.hypervisor.v1.Pool
+	69, // 85: vmmanager.hypervisor.v1.HypervisorService.ListPools:output_type -> vmmanager.hypervisor.v1.ListPoolsResponse
+	68, // 86: vmmanager.hypervisor.v1.HypervisorService.GetPool:output_type -> vmmanager.hypervisor.v1.Pool
+	68, // 87: vmmanager.hypervisor.v1.HypervisorService.ResizePool:output_type -> vmmanager.hypervisor.v1.Pool
+	70, // 88: vmmanager.hypervisor.v1.HypervisorService.DeletePool:output_type -> vmmanager.hypervisor.v1.DeletePoolResponse
+	59, // [59:89] is the sub-list for method output_type
+	29, // [29:59] is the sub-list for method input_type
 	29, // [29:29] is the sub-list for extension type_name
 	29, // [29:29] is the sub-list for extension extendee
 	0,  // [0:29] is the sub-list for field type_name
@@ -3038,6 +3075,7 @@ func file_vmmanager_hypervisor_v1_hypervisor_service_proto_init() {
 	file_vmmanager_hypervisor_v1_image_proto_init()
 	file_vmmanager_hypervisor_v1_lifetime_proto_init()
 	file_vmmanager_hypervisor_v1_network_proto_init()
+	file_vmmanager_hypervisor_v1_pool_proto_init()
 	file_vmmanager_hypervisor_v1_suspend_proto_init()
 	file_vmmanager_hypervisor_v1_virtual_machine_proto_init()
 	file_vmmanager_hypervisor_v1_watch_proto_init()

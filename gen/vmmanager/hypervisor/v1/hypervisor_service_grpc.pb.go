@@ -44,6 +44,11 @@ const (
 	HypervisorService_ExecVirtualMachineStream_FullMethodName     = "/vmmanager.hypervisor.v1.HypervisorService/ExecVirtualMachineStream"
 	HypervisorService_SuspendVirtualMachine_FullMethodName        = "/vmmanager.hypervisor.v1.HypervisorService/SuspendVirtualMachine"
 	HypervisorService_ResumeVirtualMachine_FullMethodName         = "/vmmanager.hypervisor.v1.HypervisorService/ResumeVirtualMachine"
+	HypervisorService_CreatePool_FullMethodName                   = "/vmmanager.hypervisor.v1.HypervisorService/CreatePool"
+	HypervisorService_ListPools_FullMethodName                    = "/vmmanager.hypervisor.v1.HypervisorService/ListPools"
+	HypervisorService_GetPool_FullMethodName                      = "/vmmanager.hypervisor.v1.HypervisorService/GetPool"
+	HypervisorService_ResizePool_FullMethodName                   = "/vmmanager.hypervisor.v1.HypervisorService/ResizePool"
+	HypervisorService_DeletePool_FullMethodName                   = "/vmmanager.hypervisor.v1.HypervisorService/DeletePool"
 )
 
 // HypervisorServiceClient is the client API for HypervisorService service.
@@ -115,6 +120,17 @@ type HypervisorServiceClient interface {
 	// resume that fails keeps the state, and the VM stays suspended with
 	// last_error.
 	ResumeVirtualMachine(ctx context.Context, in *ResumeVirtualMachineRequest, opts ...grpc.CallOption) (*VirtualMachine, error)
+	// Warm pools (docs/api.md "Warm pools"): VMs of one shape booted,
+	// attested and suspended, claimed by a create of that shape.
+	CreatePool(ctx context.Context, in *CreatePoolRequest, opts ...grpc.CallOption) (*Pool, error)
+	// Pools, sorted by name.
+	ListPools(ctx context.Context, in *ListPoolsRequest, opts ...grpc.CallOption) (*ListPoolsResponse, error)
+	GetPool(ctx context.Context, in *GetPoolRequest, opts ...grpc.CallOption) (*Pool, error)
+	// Change how many members a pool keeps ready: refills run in the
+	// background; a shrink deletes the ready members beyond the size.
+	ResizePool(ctx context.Context, in *ResizePoolRequest, opts ...grpc.CallOption) (*Pool, error)
+	// Delete a pool and its unclaimed members; claimed VMs are the callers'.
+	DeletePool(ctx context.Context, in *DeletePoolRequest, opts ...grpc.CallOption) (*DeletePoolResponse, error)
 }
 
 type hypervisorServiceClient struct {
@@ -396,6 +412,56 @@ func (c *hypervisorServiceClient) ResumeVirtualMachine(ctx context.Context, in *
 	return out, nil
 }
 
+func (c *hypervisorServiceClient) CreatePool(ctx context.Context, in *CreatePoolRequest, opts ...grpc.CallOption) (*Pool, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Pool)
+	err := c.cc.Invoke(ctx, HypervisorService_CreatePool_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *hypervisorServiceClient) ListPools(ctx context.Context, in *ListPoolsRequest, opts ...grpc.CallOption) (*ListPoolsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListPoolsResponse)
+	err := c.cc.Invoke(ctx, HypervisorService_ListPools_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *hypervisorServiceClient) GetPool(ctx context.Context, in *GetPoolRequest, opts ...grpc.CallOption) (*Pool, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Pool)
+	err := c.cc.Invoke(ctx, HypervisorService_GetPool_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *hypervisorServiceClient) ResizePool(ctx context.Context, in *ResizePoolRequest, opts ...grpc.CallOption) (*Pool, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Pool)
+	err := c.cc.Invoke(ctx, HypervisorService_ResizePool_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *hypervisorServiceClient) DeletePool(ctx context.Context, in *DeletePoolRequest, opts ...grpc.CallOption) (*DeletePoolResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeletePoolResponse)
+	err := c.cc.Invoke(ctx, HypervisorService_DeletePool_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // HypervisorServiceServer is the server API for HypervisorService service.
 // All implementations must embed UnimplementedHypervisorServiceServer
 // for forward compatibility.
@@ -465,6 +531,17 @@ type HypervisorServiceServer interface {
 	// resume that fails keeps the state, and the VM stays suspended with
 	// last_error.
 	ResumeVirtualMachine(context.Context, *ResumeVirtualMachineRequest) (*VirtualMachine, error)
+	// Warm pools (docs/api.md "Warm pools"): VMs of one shape booted,
+	// attested and suspended, claimed by a create of that shape.
+	CreatePool(context.Context, *CreatePoolRequest) (*Pool, error)
+	// Pools, sorted by name.
+	ListPools(context.Context, *ListPoolsRequest) (*ListPoolsResponse, error)
+	GetPool(context.Context, *GetPoolRequest) (*Pool, error)
+	// Change how many members a pool keeps ready: refills run in the
+	// background; a shrink deletes the ready members beyond the size.
+	ResizePool(context.Context, *ResizePoolRequest) (*Pool, error)
+	// Delete a pool and its unclaimed members; claimed VMs are the callers'.
+	DeletePool(context.Context, *DeletePoolRequest) (*DeletePoolResponse, error)
 	mustEmbedUnimplementedHypervisorServiceServer()
 }
 
@@ -549,6 +626,21 @@ func (UnimplementedHypervisorServiceServer) SuspendVirtualMachine(context.Contex
 }
 func (UnimplementedHypervisorServiceServer) ResumeVirtualMachine(context.Context, *ResumeVirtualMachineRequest) (*VirtualMachine, error) {
 	return nil, status.Error(codes.Unimplemented, "method ResumeVirtualMachine not implemented")
+}
+func (UnimplementedHypervisorServiceServer) CreatePool(context.Context, *CreatePoolRequest) (*Pool, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreatePool not implemented")
+}
+func (UnimplementedHypervisorServiceServer) ListPools(context.Context, *ListPoolsRequest) (*ListPoolsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListPools not implemented")
+}
+func (UnimplementedHypervisorServiceServer) GetPool(context.Context, *GetPoolRequest) (*Pool, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetPool not implemented")
+}
+func (UnimplementedHypervisorServiceServer) ResizePool(context.Context, *ResizePoolRequest) (*Pool, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResizePool not implemented")
+}
+func (UnimplementedHypervisorServiceServer) DeletePool(context.Context, *DeletePoolRequest) (*DeletePoolResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeletePool not implemented")
 }
 func (UnimplementedHypervisorServiceServer) mustEmbedUnimplementedHypervisorServiceServer() {}
 func (UnimplementedHypervisorServiceServer) testEmbeddedByValue()                           {}
@@ -996,6 +1088,96 @@ func _HypervisorService_ResumeVirtualMachine_Handler(srv interface{}, ctx contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _HypervisorService_CreatePool_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreatePoolRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HypervisorServiceServer).CreatePool(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: HypervisorService_CreatePool_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HypervisorServiceServer).CreatePool(ctx, req.(*CreatePoolRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _HypervisorService_ListPools_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListPoolsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HypervisorServiceServer).ListPools(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: HypervisorService_ListPools_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HypervisorServiceServer).ListPools(ctx, req.(*ListPoolsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _HypervisorService_GetPool_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetPoolRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HypervisorServiceServer).GetPool(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: HypervisorService_GetPool_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HypervisorServiceServer).GetPool(ctx, req.(*GetPoolRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _HypervisorService_ResizePool_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResizePoolRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HypervisorServiceServer).ResizePool(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: HypervisorService_ResizePool_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HypervisorServiceServer).ResizePool(ctx, req.(*ResizePoolRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _HypervisorService_DeletePool_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeletePoolRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HypervisorServiceServer).DeletePool(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: HypervisorService_DeletePool_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HypervisorServiceServer).DeletePool(ctx, req.(*DeletePoolRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // HypervisorService_ServiceDesc is the grpc.ServiceDesc for HypervisorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1090,6 +1272,26 @@ var HypervisorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ResumeVirtualMachine",
 			Handler:    _HypervisorService_ResumeVirtualMachine_Handler,
+		},
+		{
+			MethodName: "CreatePool",
+			Handler:    _HypervisorService_CreatePool_Handler,
+		},
+		{
+			MethodName: "ListPools",
+			Handler:    _HypervisorService_ListPools_Handler,
+		},
+		{
+			MethodName: "GetPool",
+			Handler:    _HypervisorService_GetPool_Handler,
+		},
+		{
+			MethodName: "ResizePool",
+			Handler:    _HypervisorService_ResizePool_Handler,
+		},
+		{
+			MethodName: "DeletePool",
+			Handler:    _HypervisorService_DeletePool_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

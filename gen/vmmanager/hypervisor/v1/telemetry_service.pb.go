@@ -545,7 +545,7 @@ var File_vmmanager_hypervisor_v1_telemetry_service_proto protoreflect.FileDescri
 
 const file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDesc = "" +
 	"\n" +
-	"/vmmanager/hypervisor/v1/telemetry_service.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a)vmmanager/hypervisor/v1/exec_stream.proto\x1a0vmmanager/hypervisor/v1/hypervisor_service.proto\x1a%vmmanager/hypervisor/v1/suspend.proto\"\x18\n" +
+	"/vmmanager/hypervisor/v1/telemetry_service.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a)vmmanager/hypervisor/v1/exec_stream.proto\x1a0vmmanager/hypervisor/v1/hypervisor_service.proto\x1a\"vmmanager/hypervisor/v1/pool.proto\x1a%vmmanager/hypervisor/v1/suspend.proto\"\x18\n" +
 	"\x16ListGuestSeriesRequest\"_\n" +
 	"\x17ListGuestSeriesResponse\x12D\n" +
 	"\x03vms\x18\x01 \x03(\v22.vmmanager.hypervisor.v1.VirtualMachineGuestSeriesR\x03vms\"\xaf\x03\n" +
@@ -596,14 +596,15 @@ const file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDesc = "" +
 	"\x1dGUEST_SERIES_TYPE_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17GUEST_SERIES_TYPE_GAUGE\x10\x01\x12\x1d\n" +
 	"\x19GUEST_SERIES_TYPE_COUNTER\x10\x02\x12\x1a\n" +
-	"\x16GUEST_SERIES_TYPE_INFO\x10\x032\xec\x05\n" +
+	"\x16GUEST_SERIES_TYPE_INFO\x10\x032\xd0\x06\n" +
 	"\x10TelemetryService\x12\x80\x01\n" +
 	"\x13ListVirtualMachines\x123.vmmanager.hypervisor.v1.ListVirtualMachinesRequest\x1a4.vmmanager.hypervisor.v1.ListVirtualMachinesResponse\x12\x84\x01\n" +
 	"\x18GetVirtualMachineMetrics\x128.vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest\x1a..vmmanager.hypervisor.v1.VirtualMachineMetrics\x12k\n" +
 	"\fListNetworks\x12,.vmmanager.hypervisor.v1.ListNetworksRequest\x1a-.vmmanager.hypervisor.v1.ListNetworksResponse\x12t\n" +
 	"\x0fListGuestSeries\x12/.vmmanager.hypervisor.v1.ListGuestSeriesRequest\x1a0.vmmanager.hypervisor.v1.ListGuestSeriesResponse\x12w\n" +
 	"\x10GetBoundCounters\x120.vmmanager.hypervisor.v1.GetBoundCountersRequest\x1a1.vmmanager.hypervisor.v1.GetBoundCountersResponse\x12r\n" +
-	"\x12GetSuspendCounters\x122.vmmanager.hypervisor.v1.GetSuspendCountersRequest\x1a(.vmmanager.hypervisor.v1.SuspendCountersBKZIgithub.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1;hypervisorv1b\x06proto3"
+	"\x12GetSuspendCounters\x122.vmmanager.hypervisor.v1.GetSuspendCountersRequest\x1a(.vmmanager.hypervisor.v1.SuspendCounters\x12b\n" +
+	"\tListPools\x12).vmmanager.hypervisor.v1.ListPoolsRequest\x1a*.vmmanager.hypervisor.v1.ListPoolsResponseBKZIgithub.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1;hypervisorv1b\x06proto3"
 
 var (
 	file_vmmanager_hypervisor_v1_telemetry_service_proto_rawDescOnce sync.Once
@@ -639,10 +640,12 @@ var file_vmmanager_hypervisor_v1_telemetry_service_proto_goTypes = []any{
 	(*GetVirtualMachineMetricsRequest)(nil), // 16: vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
 	(*ListNetworksRequest)(nil),             // 17: vmmanager.hypervisor.v1.ListNetworksRequest
 	(*GetSuspendCountersRequest)(nil),       // 18: vmmanager.hypervisor.v1.GetSuspendCountersRequest
-	(*ListVirtualMachinesResponse)(nil),     // 19: vmmanager.hypervisor.v1.ListVirtualMachinesResponse
-	(*VirtualMachineMetrics)(nil),           // 20: vmmanager.hypervisor.v1.VirtualMachineMetrics
-	(*ListNetworksResponse)(nil),            // 21: vmmanager.hypervisor.v1.ListNetworksResponse
-	(*SuspendCounters)(nil),                 // 22: vmmanager.hypervisor.v1.SuspendCounters
+	(*ListPoolsRequest)(nil),                // 19: vmmanager.hypervisor.v1.ListPoolsRequest
+	(*ListVirtualMachinesResponse)(nil),     // 20: vmmanager.hypervisor.v1.ListVirtualMachinesResponse
+	(*VirtualMachineMetrics)(nil),           // 21: vmmanager.hypervisor.v1.VirtualMachineMetrics
+	(*ListNetworksResponse)(nil),            // 22: vmmanager.hypervisor.v1.ListNetworksResponse
+	(*SuspendCounters)(nil),                 // 23: vmmanager.hypervisor.v1.SuspendCounters
+	(*ListPoolsResponse)(nil),               // 24: vmmanager.hypervisor.v1.ListPoolsResponse
 }
 var file_vmmanager_hypervisor_v1_telemetry_service_proto_depIdxs = []int32{
 	3,  // 0: vmmanager.hypervisor.v1.ListGuestSeriesResponse.vms:type_name -> vmmanager.hypervisor.v1.VirtualMachineGuestSeries
@@ -662,14 +665,16 @@ var file_vmmanager_hypervisor_v1_telemetry_service_proto_depIdxs = []int32{
 	1,  // 14: vmmanager.hypervisor.v1.TelemetryService.ListGuestSeries:input_type -> vmmanager.hypervisor.v1.ListGuestSeriesRequest
 	5,  // 15: vmmanager.hypervisor.v1.TelemetryService.GetBoundCounters:input_type -> vmmanager.hypervisor.v1.GetBoundCountersRequest
 	18, // 16: vmmanager.hypervisor.v1.TelemetryService.GetSuspendCounters:input_type -> vmmanager.hypervisor.v1.GetSuspendCountersRequest
-	19, // 17: vmmanager.hypervisor.v1.TelemetryService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
-	20, // 18: vmmanager.hypervisor.v1.TelemetryService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
-	21, // 19: vmmanager.hypervisor.v1.TelemetryService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
-	2,  // 20: vmmanager.hypervisor.v1.TelemetryService.ListGuestSeries:output_type -> vmmanager.hypervisor.v1.ListGuestSeriesResponse
-	6,  // 21: vmmanager.hypervisor.v1.TelemetryService.GetBoundCounters:output_type -> vmmanager.hypervisor.v1.GetBoundCountersResponse
-	22, // 22: vmmanager.hypervisor.v1.TelemetryService.GetSuspendCounters:output_type -> vmmanager.hypervisor.v1.SuspendCounters
-	17, // [17:23] is the sub-list for method output_type
-	11, // [11:17] is the sub-list for method input_type
+	19, // 17: vmmanager.hypervisor.v1.TelemetryService.ListPools:input_type -> vmmanager.hypervisor.v1.ListPoolsRequest
+	20, // 18: vmmanager.hypervisor.v1.TelemetryService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
+	21, // 19: vmmanager.hypervisor.v1.TelemetryService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
+	22, // 20: vmmanager.hypervisor.v1.TelemetryService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
+	2,  // 21: vmmanager.hypervisor.v1.TelemetryService.ListGuestSeries:output_type -> vmmanager.hypervisor.v1.ListGuestSeriesResponse
+	6,  // 22: vmmanager.hypervisor.v1.TelemetryService.GetBoundCounters:output_type -> vmmanager.hypervisor.v1.GetBoundCountersResponse
+	23, // 23: vmmanager.hypervisor.v1.TelemetryService.GetSuspendCounters:output_type -> vmmanager.hypervisor.v1.SuspendCounters
+	24, // 24: vmmanager.hypervisor.v1.TelemetryService.ListPools:output_type -> vmmanager.hypervisor.v1.ListPoolsResponse
+	18, // [18:25] is the sub-list for method output_type
+	11, // [11:18] is the sub-list for method input_type
 	11, // [11:11] is the sub-list for extension type_name
 	11, // [11:11] is the sub-list for extension extendee
 	0,  // [0:11] is the sub-list for field type_name
@@ -682,6 +687,7 @@ func file_vmmanager_hypervisor_v1_telemetry_service_proto_init() {
 	}
 	file_vmmanager_hypervisor_v1_exec_stream_proto_init()
 	file_vmmanager_hypervisor_v1_hypervisor_service_proto_init()
+	file_vmmanager_hypervisor_v1_pool_proto_init()
 	file_vmmanager_hypervisor_v1_suspend_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{

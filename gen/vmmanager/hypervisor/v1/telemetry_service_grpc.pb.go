@@ -25,6 +25,7 @@ const (
 	TelemetryService_ListGuestSeries_FullMethodName          = "/vmmanager.hypervisor.v1.TelemetryService/ListGuestSeries"
 	TelemetryService_GetBoundCounters_FullMethodName         = "/vmmanager.hypervisor.v1.TelemetryService/GetBoundCounters"
 	TelemetryService_GetSuspendCounters_FullMethodName       = "/vmmanager.hypervisor.v1.TelemetryService/GetSuspendCounters"
+	TelemetryService_ListPools_FullMethodName                = "/vmmanager.hypervisor.v1.TelemetryService/ListPools"
 )
 
 // TelemetryServiceClient is the client API for TelemetryService service.
@@ -51,6 +52,8 @@ type TelemetryServiceClient interface {
 	GetBoundCounters(ctx context.Context, in *GetBoundCountersRequest, opts ...grpc.CallOption) (*GetBoundCountersResponse, error)
 	// Suspends and resumes since the hypervisor started (issue 19).
 	GetSuspendCounters(ctx context.Context, in *GetSuspendCountersRequest, opts ...grpc.CallOption) (*SuspendCounters, error)
+	// The warm pools with their status (vm_manager_pool_*).
+	ListPools(ctx context.Context, in *ListPoolsRequest, opts ...grpc.CallOption) (*ListPoolsResponse, error)
 }
 
 type telemetryServiceClient struct {
@@ -121,6 +124,16 @@ func (c *telemetryServiceClient) GetSuspendCounters(ctx context.Context, in *Get
 	return out, nil
 }
 
+func (c *telemetryServiceClient) ListPools(ctx context.Context, in *ListPoolsRequest, opts ...grpc.CallOption) (*ListPoolsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListPoolsResponse)
+	err := c.cc.Invoke(ctx, TelemetryService_ListPools_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // TelemetryServiceServer is the server API for TelemetryService service.
 // All implementations must embed UnimplementedTelemetryServiceServer
 // for forward compatibility.
@@ -145,6 +158,8 @@ type TelemetryServiceServer interface {
 	GetBoundCounters(context.Context, *GetBoundCountersRequest) (*GetBoundCountersResponse, error)
 	// Suspends and resumes since the hypervisor started (issue 19).
 	GetSuspendCounters(context.Context, *GetSuspendCountersRequest) (*SuspendCounters, error)
+	// The warm pools with their status (vm_manager_pool_*).
+	ListPools(context.Context, *ListPoolsRequest) (*ListPoolsResponse, error)
 	mustEmbedUnimplementedTelemetryServiceServer()
 }
 
@@ -172,6 +187,9 @@ func (UnimplementedTelemetryServiceServer) GetBoundCounters(context.Context, *Ge
 }
 func (UnimplementedTelemetryServiceServer) GetSuspendCounters(context.Context, *GetSuspendCountersRequest) (*SuspendCounters, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetSuspendCounters not implemented")
+}
+func (UnimplementedTelemetryServiceServer) ListPools(context.Context, *ListPoolsRequest) (*ListPoolsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListPools not implemented")
 }
 func (UnimplementedTelemetryServiceServer) mustEmbedUnimplementedTelemetryServiceServer() {}
 func (UnimplementedTelemetryServiceServer) testEmbeddedByValue()                          {}
@@ -302,6 +320,24 @@ func _TelemetryService_GetSuspendCounters_Handler(srv interface{}, ctx context.C
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TelemetryService_ListPools_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListPoolsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TelemetryServiceServer).ListPools(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TelemetryService_ListPools_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TelemetryServiceServer).ListPools(ctx, req.(*ListPoolsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // TelemetryService_ServiceDesc is the grpc.ServiceDesc for TelemetryService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -332,6 +368,10 @@ var TelemetryService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetSuspendCounters",
 			Handler:    _TelemetryService_GetSuspendCounters_Handler,
+		},
+		{
+			MethodName: "ListPools",
+			Handler:    _TelemetryService_ListPools_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -238,7 +238,11 @@ type VirtualMachine struct {
 	Node string `protobuf:"bytes,38,opt,name=node,proto3" json:"node,omitempty"`
 	// VMs of an imported OCI image: the reference and manifest digest it was
 	// imported from, and the dm-verity root hash its boot must measure.
-	OciImage      *OciImageRef `protobuf:"bytes,39,opt,name=oci_image,json=ociImage,proto3" json:"oci_image,omitempty"`
+	OciImage *OciImageRef `protobuf:"bytes,39,opt,name=oci_image,json=ociImage,proto3" json:"oci_image,omitempty"`
+	// The warm pool this VM was claimed from; empty for a VM that booted for
+	// its create. claimed_at is when the claim gave it its identity.
+	FromPool      string                 `protobuf:"bytes,40,opt,name=from_pool,json=fromPool,proto3" json:"from_pool,omitempty"`
+	ClaimedAt     *timestamppb.Timestamp `protobuf:"bytes,41,opt,name=claimed_at,json=claimedAt,proto3" json:"claimed_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -542,6 +546,20 @@ func (x *VirtualMachine) GetNode() string {
 func (x *VirtualMachine) GetOciImage() *OciImageRef {
 	if x != nil {
 		return x.OciImage
+	}
+	return nil
+}
+
+func (x *VirtualMachine) GetFromPool() string {
+	if x != nil {
+		return x.FromPool
+	}
+	return ""
+}
+
+func (x *VirtualMachine) GetClaimedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ClaimedAt
 	}
 	return nil
 }
@@ -1034,7 +1052,7 @@ var File_vmmanager_hypervisor_v1_virtual_machine_proto protoreflect.FileDescript
 
 const file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDesc = "" +
 	"\n" +
-	"-vmmanager/hypervisor/v1/virtual_machine.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\"\xdb\x0f\n" +
+	"-vmmanager/hypervisor/v1/virtual_machine.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\"\xbd\x10\n" +
 	"\x0eVirtualMachine\x12\x16\n" +
 	"\x02id\x18\x01 \x01(\tB\x06\xe0A\x02\xe0A\bR\x02id\x12\x1a\n" +
 	"\x04name\x18\x02 \x01(\tB\x06\xe0A\x02\xe0A\x03R\x04name\x12\x1c\n" +
@@ -1081,7 +1099,10 @@ const file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDesc = "" +
 	"boot_count\x18$ \x01(\rB\x03\xe0A\x03R\tbootCount\x12B\n" +
 	"\blifetime\x18% \x01(\v2!.vmmanager.hypervisor.v1.LifetimeB\x03\xe0A\x03R\blifetime\x12\x17\n" +
 	"\x04node\x18& \x01(\tB\x03\xe0A\x03R\x04node\x12F\n" +
-	"\toci_image\x18' \x01(\v2$.vmmanager.hypervisor.v1.OciImageRefB\x03\xe0A\x03R\bociImage\x1a;\n" +
+	"\toci_image\x18' \x01(\v2$.vmmanager.hypervisor.v1.OciImageRefB\x03\xe0A\x03R\bociImage\x12 \n" +
+	"\tfrom_pool\x18( \x01(\tB\x03\xe0A\x03R\bfromPool\x12>\n" +
+	"\n" +
+	"claimed_at\x18) \x01(\v2\x1a.google.protobuf.TimestampB\x03\xe0A\x03R\tclaimedAt\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01:W\xeaAT\n" +
@@ -1196,15 +1217,16 @@ var file_vmmanager_hypervisor_v1_virtual_machine_proto_depIdxs = []int32{
 	4,  // 12: vmmanager.hypervisor.v1.VirtualMachine.tpm:type_name -> vmmanager.hypervisor.v1.TpmIdentity
 	13, // 13: vmmanager.hypervisor.v1.VirtualMachine.lifetime:type_name -> vmmanager.hypervisor.v1.Lifetime
 	3,  // 14: vmmanager.hypervisor.v1.VirtualMachine.oci_image:type_name -> vmmanager.hypervisor.v1.OciImageRef
-	12, // 15: vmmanager.hypervisor.v1.TpmIdentity.provision_time:type_name -> google.protobuf.Timestamp
-	12, // 16: vmmanager.hypervisor.v1.TpmIdentity.update_time:type_name -> google.protobuf.Timestamp
-	8,  // 17: vmmanager.hypervisor.v1.Processes.qemu:type_name -> vmmanager.hypervisor.v1.Process
-	8,  // 18: vmmanager.hypervisor.v1.Processes.tpm:type_name -> vmmanager.hypervisor.v1.Process
-	19, // [19:19] is the sub-list for method output_type
-	19, // [19:19] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	12, // 15: vmmanager.hypervisor.v1.VirtualMachine.claimed_at:type_name -> google.protobuf.Timestamp
+	12, // 16: vmmanager.hypervisor.v1.TpmIdentity.provision_time:type_name -> google.protobuf.Timestamp
+	12, // 17: vmmanager.hypervisor.v1.TpmIdentity.update_time:type_name -> google.protobuf.Timestamp
+	8,  // 18: vmmanager.hypervisor.v1.Processes.qemu:type_name -> vmmanager.hypervisor.v1.Process
+	8,  // 19: vmmanager.hypervisor.v1.Processes.tpm:type_name -> vmmanager.hypervisor.v1.Process
+	20, // [20:20] is the sub-list for method output_type
+	20, // [20:20] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_vmmanager_hypervisor_v1_virtual_machine_proto_init() }

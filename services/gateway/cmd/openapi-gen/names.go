@@ -91,6 +91,11 @@ var errorCodes = map[protoreflect.Name][]apierr.Code{
 	"WatchVirtualMachines":         {apierr.InvalidRequest, apierr.NotFound, apierr.OutOfRange, apierr.ResourceExhausted},
 	"SuspendVirtualMachine":        {apierr.NotFound, apierr.Conflict, apierr.VMFailed},
 	"ResumeVirtualMachine":         {apierr.NotFound, apierr.Conflict, apierr.VMFailed},
+	"CreatePool":                   {apierr.InvalidRequest, apierr.Conflict, apierr.ResourceExhausted},
+	"ListPools":                    nil,
+	"GetPool":                      {apierr.NotFound},
+	"ResizePool":                   {apierr.InvalidRequest, apierr.NotFound, apierr.ResourceExhausted},
+	"DeletePool":                   {apierr.NotFound},
 	// AttestationService.
 	"GetVirtualMachineAttestation": {apierr.NotFound},
 	"ListImagePolicies":            nil,

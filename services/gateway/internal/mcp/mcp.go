@@ -61,7 +61,9 @@ create_vm blocks per wait_for: none returns once the installer started, installe
 
 user_data is CAPI's bootstrap Secret as Ignition JSON. It is released to the guest only after a verified initrd quote (attestation), or right after the installed boot starts when require_attestation is false.
 
-Debugging: get_vm for the state and lastError, get_vm_console for the serial console (the first place to look when a VM is failed or stuck), get_vm_attestation for the attestation verdicts, get_vm_metrics for resource usage. exec_vm runs a command in the guest as root over ssh. forward_port exposes a guest TCP port (for example 6443, the Kubernetes API) on a host loopback address. delete_network works only once no VM is attached to the network.`
+Debugging: get_vm for the state and lastError, get_vm_console for the serial console (the first place to look when a VM is failed or stuck), get_vm_attestation for the attestation verdicts, get_vm_metrics for resource usage. exec_vm runs a command in the guest as root over ssh. forward_port exposes a guest TCP port (for example 6443, the Kubernetes API) on a host loopback address. delete_network works only once no VM is attached to the network.
+
+Warm pools: create_pool keeps VMs of one shape booted, attested and suspended; a create_vm of that shape then claims one and is ready in seconds (its fromPool says so), and skip_pool true boots a fresh VM instead. list_pools and get_pool show how many members are ready.`
 
 // Observer is told how each tool call ended: code is "ok" or the error code
 // of the result (invalid_request, not_found, …). The gateway counts them.

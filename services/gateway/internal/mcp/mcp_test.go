@@ -53,8 +53,8 @@ func TestListTools(t *testing.T) {
 	if want := slices.Sorted(slices.Values(ToolNames)); !slices.Equal(names, want) {
 		t.Fatalf("tools = %v\nwant   %v", names, want)
 	}
-	if len(ToolNames) != 24 { // the original's 20, update_vm_lifetime, suspend_vm, resume_vm and import_image
-		t.Errorf("%d tools, want 24", len(ToolNames))
+	if len(ToolNames) != 29 { // the original's 20, update_vm_lifetime, suspend_vm, resume_vm, import_image and the five pool tools
+		t.Errorf("%d tools, want 29", len(ToolNames))
 	}
 
 	type hints struct{ readOnly, destructive, idempotent, openWorld bool }
@@ -73,6 +73,7 @@ func TestListTools(t *testing.T) {
 		"start_vm": "idempotent", "stop_vm": "idempotent", "reboot_vm": "idempotent", "forward_port": "idempotent",
 		"suspend_vm": "idempotent", "resume_vm": "idempotent",
 		"exec_vm": "exec", "update_vm_lifetime": "lifetime", "import_image": "import",
+		"create_pool": "create", "resize_pool": "idempotent", "delete_pool": "destructive",
 	}
 	required := map[string][]string{
 		"get_image":          {"ref"},
@@ -94,6 +95,10 @@ func TestListTools(t *testing.T) {
 		"suspend_vm":         {"id"},
 		"resume_vm":          {"id"},
 		"import_image":       {"source"},
+		"get_pool":           {"name"},
+		"create_pool":        {"name", "size"},
+		"resize_pool":        {"name", "size"},
+		"delete_pool":        {"name"},
 	}
 	nameRE := regexp.MustCompile(`^[a-z_]+$`)
 	for _, tool := range res.Tools {

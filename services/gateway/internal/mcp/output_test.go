@@ -193,6 +193,10 @@ var validArgs = map[string]map[string]any{
 	"suspend_vm":         {"id": "0a1b2c3d"},
 	"resume_vm":          {"id": "0a1b2c3d"},
 	"import_image":       {"source": "localhost:5000/python:3.12"},
+	"get_pool":           {"name": "p"},
+	"create_pool":        {"name": "p", "size": 1},
+	"resize_pool":        {"name": "p", "size": 2},
+	"delete_pool":        {"name": "p"},
 }
 
 // connect is an MCP SDK client session with h.
@@ -275,7 +279,7 @@ func TestStructuredOutput(t *testing.T) {
 					t.Fatalf("%s: text: %v", tool.Name, err)
 				}
 				if l, ok := fromText.([]any); ok {
-					key := map[string]string{"list_images": "images", "list_networks": "networks", "list_vms": "vms"}[tool.Name]
+					key := map[string]string{"list_images": "images", "list_networks": "networks", "list_vms": "vms", "list_pools": "pools"}[tool.Name]
 					if key == "" {
 						t.Fatalf("%s: a list", tool.Name)
 					}

@@ -94,6 +94,7 @@ type (
 		WaitFor            string            `json:"wait_for,omitempty" jsonschema:"what to block for: none (the installer started), installed, attested (user_data released) or ready (READY=1, the default, also for \"\")" schema:"enum=none|installed|attested|ready,default=\"ready\",zero"`
 		Node               string            `json:"node,omitempty" jsonschema:"fleet gateway only: the node to create on (get_host lists them); default: placement by free memory and CPUs"`
 		NodeSelector       string            `json:"node_selector,omitempty" jsonschema:"fleet gateway only: place among nodes whose labels match all of k=v,..."`
+		SkipPool           bool              `json:"skip_pool,omitempty" jsonschema:"boot a fresh VM even when a warm pool (list_pools) holds a ready member of this shape; default false: such a member is claimed"`
 		lifetimeArgs
 	}
 
@@ -178,7 +179,7 @@ var toolDefs = []toolDef{
 		})},
 	{"delete_network", hintDestructive, "WRITES (destructive): delete a network. Conflict while any VM, running or stopped, is attached to it. Returns {id, deleted}, id being the network's name.",
 		run((*tools).deleteNetwork)},
-	{"create_vm", hintCreate, `WRITES: create a VM and boot it. Call get_host, list_images and create_network (or use the "default" network) first. Blocks per wait_for: none (the installer started), installed, attested (user_data released) or ready (READY=1, the default). A timeout error still leaves the VM running. A failure returns the VM id: follow it with get_vm and get_vm_console, delete it with delete_vm. Sends progress notifications when the request carries a progress token.`,
+	{"create_vm", hintCreate, `WRITES: create a VM and boot it. Call get_host, list_images and create_network (or use the "default" network) first. Blocks per wait_for: none (the installer started), installed, attested (user_data released) or ready (READY=1, the default). A timeout error still leaves the VM running. A failure returns the VM id: follow it with get_vm and get_vm_console, delete it with delete_vm. When a warm pool (list_pools) has a ready member whose shape (image, kubernetes_version, cpus, memory_mib, disk_gib, network, require_attestation, defaults filled in) equals this create's, the create claims it and resumes it in seconds instead of booting: the result's fromPool names the pool; skip_pool true boots a fresh VM instead. Behind a fleet gateway only a create naming node claims, from that node's pools. Sends progress notifications when the request carries a progress token.`,
 		run((*tools).createVM)},
 	{"start_vm", hintIdempotent, "WRITES: boot a stopped or failed VM from its disk; attestation runs again. Returns the VM in state booting. Conflict if it is running or was never installed.",
 		call(hv, hvc.StartVirtualMachine, vmRequest[hypervisorv1.StartVirtualMachineRequest])},
@@ -209,6 +210,32 @@ var toolDefs = []toolDef{
 	// once it is done, its progress as notifications.
 	{"import_image", hintImport, importImageDescription,
 		register((*tools).importImage, importOutput())},
+	// Warm pools (pools.go).
+	{"list_pools", hintRead, listPoolsDescription,
+		list(hv, hvc.ListPools, func(in *listPoolsArgs) *hypervisorv1.ListPoolsRequest {
+			return &hypervisorv1.ListPoolsRequest{Node: in.Node}
+		}, (*hypervisorv1.ListPoolsResponse).GetPools)},
+	{"get_pool", hintRead, getPoolDescription,
+		call(hv, hvc.GetPool, func(in *poolArgs) *hypervisorv1.GetPoolRequest { return &hypervisorv1.GetPoolRequest{Name: in.Name} })},
+	{"create_pool", hintCreate, createPoolDescription,
+		call(hv, hvc.CreatePool, func(in *createPoolArgs) *hypervisorv1.CreatePoolRequest {
+			return &hypervisorv1.CreatePoolRequest{
+				Name: in.Name, Size: in.Size, Image: in.Image, KubernetesVersion: in.KubernetesVersion,
+				Cpus: in.CPUs, MemoryMib: in.MemoryMiB, DiskGib: in.DiskGiB, Network: in.Network,
+				RequireAttestation: in.RequireAttestation, Node: in.Node,
+			}
+		})},
+	// Idempotent, not destructive: a repeat answers the same pool, and the
+	// members a shrink deletes were never anyone's (growing makes them
+	// again), as suspend_vm's class says of what can be undone.
+	{"resize_pool", hintIdempotent, resizePoolDescription,
+		call(hv, hvc.ResizePool, func(in *resizePoolArgs) *hypervisorv1.ResizePoolRequest {
+			return &hypervisorv1.ResizePoolRequest{Name: in.Name, Size: in.Size}
+		})},
+	{"delete_pool", hintDestructive, deletePoolDescription,
+		call(hv, hvc.DeletePool, func(in *poolArgs) *hypervisorv1.DeletePoolRequest {
+			return &hypervisorv1.DeletePoolRequest{Name: in.Name}
+		})},
 }
 
 // none is the request of a call that takes no arguments.
@@ -314,6 +341,7 @@ func (t *tools) createVM(ctx context.Context, req *mcp.CallToolRequest, in *crea
 		WaitFor:            wf,
 		Node:               in.Node,
 		NodeSelector:       in.NodeSelector,
+		SkipPool:           in.SkipPool,
 	}
 	if err := in.lifetimeArgs.apply(creq); err != nil {
 		return nil, err

@@ -26,6 +26,7 @@ import (
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/imageimport"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/imds"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/network"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/pool"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vm"
 	"github.com/giantswarm/vm-manager/services/hypervisor/server"
 )
@@ -83,6 +84,10 @@ func serveCommand() cli.Command {
 			storeQuota := fs.Int("image-store-bytes", "VM_MANAGER_IMAGE_STORE_BYTES", imageimport.DefaultStoreQuota, "the roots of all imported OCI images together; an import beyond is refused (resource_exhausted, counted)")
 			ociBoot := fs.String("oci-boot-image", "VM_MANAGER_OCI_BOOT_IMAGE", imageimport.DefaultBootImage, "the kernel image (vmlinuz, initrd, cmdline) that boots imported OCI images, unless an import names another")
 			plainRegistry := fs.Bool("registry-plain-http", "VM_MANAGER_REGISTRY_PLAIN_HTTP", false, "talk HTTP, not HTTPS, to every registry an import reads (loopback registries always are)")
+			maxPools := fs.Int("max-pools", "VM_MANAGER_MAX_POOLS", pool.DefaultMaxPools, "warm pools on this host; one more is refused (resource_exhausted)")
+			maxPoolSize := fs.Int("max-pool-size", "VM_MANAGER_MAX_POOL_SIZE", pool.DefaultMaxSize, "largest size of one warm pool")
+			poolDisk := fs.Int("pool-disk-bytes", "VM_MANAGER_POOL_DISK_BYTES", pool.DefaultDiskBytes, "what all warm pools' members may hold on disk together (saved RAM, disk, vTPM); a refill beyond is refused and counted")
+			poolRefills := fs.Int("pool-refill-concurrency", "VM_MANAGER_POOL_REFILL_CONCURRENCY", 1, "warm-pool members booting at once (the CPU budget of refills)")
 			consoleMax := fs.Int("console-log-max-bytes", "VM_MANAGER_CONSOLE_LOG_MAX_BYTES", vm.DefaultConsoleLogMaxBytes, "serial console kept per VM, console.log and console.log.1 together (at least 64 KiB)")
 			defaultTTL := fs.Duration("default-vm-ttl", "VM_MANAGER_DEFAULT_VM_TTL", 0, "expiry of a VM created without ttl or expire_at (0: none, it lives until deleted)")
 			maxTTL := fs.Duration("max-vm-ttl", "VM_MANAGER_MAX_VM_TTL", vm.DefaultMaxTTL, "longest ttl, expire_at and idle_timeout a caller may set")
@@ -121,6 +126,8 @@ func serveCommand() cli.Command {
 					{"max-nat-flows-tcp", *natTCP, 1}, {"max-nat-flows-udp", *natUDP, 1}, {"max-nat-flows", *natAll, 1},
 					{"max-imds-connections", *imdsConns, 1}, {"max-exec-sessions", *maxExec, 1},
 					{"max-watchers", *maxWatchers, 1}, {"watch-buffer", *watchBuffer, 1}, {"watch-retain", *watchRetain, 1},
+					{"max-pools", *maxPools, 1}, {"max-pool-size", *maxPoolSize, 1}, {"pool-disk-bytes", *poolDisk, 1 << 20},
+					{"pool-refill-concurrency", *poolRefills, 1},
 				} {
 					if f.v < f.min {
 						return fmt.Errorf("--%s=%d: want at least %d", f.name, f.v, f.min)
@@ -179,6 +186,7 @@ func serveCommand() cli.Command {
 					Exec:               execstream.Config{MaxSessions: *maxExec, IdleTimeout: *execIdle, MaxDuration: *execMax},
 					Import: imageimport.Config{MaxImageBytes: int64(*maxImage), StoreQuota: int64(*storeQuota),
 						BootImage: *ociBoot, PlainHTTP: *plainRegistry},
+					Pools: pool.Config{MaxPools: *maxPools, MaxSize: *maxPoolSize, DiskBytes: int64(*poolDisk), Concurrency: *poolRefills},
 				}, log)
 			})
 		},

@@ -90,6 +90,17 @@ type Importer interface {
 	Refusals() (imageBytes, store uint64)
 }
 
+// Pools are the warm pools (pool.Pools).
+type Pools interface {
+	Create(req *hypervisorv1.CreatePoolRequest) (*hypervisorv1.Pool, error)
+	Get(name string) (*hypervisorv1.Pool, error)
+	List() []*hypervisorv1.Pool
+	Resize(ctx context.Context, name string, size int32) (*hypervisorv1.Pool, error)
+	Delete(ctx context.Context, name string) (*hypervisorv1.DeletePoolResponse, error)
+	// RefusedAtDiskQuota counts refills refused at --pool-disk-bytes.
+	RefusedAtDiskQuota() uint64
+}
+
 // Deps are what the HypervisorService serves from.
 type Deps struct {
 	Host      HostProber
@@ -104,6 +115,7 @@ type Deps struct {
 	Guests    Guests
 	Bounds    Bounds
 	Importer  Importer // nil: ImportImage is unsupported
+	Pools     Pools
 }
 
 // Server is the HypervisorService.
@@ -195,6 +207,26 @@ func (s *Server) SuspendVirtualMachine(ctx context.Context, req *hypervisorv1.Su
 	return s.Lifecycle.Suspend(ctx, req.GetId())
 }
 
+func (s *Server) CreatePool(_ context.Context, req *hypervisorv1.CreatePoolRequest) (*hypervisorv1.Pool, error) {
+	return s.Pools.Create(req)
+}
+
+func (s *Server) ListPools(context.Context, *hypervisorv1.ListPoolsRequest) (*hypervisorv1.ListPoolsResponse, error) {
+	return &hypervisorv1.ListPoolsResponse{Pools: s.Pools.List()}, nil
+}
+
+func (s *Server) GetPool(_ context.Context, req *hypervisorv1.GetPoolRequest) (*hypervisorv1.Pool, error) {
+	return s.Pools.Get(req.GetName())
+}
+
+func (s *Server) ResizePool(ctx context.Context, req *hypervisorv1.ResizePoolRequest) (*hypervisorv1.Pool, error) {
+	return s.Pools.Resize(ctx, req.GetName(), req.GetSize())
+}
+
+func (s *Server) DeletePool(ctx context.Context, req *hypervisorv1.DeletePoolRequest) (*hypervisorv1.DeletePoolResponse, error) {
+	return s.Pools.Delete(ctx, req.GetName())
+}
+
 func (s *Server) ResumeVirtualMachine(ctx context.Context, req *hypervisorv1.ResumeVirtualMachineRequest) (*hypervisorv1.VirtualMachine, error) {
 	return s.Lifecycle.Resume(ctx, req.GetId())
 }
@@ -260,4 +292,8 @@ func (t *Telemetry) GetBoundCounters(context.Context, *hypervisorv1.GetBoundCoun
 
 func (t *Telemetry) GetSuspendCounters(context.Context, *hypervisorv1.GetSuspendCountersRequest) (*hypervisorv1.SuspendCounters, error) {
 	return t.s.Lifecycle.SuspendCounters(), nil
+}
+
+func (t *Telemetry) ListPools(ctx context.Context, req *hypervisorv1.ListPoolsRequest) (*hypervisorv1.ListPoolsResponse, error) {
+	return t.s.ListPools(ctx, req)
 }

@@ -25,8 +25,8 @@ func (s *Server) ExecVirtualMachineStream(stream hypervisorv1.HypervisorService_
 	return s.exec.Serve(stream)
 }
 
-// boundCounters adds the exec sessions and the imports refused at a bound
-// to the bounds' counters.
+// boundCounters adds the exec sessions, and the imports and pool refills
+// refused at a bound, to the bounds' counters.
 func (s *Server) boundCounters() *hypervisorv1.GetBoundCountersResponse {
 	out := s.Bounds.BoundCounters()
 	if s.exec != nil {
@@ -37,6 +37,12 @@ func (s *Server) boundCounters() *hypervisorv1.GetBoundCountersResponse {
 			out.RefusedTotal = map[string]uint64{}
 		}
 		out.RefusedTotal["image_bytes"], out.RefusedTotal["image_store"] = s.Importer.Refusals()
+	}
+	if s.Pools != nil {
+		if out.RefusedTotal == nil {
+			out.RefusedTotal = map[string]uint64{}
+		}
+		out.RefusedTotal["pool_disk"] = s.Pools.RefusedAtDiskQuota()
 	}
 	return out
 }

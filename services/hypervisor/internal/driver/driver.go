@@ -220,6 +220,11 @@ func (d *Driver) spec(rec *storepb.VirtualMachine, img *hypervisorv1.Image, phas
 			"firstboot.hostname": rec.GetHostname(),
 		},
 	}
+	if rec.GetPool() != "" {
+		// A warm pool's member gets its hostname with its claim, from the
+		// IMDS: a credential would win over it for good.
+		delete(s.Credentials, "firstboot.hostname")
+	}
 	if rec.GetNetwork() != "" && p.GetNetSocket() != "" {
 		s.NetdevSocket, s.MAC = p.GetNetSocket(), rec.GetMac()
 	}

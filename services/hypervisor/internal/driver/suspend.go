@@ -201,7 +201,20 @@ func (d *Driver) DiscardSaved(rec *storepb.VirtualMachine) error {
 	if dir == "" {
 		return nil
 	}
-	return os.RemoveAll(dir)
+	// Renamed at once, removed after: a state file of hundreds of MiB takes
+	// tens of ms to unlink, which a resume's caller (a pool claim's
+	// create→ready) would wait for. A crash before the removal leaves the
+	// renamed directory, which the next discard of the VM removes.
+	gone := dir + ".discarded"
+	_ = os.RemoveAll(gone)
+	if err := os.Rename(dir, gone); err != nil {
+		if os.IsNotExist(err) {
+			return nil
+		}
+		return os.RemoveAll(dir)
+	}
+	go func() { _ = os.RemoveAll(gone) }()
+	return nil
 }
 
 func (d *Driver) checkSaved(rec *storepb.VirtualMachine) (*Manifest, error) {

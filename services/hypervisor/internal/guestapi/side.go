@@ -32,6 +32,9 @@ type Records interface {
 	Leased(network string, ip netip.Addr, fn func(*storepb.VirtualMachine)) bool
 	// Update applies fn to a VM's record and persists it.
 	Update(id string, fn func(*storepb.VirtualMachine)) error
+	// PoolMemberWaiting says whether the VM is an unclaimed warm-pool
+	// member, and records that its guest waits for its user-data.
+	PoolMemberWaiting(id string) bool
 }
 
 // Boots say how a VM's current boot is registered with attestation (the key
@@ -215,6 +218,10 @@ func (s *Side) SubmitQuote(ctx context.Context, vmID string, q *attestationv1.Ve
 	}
 	return resp, nil
 }
+
+// AwaitingClaim says whether the VM is a warm pool's member that no create
+// has claimed yet: its user-data is the claimer's, and is not there yet.
+func (s *Side) AwaitingClaim(vmID string) bool { return s.records.PoolMemberWaiting(vmID) }
 
 // UserData returns the VM's user-data, whether it has any, and whether the
 // attestation gate is open.

@@ -301,3 +301,9 @@ func TestIMDSSysupdateTraversal(t *testing.T) {
 		}
 	}
 }
+
+func (r *records) PoolMemberWaiting(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.recs[id].GetPool() != ""
+}

@@ -36,6 +36,7 @@ const (
 const (
 	ForbiddenBody          = "forbidden: client address is not a managed VM"
 	UserDataGated          = "user-data is released after the initrd-stage attestation verifies"
+	UserDataAwaitingClaim  = "this VM waits in a warm pool; its user-data comes with the create that claims it"
 	AttestationUnavailable = "attestation unavailable"
 	RateLimited            = "too many requests from this VM"
 )
@@ -50,6 +51,9 @@ type VMs interface {
 	SubmitQuote(ctx context.Context, vmID string, q *attestationv1.VerifyQuoteRequest) (*attestationv1.VerifyQuoteResponse, error)
 	// UserData returns the VM's user-data, whether it exists, and whether it is released.
 	UserData(vmID string) (data []byte, exists, released bool, err error)
+	// AwaitingClaim says whether the VM is an unclaimed warm-pool member
+	// (its user-data is the claimer's, to come).
+	AwaitingClaim(vmID string) bool
 	// SSHKeys returns the public keys: index 0 is vm-manager's per-VM key.
 	SSHKeys(vmID string) []string
 	// StoreReport keeps the guest's report upload (valid JSON).
@@ -236,6 +240,14 @@ func (s *server) publicKey(w http.ResponseWriter, r *http.Request, vm *hyperviso
 }
 
 func (s *server) userData(w http.ResponseWriter, _ *http.Request, vm *hypervisorv1.VirtualMachine) {
+	if s.vms.AwaitingClaim(vm.GetId()) {
+		// Asked again at once (vm-agent waits 100 ms for a 0): the member is
+		// suspended within a poll, and after a claim's resume the next poll
+		// is the one that gets the claimer's user-data.
+		w.Header().Set("Retry-After", "0")
+		text(w, http.StatusServiceUnavailable, UserDataAwaitingClaim)
+		return
+	}
 	data, exists, released, err := s.vms.UserData(vm.GetId())
 	switch {
 	case err != nil:

@@ -41,6 +41,7 @@ type fakeVMs struct {
 	reports   map[string][]byte
 	reportErr error
 	files     map[string][]byte // "<component>/<file>"; a nil value is a directory
+	members   map[string]bool   // unclaimed warm-pool members
 }
 
 func newFake() *fakeVMs {
@@ -93,6 +94,12 @@ func (f *fakeVMs) SubmitQuote(_ context.Context, vmID string, q *attestationv1.V
 		res.Message = "pcr 7 mismatch"
 	}
 	return res, nil
+}
+
+func (f *fakeVMs) AwaitingClaim(vmID string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.members[vmID]
 }
 
 func (f *fakeVMs) UserData(vmID string) ([]byte, bool, bool, error) {
@@ -318,6 +325,29 @@ func TestUserDataGate(t *testing.T) {
 	if w.Header().Get("Content-Length") != "" && w.Header().Get("Content-Length") != "0" {
 		t.Errorf("204 with Content-Length %q", w.Header().Get("Content-Length"))
 	}
+}
+
+// An unclaimed pool member gets 503 asked again at once, even with its
+// initrd quote verified and user-data of its own on disk: what it gets is
+// the claimer's, after the claim.
+func TestUserDataAwaitingClaim(t *testing.T) {
+	f := newFake()
+	h := New(f, nil, nil)
+	expectQuote(t, do(t, h, ipFull, "POST", BasePath+"/attest/quote", quoteBody(nil)), 200,
+		QuoteResponse{Stage: "initrd", Verified: true, UserDataReleased: true})
+	id := f.vms[netip.MustParseAddr(ipFull)].GetId()
+	f.mu.Lock()
+	f.members = map[string]bool{id: true}
+	f.mu.Unlock()
+	w := get(t, h, ipFull, "/user-data")
+	expect(t, w, http.StatusServiceUnavailable, UserDataAwaitingClaim)
+	if ra := w.Header().Get("Retry-After"); ra != "0" {
+		t.Fatalf("Retry-After %q, want 0", ra)
+	}
+	f.mu.Lock()
+	f.members = nil // claimed
+	f.mu.Unlock()
+	expect(t, get(t, h, ipFull, "/user-data"), http.StatusOK, `{"ignition":{"version":"3.4.0"}}`)
 }
 
 func TestUserDataError(t *testing.T) {

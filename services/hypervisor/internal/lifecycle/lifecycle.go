@@ -41,8 +41,10 @@ var transitions = map[state][]state{
 	// The first nonce (attesting), READY=1, the boot timeout (running), a
 	// reset inside the guest (booting: a new boot), a stop or delete, the
 	// process ending (stopped, failed).
-	booting:   {attesting, ready, running, booting, stopping, stopped, failed, deleting},
-	attesting: {ready, running, booting, stopping, stopped, failed, deleting},
+	booting: {attesting, ready, running, booting, stopping, stopped, failed, deleting},
+	// A warm pool's member is suspended while it waits for its user-data
+	// (suspending), after its initrd quote verified.
+	attesting: {ready, running, booting, stopping, stopped, failed, deleting, suspending},
 	ready:     {booting, stopping, stopped, failed, deleting, suspending},
 	// A late READY=1.
 	running: {ready, booting, stopping, stopped, failed, deleting, suspending},
@@ -58,10 +60,10 @@ var transitions = map[state][]state{
 	// Suspend (issue 19). The state is saved (suspended); the suspend
 	// failed and the guest runs on (back to ready or running); QEMU died
 	// meanwhile (stopped, failed).
-	suspending: {suspended, ready, running, stopped, failed},
-	// resume_vm returns to where the suspend started; stop_vm discards the
-	// saved state; delete_vm.
-	suspended: {ready, running, stopped, deleting},
+	suspending: {suspended, ready, running, attesting, stopped, failed},
+	// resume_vm returns to where the suspend started (attesting: a claimed
+	// pool member); stop_vm discards the saved state; delete_vm.
+	suspended: {ready, running, attesting, stopped, deleting},
 }
 
 // Allowed says whether a VM may go from one state to the other.

@@ -165,19 +165,21 @@ func TestBrokerRevisionsSurviveRestarts(t *testing.T) {
 	}
 }
 
-// Suspend: only an up guest suspends; a suspended VM resumes to where it
-// was, is stopped (state discarded) or deleted; nothing boots it directly.
+// Suspend: only an up guest suspends (and a pool member waiting for its
+// user-data, attesting); a suspended VM resumes to where it was, is stopped
+// (state discarded) or deleted; nothing boots it directly.
 func TestSuspendTransitions(t *testing.T) {
 	for _, c := range [][2]state{
 		{ready, suspending}, {running, suspending}, {suspending, suspended}, {suspending, ready}, {suspending, running},
 		{suspending, failed}, {suspending, stopped}, {suspended, ready}, {suspended, running}, {suspended, stopped}, {suspended, deleting},
+		{attesting, suspending}, {suspending, attesting}, {suspended, attesting},
 	} {
 		if err := Check(c[0], c[1]); err != nil {
 			t.Errorf("%v", err)
 		}
 	}
 	for _, c := range [][2]state{
-		{booting, suspending}, {attesting, suspending}, {installing, suspending}, {stopped, suspending}, {stopped, suspended},
+		{booting, suspending}, {installing, suspending}, {stopped, suspending}, {stopped, suspended},
 		{suspended, booting}, {suspended, failed}, {suspending, deleting}, {ready, suspended},
 	} {
 		if Allowed(c[0], c[1]) {

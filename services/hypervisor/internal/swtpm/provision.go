@@ -87,7 +87,7 @@ func Provision(ctx context.Context, cfg Config, ca *CA, vmID string) (*Identity,
 
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	t, err := dialData(ctx, sock, p)
+	t, err := DialData(ctx, sock, p)
 	if err != nil {
 		return nil, fmt.Errorf("%w: provisioning channel: %v; log: %s", ErrUnresponsive, err, tail(logPath))
 	}
@@ -106,8 +106,8 @@ func Provision(ctx context.Context, cfg Config, ca *CA, vmID string) (*Identity,
 	return id, nil
 }
 
-// dialData connects to the data channel once swtpm listens.
-func dialData(ctx context.Context, sock string, p *proc.Process) (transport.TPMCloser, error) {
+// DialData connects to the data channel of swtpm process p once it listens.
+func DialData(ctx context.Context, sock string, p *proc.Process) (transport.TPMCloser, error) {
 	for {
 		c, err := net.DialTimeout("unix", sock, time.Second)
 		if err == nil {

@@ -31,7 +31,7 @@ type testVMs struct {
 }
 
 // assemble wires the parts over st (server/ does the same).
-func assemble(cfg Config, log *slog.Logger, st Store, images ImageResolver, v attestationv1.VerifierServiceClient, router *notify.Router, drv Driver) (*testVMs, error) {
+func assemble(cfg Config, log *slog.Logger, st Store, images ImageResolver, v attestationv1.VerifierServiceClient, router *notify.Router, drv Driver, pools ...Pools) (*testVMs, error) {
 	cfg = cfg.WithDefaults()
 	table, err := NewTable(cfg, log, st)
 	if err != nil {
@@ -51,7 +51,7 @@ func assemble(cfg Config, log *slog.Logger, st Store, images ImageResolver, v at
 	runner := NewRunner(cfg, log, RunnerDeps{Table: table, Driver: drv, Images: images, Verifier: v, Router: router, Networks: nets, Activity: activity, Boots: boots})
 	access := NewAccess(cfg, log, table, nets, activity, guest, refused)
 	m := New(cfg, log, Deps{Store: st, Images: images, Verifier: v, Driver: drv, Table: table, Runner: runner, Activity: activity,
-		Access: access, Networks: nets, IMDS: guard, Refusals: refused})
+		Access: access, Networks: nets, IMDS: guard, Refusals: refused, Pools: firstOr(pools)})
 	watches := NewWatches(cfg.Watch, table.Events())
 	consoles := NewConsoles(cfg, log, table)
 	return &testVMs{Manager: m, Table: table, Runner: runner, Activity: activity, Access: access, Watches: watches, Consoles: consoles,
@@ -78,3 +78,10 @@ func (v *testVMs) Close() {
 
 // Guest is the guest side the IMDS serves from.
 func (v *testVMs) Guest() *guestapi.Side { return v.guest }
+
+func firstOr(p []Pools) Pools {
+	if len(p) == 0 {
+		return nil
+	}
+	return p[0]
+}

@@ -72,6 +72,29 @@ func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMac
 	if err != nil {
 		return nil, err
 	}
+	netName := req.GetNetwork()
+	if netName == "" {
+		netName = m.cfg.DefaultNetwork
+	}
+	if m.pools != nil && !req.GetSkipPool() {
+		if pool, ok := m.pools.Match(shapeOf(r, netName)); ok {
+			vm, claimed, err := m.claim(ctx, pool, r, netName, lifetime, createdBy)
+			if err != nil && !claimed {
+				return nil, err // refused (the name is taken, shutting down): neither a hit nor a miss
+			}
+			m.pools.Counted(pool, claimed)
+			if claimed {
+				return vm, err
+			}
+		}
+	}
+	return m.create(ctx, r, netName, lifetime, createdBy, "")
+}
+
+// create allocates and boots a VM of r, then waits per wait_for. pool names
+// the warm pool of a member being made (pool.go): its record is hidden and
+// named after it.
+func (m *Manager) create(ctx context.Context, r *request, netName string, lifetime *hypervisorv1.Lifetime, createdBy, pool string) (*hypervisorv1.VirtualMachine, error) {
 	m.table.mu.Lock()
 	if m.table.closing {
 		m.table.mu.Unlock()
@@ -91,9 +114,9 @@ func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMac
 		}
 	}
 	id := m.table.freeIDLocked()
-	netName := req.GetNetwork()
-	if netName == "" {
-		netName = m.cfg.DefaultNetwork
+	if pool != "" {
+		// A dot is in no DNS label: a caller's name never collides with it.
+		r.name, r.hostname = memberName(pool, id), "member-"+id
 	}
 	machineID := make([]byte, 16)
 	_, _ = rand.Read(machineID)
@@ -118,6 +141,7 @@ func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMac
 		CreatedBy:          createdBy,
 		Paths:              PathsIn(dir),
 		Lifetime:           lifetime,
+		Pool:               pool,
 	}
 	sshKey, err := newSSHKey(rec)
 	if err != nil {

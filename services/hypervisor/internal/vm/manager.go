@@ -158,6 +158,7 @@ type Manager struct {
 	startOnce sync.Once
 
 	refused *Refusals
+	pools   Pools // nil: no warm pools
 	// suspends counts suspends and resumes (suspend.go).
 	suspends suspendStats
 }
@@ -175,6 +176,7 @@ type Deps struct {
 	Networks *network.Registry
 	IMDS     *imds.Guard
 	Refusals *Refusals
+	Pools    Pools // nil: no warm pools
 }
 
 // lease is an address on a network: one VM's at a time.
@@ -202,8 +204,11 @@ type machine struct {
 	fwd     map[int32]*forward.Forward // guest port -> listener
 	changed chan struct{}
 	resets  []time.Time // guest resets within GuestResetWindow
-	console consoleCounters
-	trace   trace.SpanContext // the call that started the current boot (trace.go)
+	// Warm pools (pool.go): the member's guest asked for its user-data
+	// (under mu); a claim chose it (under the table's mu).
+	waiting, claiming bool
+	console           consoleCounters
+	trace             trace.SpanContext // the call that started the current boot (trace.go)
 
 	// Lifetimes (lifetime.go, expire.go): the last touch and the last
 	// persisted one (unix seconds), open exec sessions, an action running.
@@ -220,7 +225,7 @@ func New(cfg Config, log *slog.Logger, d Deps) *Manager {
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{cfg: cfg, log: log, store: d.Store, images: d.Images, verifier: d.Verifier, driver: d.Driver,
 		table: d.Table, runner: d.Runner, activity: d.Activity, access: d.Access, nets: d.Networks, imds: d.IMDS,
-		refused: d.Refusals, ctx: ctx, cancel: cancel}
+		refused: d.Refusals, pools: d.Pools, ctx: ctx, cancel: cancel}
 	strays := m.driver.Strays()
 	for _, mc := range m.table.all() {
 		m.runner.restore(mc, strays[mc.id])
@@ -243,6 +248,7 @@ func (m *Manager) RunLoops() {
 	m.startOnce.Do(func() {
 		m.wg.Go(m.forgetLoop)
 		m.wg.Go(m.lifetimeLoop)
+		m.wg.Go(m.resumeClaims)
 	})
 }
 

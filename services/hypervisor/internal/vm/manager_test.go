@@ -81,6 +81,7 @@ type harness struct {
 	wrap   func(*fakeDriver) Driver // the driver the manager gets, when set
 	att    *bootLog
 	router *notify.Router
+	pools  Pools // of the next start
 	m      *testVMs
 }
 
@@ -110,7 +111,7 @@ func (h *harness) start() {
 	if h.wrap != nil {
 		drv = h.wrap(h.drv)
 	}
-	m, err := assemble(cfg, slog.New(slog.DiscardHandler), h.st, kernelImage{}, h.att, h.router, drv)
+	m, err := assemble(cfg, slog.New(slog.DiscardHandler), h.st, kernelImage{}, h.att, h.router, drv, h.pools)
 	if err != nil {
 		h.t.Fatal(err)
 	}

@@ -199,7 +199,12 @@ func (rn *Runner) supervise(mc *machine, rt *runtime) {
 
 	var bootTimer <-chan time.Time
 	if rt.phase == hypervisorv1.Phase_PHASE_BOOT && rec.GetReadyAt() == nil && rec.GetState() != hypervisorv1.State_STATE_RUNNING {
-		left := rn.cfg.BootTimeout - time.Since(rec.GetBootedAt().AsTime())
+		// A claimed pool member's boot carries on from its claim.
+		since := rec.GetBootedAt().AsTime()
+		if c := rec.GetClaimedAt(); c != nil && c.AsTime().After(since) {
+			since = c.AsTime()
+		}
+		left := rn.cfg.BootTimeout - time.Since(since)
 		bootTimer = time.After(max(left, 0))
 	}
 	var installTimer <-chan time.Time

@@ -96,7 +96,8 @@ func (m *Manager) suspendLocked(s Suspender, mc *machine) error {
 	case state == hypervisorv1.State_STATE_SUSPENDED:
 		mc.mu.Unlock()
 		return nil // idempotent
-	case rt == nil || (state != hypervisorv1.State_STATE_READY && state != hypervisorv1.State_STATE_RUNNING):
+	case rt == nil || (state != hypervisorv1.State_STATE_READY && state != hypervisorv1.State_STATE_RUNNING &&
+		(state != hypervisorv1.State_STATE_ATTESTING || !isMember(mc.rec))):
 		mc.mu.Unlock()
 		return apierr.Errorf(apierr.Conflict, "vm %s is %s; only a ready or running vm can be suspended", mc.id, lifecycle.Name(state))
 	case rt.phase != hypervisorv1.Phase_PHASE_BOOT:
@@ -176,7 +177,7 @@ func (m *Manager) resumeLocked(s Suspender, mc *machine) error {
 	rt := &runtime{phase: hypervisorv1.Phase_PHASE_BOOT, proc: run, settled: make(chan struct{})}
 	m.table.update(mc, func(r *storepb.VirtualMachine) {
 		to := r.GetSuspendedFrom()
-		if to != hypervisorv1.State_STATE_READY {
+		if to != hypervisorv1.State_STATE_READY && to != hypervisorv1.State_STATE_ATTESTING {
 			to = hypervisorv1.State_STATE_RUNNING
 		}
 		r.State = to

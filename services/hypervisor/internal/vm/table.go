@@ -172,12 +172,15 @@ func (tb *Table) Record(id string) (*storepb.VirtualMachine, error) {
 	return rec, nil
 }
 
-// List returns every VM, oldest first.
+// List returns every VM, oldest first, but the unclaimed members of warm
+// pools (the pools list them).
 func (tb *Table) List() []*hypervisorv1.VirtualMachine {
 	recs := tb.Records()
-	out := make([]*hypervisorv1.VirtualMachine, len(recs))
-	for i, r := range recs {
-		out[i] = View(r)
+	out := make([]*hypervisorv1.VirtualMachine, 0, len(recs))
+	for _, r := range recs {
+		if !isMember(r) {
+			out = append(out, View(r))
+		}
 	}
 	return out
 }

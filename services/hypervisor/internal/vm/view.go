@@ -53,6 +53,8 @@ func View(rec *storepb.VirtualMachine) *hypervisorv1.VirtualMachine {
 		CreatedBy:          rec.GetCreatedBy(),
 		BootCount:          rec.GetBootCount(),
 		Tpm:                tpmIdentity(rec.GetTpm()),
+		FromPool:           rec.GetFromPool(),
+		ClaimedAt:          rec.GetClaimedAt(),
 	}
 	if lt := rec.GetLifetime(); lt != nil {
 		v.Lifetime = clone(lt).(*hypervisorv1.Lifetime)

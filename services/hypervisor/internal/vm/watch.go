@@ -112,8 +112,10 @@ func (ws *Watches) Watch(ctx context.Context, req *hypervisorv1.WatchVirtualMach
 	}
 	defer ws.watchers.open.Add(-1)
 
+	// Unclaimed pool members are not the callers' VMs: they appear with
+	// their claim (whose record says from_pool), unless watched by id.
 	match := func(e lifecycle.Event) bool {
-		return (id == "" || e.VMID == id) && (name == "" || e.Record.GetName() == name)
+		return (id == "" || e.VMID == id) && (name == "" || e.Record.GetName() == name) && (id != "" || !isMember(e.Record))
 	}
 	var sub *lifecycle.Subscription
 	var last uint64 // the revision the client has seen everything up to

@@ -8,6 +8,7 @@ import (
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/pkg/boltdb"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore/storepb"
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -70,5 +71,43 @@ func TestMigrationToStoredRecords(t *testing.T) {
 	st.Close()
 	if _, v := version(t, path); v != vmstore.Schema.Latest() {
 		t.Errorf("version %d, want %d", v, vmstore.Schema.Latest())
+	}
+}
+
+// TestMigrationAddsPools opens a schema-5 database with a VM: the VM is
+// kept and pools can be stored and listed after the migration.
+func TestMigrationAddsPools(t *testing.T) {
+	path := tempDB(t)
+	v5 := boltdb.Schema{Name: "hypervisor", Migrations: vmstore.Schema.Migrations[:5]}
+	db, err := boltdb.Open(path, v5, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := proto.Marshal(&storepb.VirtualMachine{Id: "0a1b2c3d", Name: "web"})
+	if err := db.Update(func(tx *bolt.Tx) error { return tx.Bucket([]byte("vms")).Put([]byte("0a1b2c3d"), raw) }); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	st := open(t, path)
+	if vm, err := st.GetVM("0a1b2c3d"); err != nil || vm.GetName() != "web" {
+		t.Fatalf("vm after migration: %v, %v", vm, err)
+	}
+	if err := st.PutPool(&storepb.Pool{Name: "small", Size: 2, Shape: &hypervisorv1.PoolShape{Cpus: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	pools, err := st.ListPools()
+	if err != nil || len(pools) != 1 || pools[0].GetSize() != 2 || pools[0].GetShape().GetCpus() != 1 {
+		t.Fatalf("pools: %v, %v", pools, err)
+	}
+	if err := st.DeletePool("small"); err != nil {
+		t.Fatal(err)
+	}
+	if pools, _ := st.ListPools(); len(pools) != 0 {
+		t.Errorf("pool left after delete: %v", pools)
+	}
+	st.Close()
+	if _, v := version(t, path); v != vmstore.Schema.Latest() || v != 6 {
+		t.Errorf("version %d, want %d (6)", v, vmstore.Schema.Latest())
 	}
 }

@@ -11,6 +11,8 @@
 //	                     a deleted VM attestation has not forgotten yet (empty value)
 //	watch/revision       the watch's revision ceiling, 8 bytes big-endian
 //	                     (lifecycle.Broker: none handed out above it)
+//	pools/<name>         storepb.Pool, protobuf binary (a warm pool's
+//	                     definition; its members are vms/* with pool set)
 //
 // Version history:
 //
@@ -22,6 +24,7 @@
 //	   hypervisorv1.VirtualMachine (field numbers are shared, so the records are
 //	   decoded and written again as the new message)
 //	5  watch (before, revisions started at 1 with every hypervisor)
+//	6  pools
 package vmstore
 
 import (
@@ -44,6 +47,7 @@ var (
 	bucketPolicySync = []byte("policy-sync")
 	bucketForget     = []byte("attestation-forget")
 	bucketWatch      = []byte("watch")
+	bucketPools      = []byte("pools")
 	keyRevision      = []byte("revision")
 )
 
@@ -58,6 +62,7 @@ var Schema = boltdb.Schema{
 		{Version: 3, Description: "attestation-forget bucket", Apply: boltdb.CreateBuckets(bucketForget)},
 		{Version: 4, Description: "vm records become storepb.VirtualMachine", Apply: recordsOfTheirOwn},
 		{Version: 5, Description: "watch bucket", Apply: boltdb.CreateBuckets(bucketWatch)},
+		{Version: 6, Description: "pools bucket", Apply: boltdb.CreateBuckets(bucketPools)},
 	},
 }
 
@@ -210,4 +215,19 @@ func (s *Store) SetWatchRevision(r uint64) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketWatch).Put(keyRevision, binary.BigEndian.AppendUint64(nil, r))
 	})
+}
+
+// ListPools returns every pool definition, sorted by name.
+func (s *Store) ListPools() ([]*storepb.Pool, error) {
+	return boltdb.ListProto(s.db, bucketPools, func() *storepb.Pool { return &storepb.Pool{} })
+}
+
+// PutPool writes a pool definition.
+func (s *Store) PutPool(p *storepb.Pool) error {
+	return boltdb.PutProto(s.db, bucketPools, p.GetName(), p)
+}
+
+// DeletePool removes a pool definition.
+func (s *Store) DeletePool(name string) error {
+	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketPools).Delete([]byte(name)) })
 }

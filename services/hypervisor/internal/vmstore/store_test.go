@@ -45,7 +45,7 @@ func version(t *testing.T, path string) (string, int) {
 }
 
 func TestSchema(t *testing.T) {
-	if vmstore.Schema.Name != "hypervisor" || vmstore.Schema.Latest() != 5 || len(vmstore.Schema.Migrations) != 5 {
+	if vmstore.Schema.Name != "hypervisor" || vmstore.Schema.Latest() != 6 || len(vmstore.Schema.Migrations) != 6 {
 		t.Fatalf("schema = %s v%d (%d migrations)", vmstore.Schema.Name, vmstore.Schema.Latest(), len(vmstore.Schema.Migrations))
 	}
 }
@@ -59,8 +59,8 @@ func TestFreshOpenIsLatest(t *testing.T) {
 	if err := st.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if name, v := version(t, path); name != "hypervisor" || v != 5 {
-		t.Errorf("Version = (%q, %d), want (hypervisor, 5)", name, v)
+	if name, v := version(t, path); name != "hypervisor" || v != 6 {
+		t.Errorf("Version = (%q, %d), want (hypervisor, 6)", name, v)
 	}
 	// Every bucket exists.
 	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: time.Second})
@@ -69,7 +69,7 @@ func TestFreshOpenIsLatest(t *testing.T) {
 	}
 	defer db.Close()
 	_ = db.View(func(tx *bolt.Tx) error {
-		for _, b := range []string{"meta", "vms", "networks", "policy-sync", "attestation-forget", "watch"} {
+		for _, b := range []string{"meta", "vms", "networks", "policy-sync", "attestation-forget", "watch", "pools"} {
 			if tx.Bucket([]byte(b)) == nil {
 				t.Errorf("bucket %s missing", b)
 			}

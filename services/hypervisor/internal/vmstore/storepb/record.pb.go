@@ -88,7 +88,14 @@ type VirtualMachine struct {
 	SuspendedAt   *timestamppb.Timestamp `protobuf:"bytes,61,opt,name=suspended_at,json=suspendedAt,proto3" json:"suspended_at,omitempty"`
 	// The last installed boot's phases (internal/bootphase); the guest's are
 	// filled in at READY=1.
-	BootPhases    *v1.BootPhases `protobuf:"bytes,70,opt,name=boot_phases,json=bootPhases,proto3" json:"boot_phases,omitempty"`
+	BootPhases *v1.BootPhases `protobuf:"bytes,70,opt,name=boot_phases,json=bootPhases,proto3" json:"boot_phases,omitempty"`
+	// Warm pools: the pool of an unclaimed member (hidden from lists and
+	// watches; its user-data answer is 503 until a claim); set to "" by the
+	// claim, in the same write that gives it the claimer's identity, which
+	// sets from_pool and claimed_at.
+	Pool          string                 `protobuf:"bytes,80,opt,name=pool,proto3" json:"pool,omitempty"`
+	FromPool      string                 `protobuf:"bytes,81,opt,name=from_pool,json=fromPool,proto3" json:"from_pool,omitempty"`
+	ClaimedAt     *timestamppb.Timestamp `protobuf:"bytes,82,opt,name=claimed_at,json=claimedAt,proto3" json:"claimed_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -410,6 +417,97 @@ func (x *VirtualMachine) GetBootPhases() *v1.BootPhases {
 	return nil
 }
 
+func (x *VirtualMachine) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
+func (x *VirtualMachine) GetFromPool() string {
+	if x != nil {
+		return x.FromPool
+	}
+	return ""
+}
+
+func (x *VirtualMachine) GetClaimedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ClaimedAt
+	}
+	return nil
+}
+
+// Pool is a warm pool's definition (hypervisorv1.Pool without its status,
+// which is counted in memory and read from the members).
+type Pool struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Shape         *v1.PoolShape          `protobuf:"bytes,2,opt,name=shape,proto3" json:"shape,omitempty"`
+	Size          int32                  `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Pool) Reset() {
+	*x = Pool{}
+	mi := &file_vmmanager_hypervisor_store_v1_record_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Pool) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Pool) ProtoMessage() {}
+
+func (x *Pool) ProtoReflect() protoreflect.Message {
+	mi := &file_vmmanager_hypervisor_store_v1_record_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Pool.ProtoReflect.Descriptor instead.
+func (*Pool) Descriptor() ([]byte, []int) {
+	return file_vmmanager_hypervisor_store_v1_record_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Pool) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Pool) GetShape() *v1.PoolShape {
+	if x != nil {
+		return x.Shape
+	}
+	return nil
+}
+
+func (x *Pool) GetSize() int32 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *Pool) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
 // Processes are what a restarted hypervisor re-adopts.
 type Processes struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -421,7 +519,7 @@ type Processes struct {
 
 func (x *Processes) Reset() {
 	*x = Processes{}
-	mi := &file_vmmanager_hypervisor_store_v1_record_proto_msgTypes[1]
+	mi := &file_vmmanager_hypervisor_store_v1_record_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -433,7 +531,7 @@ func (x *Processes) String() string {
 func (*Processes) ProtoMessage() {}
 
 func (x *Processes) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_store_v1_record_proto_msgTypes[1]
+	mi := &file_vmmanager_hypervisor_store_v1_record_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -446,7 +544,7 @@ func (x *Processes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Processes.ProtoReflect.Descriptor instead.
 func (*Processes) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_store_v1_record_proto_rawDescGZIP(), []int{1}
+	return file_vmmanager_hypervisor_store_v1_record_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Processes) GetQemu() *Process {
@@ -478,7 +576,7 @@ type Process struct {
 
 func (x *Process) Reset() {
 	*x = Process{}
-	mi := &file_vmmanager_hypervisor_store_v1_record_proto_msgTypes[2]
+	mi := &file_vmmanager_hypervisor_store_v1_record_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -490,7 +588,7 @@ func (x *Process) String() string {
 func (*Process) ProtoMessage() {}
 
 func (x *Process) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_store_v1_record_proto_msgTypes[2]
+	mi := &file_vmmanager_hypervisor_store_v1_record_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -503,7 +601,7 @@ func (x *Process) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Process.ProtoReflect.Descriptor instead.
 func (*Process) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_store_v1_record_proto_rawDescGZIP(), []int{2}
+	return file_vmmanager_hypervisor_store_v1_record_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Process) GetPid() int32 {
@@ -546,7 +644,7 @@ type TpmKeys struct {
 
 func (x *TpmKeys) Reset() {
 	*x = TpmKeys{}
-	mi := &file_vmmanager_hypervisor_store_v1_record_proto_msgTypes[3]
+	mi := &file_vmmanager_hypervisor_store_v1_record_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -558,7 +656,7 @@ func (x *TpmKeys) String() string {
 func (*TpmKeys) ProtoMessage() {}
 
 func (x *TpmKeys) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_store_v1_record_proto_msgTypes[3]
+	mi := &file_vmmanager_hypervisor_store_v1_record_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -571,7 +669,7 @@ func (x *TpmKeys) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TpmKeys.ProtoReflect.Descriptor instead.
 func (*TpmKeys) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_store_v1_record_proto_rawDescGZIP(), []int{3}
+	return file_vmmanager_hypervisor_store_v1_record_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *TpmKeys) GetProvisionTime() *timestamppb.Timestamp {
@@ -620,7 +718,7 @@ var File_vmmanager_hypervisor_store_v1_record_proto protoreflect.FileDescriptor
 
 const file_vmmanager_hypervisor_store_v1_record_proto_rawDesc = "" +
 	"\n" +
-	"*vmmanager/hypervisor/store/v1/record.proto\x12\x1dvmmanager.hypervisor.store.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a0vmmanager/hypervisor/v1/hypervisor_service.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\x1a-vmmanager/hypervisor/v1/virtual_machine.proto\"\xd5\x0e\n" +
+	"*vmmanager/hypervisor/store/v1/record.proto\x12\x1dvmmanager.hypervisor.store.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a0vmmanager/hypervisor/v1/hypervisor_service.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\x1a\"vmmanager/hypervisor/v1/pool.proto\x1a-vmmanager/hypervisor/v1/virtual_machine.proto\"\xc1\x0f\n" +
 	"\x0eVirtualMachine\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
@@ -670,10 +768,20 @@ const file_vmmanager_hypervisor_store_v1_record_proto_rawDesc = "" +
 	"\x0esuspended_from\x18< \x01(\x0e2\x1e.vmmanager.hypervisor.v1.StateR\rsuspendedFrom\x12=\n" +
 	"\fsuspended_at\x18= \x01(\v2\x1a.google.protobuf.TimestampR\vsuspendedAt\x12D\n" +
 	"\vboot_phases\x18F \x01(\v2#.vmmanager.hypervisor.v1.BootPhasesR\n" +
-	"bootPhases\x1a;\n" +
+	"bootPhases\x12\x12\n" +
+	"\x04pool\x18P \x01(\tR\x04pool\x12\x1b\n" +
+	"\tfrom_pool\x18Q \x01(\tR\bfromPool\x129\n" +
+	"\n" +
+	"claimed_at\x18R \x01(\v2\x1a.google.protobuf.TimestampR\tclaimedAt\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x81\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa3\x01\n" +
+	"\x04Pool\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x128\n" +
+	"\x05shape\x18\x02 \x01(\v2\".vmmanager.hypervisor.v1.PoolShapeR\x05shape\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\x05R\x04size\x129\n" +
+	"\n" +
+	"created_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"\x81\x01\n" +
 	"\tProcesses\x12:\n" +
 	"\x04qemu\x18\x01 \x01(\v2&.vmmanager.hypervisor.store.v1.ProcessR\x04qemu\x128\n" +
 	"\x03tpm\x18\x02 \x01(\v2&.vmmanager.hypervisor.store.v1.ProcessR\x03tpm\"P\n" +
@@ -704,52 +812,57 @@ func file_vmmanager_hypervisor_store_v1_record_proto_rawDescGZIP() []byte {
 	return file_vmmanager_hypervisor_store_v1_record_proto_rawDescData
 }
 
-var file_vmmanager_hypervisor_store_v1_record_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_vmmanager_hypervisor_store_v1_record_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_vmmanager_hypervisor_store_v1_record_proto_goTypes = []any{
 	(*VirtualMachine)(nil),        // 0: vmmanager.hypervisor.store.v1.VirtualMachine
-	(*Processes)(nil),             // 1: vmmanager.hypervisor.store.v1.Processes
-	(*Process)(nil),               // 2: vmmanager.hypervisor.store.v1.Process
-	(*TpmKeys)(nil),               // 3: vmmanager.hypervisor.store.v1.TpmKeys
-	nil,                           // 4: vmmanager.hypervisor.store.v1.VirtualMachine.MetadataEntry
-	(v1.State)(0),                 // 5: vmmanager.hypervisor.v1.State
-	(v1.Phase)(0),                 // 6: vmmanager.hypervisor.v1.Phase
-	(v1.Accelerator)(0),           // 7: vmmanager.hypervisor.v1.Accelerator
-	(*v11.Attestation)(nil),       // 8: vmmanager.attestation.v1.Attestation
-	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
-	(*v1.Paths)(nil),              // 10: vmmanager.hypervisor.v1.Paths
-	(*v1.PortForward)(nil),        // 11: vmmanager.hypervisor.v1.PortForward
-	(*v1.Lifetime)(nil),           // 12: vmmanager.hypervisor.v1.Lifetime
-	(*v1.OciImageRef)(nil),        // 13: vmmanager.hypervisor.v1.OciImageRef
-	(*v1.BootPhases)(nil),         // 14: vmmanager.hypervisor.v1.BootPhases
+	(*Pool)(nil),                  // 1: vmmanager.hypervisor.store.v1.Pool
+	(*Processes)(nil),             // 2: vmmanager.hypervisor.store.v1.Processes
+	(*Process)(nil),               // 3: vmmanager.hypervisor.store.v1.Process
+	(*TpmKeys)(nil),               // 4: vmmanager.hypervisor.store.v1.TpmKeys
+	nil,                           // 5: vmmanager.hypervisor.store.v1.VirtualMachine.MetadataEntry
+	(v1.State)(0),                 // 6: vmmanager.hypervisor.v1.State
+	(v1.Phase)(0),                 // 7: vmmanager.hypervisor.v1.Phase
+	(v1.Accelerator)(0),           // 8: vmmanager.hypervisor.v1.Accelerator
+	(*v11.Attestation)(nil),       // 9: vmmanager.attestation.v1.Attestation
+	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
+	(*v1.Paths)(nil),              // 11: vmmanager.hypervisor.v1.Paths
+	(*v1.PortForward)(nil),        // 12: vmmanager.hypervisor.v1.PortForward
+	(*v1.Lifetime)(nil),           // 13: vmmanager.hypervisor.v1.Lifetime
+	(*v1.OciImageRef)(nil),        // 14: vmmanager.hypervisor.v1.OciImageRef
+	(*v1.BootPhases)(nil),         // 15: vmmanager.hypervisor.v1.BootPhases
+	(*v1.PoolShape)(nil),          // 16: vmmanager.hypervisor.v1.PoolShape
 }
 var file_vmmanager_hypervisor_store_v1_record_proto_depIdxs = []int32{
-	4,  // 0: vmmanager.hypervisor.store.v1.VirtualMachine.metadata:type_name -> vmmanager.hypervisor.store.v1.VirtualMachine.MetadataEntry
-	5,  // 1: vmmanager.hypervisor.store.v1.VirtualMachine.state:type_name -> vmmanager.hypervisor.v1.State
-	6,  // 2: vmmanager.hypervisor.store.v1.VirtualMachine.phase:type_name -> vmmanager.hypervisor.v1.Phase
-	7,  // 3: vmmanager.hypervisor.store.v1.VirtualMachine.accelerator:type_name -> vmmanager.hypervisor.v1.Accelerator
-	8,  // 4: vmmanager.hypervisor.store.v1.VirtualMachine.attestation:type_name -> vmmanager.attestation.v1.Attestation
-	9,  // 5: vmmanager.hypervisor.store.v1.VirtualMachine.created_at:type_name -> google.protobuf.Timestamp
-	9,  // 6: vmmanager.hypervisor.store.v1.VirtualMachine.installed_at:type_name -> google.protobuf.Timestamp
-	9,  // 7: vmmanager.hypervisor.store.v1.VirtualMachine.booted_at:type_name -> google.protobuf.Timestamp
-	9,  // 8: vmmanager.hypervisor.store.v1.VirtualMachine.ready_at:type_name -> google.protobuf.Timestamp
-	10, // 9: vmmanager.hypervisor.store.v1.VirtualMachine.paths:type_name -> vmmanager.hypervisor.v1.Paths
-	1,  // 10: vmmanager.hypervisor.store.v1.VirtualMachine.processes:type_name -> vmmanager.hypervisor.store.v1.Processes
-	11, // 11: vmmanager.hypervisor.store.v1.VirtualMachine.forwards:type_name -> vmmanager.hypervisor.v1.PortForward
-	3,  // 12: vmmanager.hypervisor.store.v1.VirtualMachine.tpm:type_name -> vmmanager.hypervisor.store.v1.TpmKeys
-	12, // 13: vmmanager.hypervisor.store.v1.VirtualMachine.lifetime:type_name -> vmmanager.hypervisor.v1.Lifetime
-	13, // 14: vmmanager.hypervisor.store.v1.VirtualMachine.oci_image:type_name -> vmmanager.hypervisor.v1.OciImageRef
-	5,  // 15: vmmanager.hypervisor.store.v1.VirtualMachine.suspended_from:type_name -> vmmanager.hypervisor.v1.State
-	9,  // 16: vmmanager.hypervisor.store.v1.VirtualMachine.suspended_at:type_name -> google.protobuf.Timestamp
-	14, // 17: vmmanager.hypervisor.store.v1.VirtualMachine.boot_phases:type_name -> vmmanager.hypervisor.v1.BootPhases
-	2,  // 18: vmmanager.hypervisor.store.v1.Processes.qemu:type_name -> vmmanager.hypervisor.store.v1.Process
-	2,  // 19: vmmanager.hypervisor.store.v1.Processes.tpm:type_name -> vmmanager.hypervisor.store.v1.Process
-	9,  // 20: vmmanager.hypervisor.store.v1.TpmKeys.provision_time:type_name -> google.protobuf.Timestamp
-	9,  // 21: vmmanager.hypervisor.store.v1.TpmKeys.update_time:type_name -> google.protobuf.Timestamp
-	22, // [22:22] is the sub-list for method output_type
-	22, // [22:22] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	5,  // 0: vmmanager.hypervisor.store.v1.VirtualMachine.metadata:type_name -> vmmanager.hypervisor.store.v1.VirtualMachine.MetadataEntry
+	6,  // 1: vmmanager.hypervisor.store.v1.VirtualMachine.state:type_name -> vmmanager.hypervisor.v1.State
+	7,  // 2: vmmanager.hypervisor.store.v1.VirtualMachine.phase:type_name -> vmmanager.hypervisor.v1.Phase
+	8,  // 3: vmmanager.hypervisor.store.v1.VirtualMachine.accelerator:type_name -> vmmanager.hypervisor.v1.Accelerator
+	9,  // 4: vmmanager.hypervisor.store.v1.VirtualMachine.attestation:type_name -> vmmanager.attestation.v1.Attestation
+	10, // 5: vmmanager.hypervisor.store.v1.VirtualMachine.created_at:type_name -> google.protobuf.Timestamp
+	10, // 6: vmmanager.hypervisor.store.v1.VirtualMachine.installed_at:type_name -> google.protobuf.Timestamp
+	10, // 7: vmmanager.hypervisor.store.v1.VirtualMachine.booted_at:type_name -> google.protobuf.Timestamp
+	10, // 8: vmmanager.hypervisor.store.v1.VirtualMachine.ready_at:type_name -> google.protobuf.Timestamp
+	11, // 9: vmmanager.hypervisor.store.v1.VirtualMachine.paths:type_name -> vmmanager.hypervisor.v1.Paths
+	2,  // 10: vmmanager.hypervisor.store.v1.VirtualMachine.processes:type_name -> vmmanager.hypervisor.store.v1.Processes
+	12, // 11: vmmanager.hypervisor.store.v1.VirtualMachine.forwards:type_name -> vmmanager.hypervisor.v1.PortForward
+	4,  // 12: vmmanager.hypervisor.store.v1.VirtualMachine.tpm:type_name -> vmmanager.hypervisor.store.v1.TpmKeys
+	13, // 13: vmmanager.hypervisor.store.v1.VirtualMachine.lifetime:type_name -> vmmanager.hypervisor.v1.Lifetime
+	14, // 14: vmmanager.hypervisor.store.v1.VirtualMachine.oci_image:type_name -> vmmanager.hypervisor.v1.OciImageRef
+	6,  // 15: vmmanager.hypervisor.store.v1.VirtualMachine.suspended_from:type_name -> vmmanager.hypervisor.v1.State
+	10, // 16: vmmanager.hypervisor.store.v1.VirtualMachine.suspended_at:type_name -> google.protobuf.Timestamp
+	15, // 17: vmmanager.hypervisor.store.v1.VirtualMachine.boot_phases:type_name -> vmmanager.hypervisor.v1.BootPhases
+	10, // 18: vmmanager.hypervisor.store.v1.VirtualMachine.claimed_at:type_name -> google.protobuf.Timestamp
+	16, // 19: vmmanager.hypervisor.store.v1.Pool.shape:type_name -> vmmanager.hypervisor.v1.PoolShape
+	10, // 20: vmmanager.hypervisor.store.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
+	3,  // 21: vmmanager.hypervisor.store.v1.Processes.qemu:type_name -> vmmanager.hypervisor.store.v1.Process
+	3,  // 22: vmmanager.hypervisor.store.v1.Processes.tpm:type_name -> vmmanager.hypervisor.store.v1.Process
+	10, // 23: vmmanager.hypervisor.store.v1.TpmKeys.provision_time:type_name -> google.protobuf.Timestamp
+	10, // 24: vmmanager.hypervisor.store.v1.TpmKeys.update_time:type_name -> google.protobuf.Timestamp
+	25, // [25:25] is the sub-list for method output_type
+	25, // [25:25] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_vmmanager_hypervisor_store_v1_record_proto_init() }
@@ -763,7 +876,7 @@ func file_vmmanager_hypervisor_store_v1_record_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vmmanager_hypervisor_store_v1_record_proto_rawDesc), len(file_vmmanager_hypervisor_store_v1_record_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
