@@ -23,7 +23,7 @@ import (
 
 // mcpTools are the contract's 20 tools (§2.3) in registration order, then
 // our additions (update_vm_lifetime, suspend_vm, resume_vm, import_image,
-// the pool tools), with their annotation class; tools/list sorts them by
+// the pool tools, fork_vm), with their annotation class; tools/list sorts them by
 // name, as the original's mcp-go did.
 var mcpTools = []struct{ name, class string }{
 	{"get_info", "read"}, {"get_host", "read"}, {"list_images", "read"}, {"get_image", "read"},
@@ -38,6 +38,7 @@ var mcpTools = []struct{ name, class string }{
 	// Warm pools.
 	{"list_pools", "read"}, {"get_pool", "read"}, {"create_pool", "create"},
 	{"resize_pool", "idempotent"}, {"delete_pool", "destructive"},
+	{"fork_vm", "create"}, // forks
 }
 
 // classOf reads an annotation class back from the hints (contract §2.2).

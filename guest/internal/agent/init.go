@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -20,6 +21,7 @@ import (
 	"github.com/giantswarm/vm-manager/guest/internal/netcfg"
 	"github.com/giantswarm/vm-manager/guest/internal/sdnotify"
 	"github.com/giantswarm/vm-manager/guest/internal/smbios"
+	"github.com/giantswarm/vm-manager/guest/internal/sshd"
 	"github.com/giantswarm/vm-manager/guest/internal/version"
 )
 
@@ -127,8 +129,14 @@ func boot(con *Console, installing *bool) error {
 		con.Printf("machine-id %s (from %s)", id, src)
 	}
 
+	var sshServer atomic.Pointer[sshd.Server]
+	host := &hostListener{con: con, q: q, sshd: sshServer.Load, forks: make(chan map[string]string, 1)}
 	go q.run(func() (sdnotify.Sender, error) {
-		return sdnotify.Select(ctx, sdnotify.DefaultPaths, portWait(), string(creds[CredNotifySocket]))
+		s, err := sdnotify.Select(ctx, sdnotify.DefaultPaths, portWait(), string(creds[CredNotifySocket]))
+		if ser, ok := s.(*sdnotify.Serial); ok && err == nil {
+			go host.receive(ser) // a fork learns it here (fork.go)
+		}
+		return s, err
 	})
 
 	pressed := make(chan struct{}, 1)
@@ -143,7 +151,7 @@ func boot(con *Console, installing *bool) error {
 	if lease != nil {
 		// Before provisioning: the host may connect as soon as its key is in
 		// authorized_keys.
-		startSSHD(con, oci.command())
+		sshServer.Store(startSSHD(con, oci.command()))
 		q.Send("STATUS=provisioning from the IMDS")
 		attestOff := cmdlineValue("/proc/cmdline", "vm-agent.attest") == "off"
 		attested = newBootProvisioner(con, credHostname, attestOff, ph).run(ctx)

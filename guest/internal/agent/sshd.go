@@ -29,16 +29,16 @@ var tpmPaths = []string{attest.DefaultTPMPath, "/dev/tpm0"}
 // key (public key 0, written to authorized_keys by provisioning, maybe later than
 // this: the server reads the file on each login). command, when not nil, builds
 // the commands (inside a booted OCI image's root).
-func startSSHD(con *Console, command func(context.Context, []string, []string) (*exec.Cmd, error)) {
+func startSSHD(con *Console, command func(context.Context, []string, []string) (*exec.Cmd, error)) *sshd.Server {
 	signer, err := ssh.NewSignerFromKey(loadHostKey(con))
 	if err != nil {
 		con.Printf("warning: sshd: %v", err)
-		return
+		return nil
 	}
 	ln, err := net.Listen("tcp", SSHAddr)
 	if err != nil {
 		con.Printf("warning: sshd: %v", err)
-		return
+		return nil
 	}
 	srv := sshd.New(signer, AuthorizedKeysPath, func(format string, args ...any) {
 		con.Printf("sshd: "+format, args...)
@@ -51,6 +51,7 @@ func startSSHD(con *Console, command func(context.Context, []string, []string) (
 			con.Printf("warning: sshd stopped: %v", err)
 		}
 	}()
+	return srv
 }
 
 // loadHostKey returns the host key kept in the vTPM, so the host's pinned key stays

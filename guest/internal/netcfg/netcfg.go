@@ -17,6 +17,7 @@ import (
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/insomniacslk/dhcp/dhcpv4/nclient4"
 	"github.com/jsimonetti/rtnetlink/v2/rtnl"
+	"golang.org/x/sys/unix"
 )
 
 // IMDSAddr is the IMDS's virtual IP (contract §6.1).
@@ -210,4 +211,38 @@ func pickEthernet(ifs []net.Interface) (*net.Interface, error) {
 		return ifc, nil
 	}
 	return nil, ErrNoInterface
+}
+
+// Reidentify gives the first ethernet interface the MAC mac, drops its IPv4
+// addresses and configures it again (Configure): a fork of this VM, restored
+// on another port of the network, whose switch drops frames of the parent's
+// MAC and address there.
+func Reidentify(ctx context.Context, mac net.HardwareAddr, opt Options) (*Lease, error) {
+	ifc, err := waitInterface(ctx, max(opt.LinkWait, 2*time.Second))
+	if err != nil {
+		return nil, err
+	}
+	c, err := rtnl.Dial(nil)
+	if err != nil {
+		return nil, fmt.Errorf("rtnetlink: %w", err)
+	}
+	addrs, err := c.Addrs(ifc, unix.AF_INET)
+	if err == nil {
+		err = c.LinkDown(ifc)
+	}
+	if err == nil {
+		err = c.LinkSetHardwareAddr(ifc, mac)
+	}
+	for _, a := range addrs {
+		if err == nil {
+			if derr := c.AddrDel(ifc, a); derr != nil && !errors.Is(derr, os.ErrNotExist) {
+				err = derr
+			}
+		}
+	}
+	c.Close()
+	if err != nil {
+		return nil, fmt.Errorf("%s: new MAC %s: %w", ifc.Name, mac, err)
+	}
+	return Configure(ctx, opt)
 }

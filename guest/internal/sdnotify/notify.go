@@ -101,9 +101,10 @@ type Serial struct {
 	f    *os.File
 }
 
-// OpenSerial opens the port device, e.g. /dev/vport1p1.
+// OpenSerial opens the port device, e.g. /dev/vport1p1, for both ways: the
+// host sends messages too (Receive).
 func OpenSerial(path string) (*Serial, error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|unix.O_NOCTTY, 0)
+	f, err := os.OpenFile(path, os.O_RDWR|unix.O_NOCTTY, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -120,6 +121,25 @@ func (s *Serial) Send(msg string) error {
 	defer s.mu.Unlock()
 	_, err = s.f.Write(b)
 	return err
+}
+
+// Receive calls fn with each message the host writes to the port, until a
+// read fails. A read returns EOF while the host side is not connected (the
+// hypervisor restarts, a fork's is not attached yet): it reads again after
+// idle. A message over MaxMessage is an error.
+func (s *Serial) Receive(fn func(msg string), idle time.Duration) error {
+	for {
+		sc := bufio.NewScanner(s.f)
+		sc.Buffer(make([]byte, 4096), MaxMessage+1)
+		sc.Split(ScanFrames)
+		for sc.Scan() {
+			fn(sc.Text())
+		}
+		if err := sc.Err(); err != nil {
+			return err
+		}
+		time.Sleep(idle)
+	}
 }
 
 func (s *Serial) Close() error   { return s.f.Close() }

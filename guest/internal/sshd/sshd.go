@@ -74,12 +74,26 @@ func New(hostKey ssh.Signer, authorizedKeysPath string, log func(format string, 
 		listeners: map[net.Listener]struct{}{},
 		conns:     map[net.Conn]struct{}{},
 	}
-	s.cfg = &ssh.ServerConfig{
+	s.cfg = s.config(hostKey)
+	return s
+}
+
+func (s *Server) config(hostKey ssh.Signer) *ssh.ServerConfig {
+	cfg := &ssh.ServerConfig{
 		PublicKeyCallback: s.checkKey,
 		ServerVersion:     "SSH-2.0-vm-agent",
 	}
-	s.cfg.AddHostKey(hostKey)
-	return s
+	cfg.AddHostKey(hostKey)
+	return cfg
+}
+
+// SetHostKey serves the connections from now on with hostKey (a fork of
+// the VM takes a key of its own); open sessions keep theirs.
+func (s *Server) SetHostKey(hostKey ssh.Signer) {
+	cfg := s.config(hostKey)
+	s.mu.Lock()
+	s.cfg = cfg
+	s.mu.Unlock()
 }
 
 // checkKey admits root with a key listed in the authorized_keys file.
@@ -219,7 +233,10 @@ func (s *Server) serveConn(c net.Conn) {
 	defer c.Close()
 	// A client that stalls the handshake must not hold the connection forever.
 	_ = c.SetDeadline(time.Now().Add(HandshakeTimeout))
-	conn, chans, reqs, err := ssh.NewServerConn(c, s.cfg)
+	s.mu.Lock()
+	cfg := s.cfg
+	s.mu.Unlock()
+	conn, chans, reqs, err := ssh.NewServerConn(c, cfg)
 	if err != nil {
 		s.log("%s: handshake: %v", c.RemoteAddr(), err)
 		return

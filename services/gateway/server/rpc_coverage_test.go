@@ -46,6 +46,7 @@ var surfaces = map[string]struct{ tool, noTool, noREST string }{
 	"HypervisorService/UpdateVirtualMachineLifetime": {tool: "update_vm_lifetime"},
 	"HypervisorService/SuspendVirtualMachine":        {tool: "suspend_vm"},
 	"HypervisorService/ResumeVirtualMachine":         {tool: "resume_vm"},
+	"HypervisorService/ForkVirtualMachine":           {tool: "fork_vm"},
 	"HypervisorService/CreatePool":                   {tool: "create_pool"},
 	"HypervisorService/ListPools":                    {tool: "list_pools"},
 	"HypervisorService/GetPool":                      {tool: "get_pool"},

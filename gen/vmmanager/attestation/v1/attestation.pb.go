@@ -204,7 +204,11 @@ type Attestation struct {
 	// count for this VM; empty until one is registered.
 	AkFingerprint string `protobuf:"bytes,7,opt,name=ak_fingerprint,json=akFingerprint,proto3" json:"ak_fingerprint,omitempty"`
 	// Where that key came from.
-	AkOrigin      AkOrigin `protobuf:"varint,8,opt,name=ak_origin,json=akOrigin,proto3,enum=vmmanager.attestation.v1.AkOrigin" json:"ak_origin,omitempty"`
+	AkOrigin AkOrigin `protobuf:"varint,8,opt,name=ak_origin,json=akOrigin,proto3,enum=vmmanager.attestation.v1.AkOrigin" json:"ak_origin,omitempty"`
+	// This boot is a fork of that VM's (ForkVirtualMachine): a vTPM of its
+	// own whose PCRs were set to the parent's verified measurements; its
+	// quotes verify with its own key only.
+	ForkedFrom    string `protobuf:"bytes,9,opt,name=forked_from,json=forkedFrom,proto3" json:"forked_from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -293,6 +297,13 @@ func (x *Attestation) GetAkOrigin() AkOrigin {
 		return x.AkOrigin
 	}
 	return AkOrigin_AK_ORIGIN_UNSPECIFIED
+}
+
+func (x *Attestation) GetForkedFrom() string {
+	if x != nil {
+		return x.ForkedFrom
+	}
+	return ""
 }
 
 // Quote is the verdict on one TPM quote.
@@ -933,7 +944,7 @@ var File_vmmanager_attestation_v1_attestation_proto protoreflect.FileDescriptor
 
 const file_vmmanager_attestation_v1_attestation_proto_rawDesc = "" +
 	"\n" +
-	"*vmmanager/attestation/v1/attestation.proto\x12\x18vmmanager.attestation.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x83\x04\n" +
+	"*vmmanager/attestation/v1/attestation.proto\x12\x18vmmanager.attestation.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa9\x04\n" +
 	"\vAttestation\x12\"\n" +
 	"\brequired\x18\x01 \x01(\bB\x06\xe0A\x02\xe0A\x03R\brequired\x124\n" +
 	"\x12user_data_released\x18\x02 \x01(\bB\x06\xe0A\x02\xe0A\x03R\x10userDataReleased\x12G\n" +
@@ -942,7 +953,9 @@ const file_vmmanager_attestation_v1_attestation_proto_rawDesc = "" +
 	"\x05ready\x18\x05 \x01(\v2\x1f.vmmanager.attestation.v1.QuoteB\x03\xe0A\x03R\x05ready\x12\x17\n" +
 	"\x04boot\x18\x06 \x01(\x04B\x03\xe0A\x03R\x04boot\x12*\n" +
 	"\x0eak_fingerprint\x18\a \x01(\tB\x03\xe0A\x03R\rakFingerprint\x12D\n" +
-	"\tak_origin\x18\b \x01(\x0e2\".vmmanager.attestation.v1.AkOriginB\x03\xe0A\x03R\bakOrigin:L\xeaAI\n" +
+	"\tak_origin\x18\b \x01(\x0e2\".vmmanager.attestation.v1.AkOriginB\x03\xe0A\x03R\bakOrigin\x12$\n" +
+	"\vforked_from\x18\t \x01(\tB\x03\xe0A\x03R\n" +
+	"forkedFrom:L\xeaAI\n" +
 	"$vm-manager.giantswarm.io/Attestation\x12\x14vms/{vm}/attestation2\vattestation\"\x80\x04\n" +
 	"\x05Quote\x12\"\n" +
 	"\bverified\x18\x01 \x01(\bB\x06\xe0A\x02\xe0A\x03R\bverified\x12\x1d\n" +

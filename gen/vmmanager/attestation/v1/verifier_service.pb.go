@@ -51,8 +51,11 @@ type BeginBootRequest struct {
 	// on this boot, and only on this one, a golden PCR 12 is expected extended
 	// by it.
 	KernelCmdlineExtra string `protobuf:"bytes,9,opt,name=kernel_cmdline_extra,json=kernelCmdlineExtra,proto3" json:"kernel_cmdline_extra,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// The VM this boot's VM was forked from: its vTPM is new, its PCRs were
+	// brought to the parent's verified measurements (the summary says so).
+	ForkedFrom    string `protobuf:"bytes,10,opt,name=forked_from,json=forkedFrom,proto3" json:"forked_from,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BeginBootRequest) Reset() {
@@ -144,6 +147,13 @@ func (x *BeginBootRequest) GetDirectKernel() bool {
 func (x *BeginBootRequest) GetKernelCmdlineExtra() string {
 	if x != nil {
 		return x.KernelCmdlineExtra
+	}
+	return ""
+}
+
+func (x *BeginBootRequest) GetForkedFrom() string {
+	if x != nil {
+		return x.ForkedFrom
 	}
 	return ""
 }
@@ -593,7 +603,7 @@ var File_vmmanager_attestation_v1_verifier_service_proto protoreflect.FileDescri
 
 const file_vmmanager_attestation_v1_verifier_service_proto_rawDesc = "" +
 	"\n" +
-	"/vmmanager/attestation/v1/verifier_service.proto\x12\x18vmmanager.attestation.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\"\xe8\x02\n" +
+	"/vmmanager/attestation/v1/verifier_service.proto\x12\x18vmmanager.attestation.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\"\x89\x03\n" +
 	"\x10BeginBootRequest\x12\x18\n" +
 	"\x05vm_id\x18\x01 \x01(\tB\x03\xe0A\x02R\x04vmId\x12\x19\n" +
 	"\x05image\x18\x02 \x01(\tB\x03\xe0A\x02R\x05image\x12-\n" +
@@ -603,7 +613,10 @@ const file_vmmanager_attestation_v1_verifier_service_proto_rawDesc = "" +
 	"\tak_public\x18\x06 \x01(\fR\bakPublic\x12\x1b\n" +
 	"\tek_public\x18\a \x01(\fR\bekPublic\x12#\n" +
 	"\rdirect_kernel\x18\b \x01(\bR\fdirectKernel\x120\n" +
-	"\x14kernel_cmdline_extra\x18\t \x01(\tR\x12kernelCmdlineExtra\"-\n" +
+	"\x14kernel_cmdline_extra\x18\t \x01(\tR\x12kernelCmdlineExtra\x12\x1f\n" +
+	"\vforked_from\x18\n" +
+	" \x01(\tR\n" +
+	"forkedFrom\"-\n" +
 	"\x11IssueNonceRequest\x12\x18\n" +
 	"\x05vm_id\x18\x01 \x01(\tB\x03\xe0A\x02R\x04vmId\"{\n" +
 	"\x12IssueNonceResponse\x12\x14\n" +

@@ -1249,6 +1249,122 @@ func (x *CreateVirtualMachineRequest) GetSkipPool() bool {
 	return false
 }
 
+type ForkVirtualMachineRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// 1..16; default 1.
+	Count int32 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	// What the forks wait for before the call returns: none, or ready (the
+	// default: each fork reidentified itself and its quote verified).
+	WaitFor       WaitFor `protobuf:"varint,3,opt,name=wait_for,json=waitFor,proto3,enum=vmmanager.hypervisor.v1.WaitFor" json:"wait_for,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkVirtualMachineRequest) Reset() {
+	*x = ForkVirtualMachineRequest{}
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkVirtualMachineRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkVirtualMachineRequest) ProtoMessage() {}
+
+func (x *ForkVirtualMachineRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkVirtualMachineRequest.ProtoReflect.Descriptor instead.
+func (*ForkVirtualMachineRequest) Descriptor() ([]byte, []int) {
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ForkVirtualMachineRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ForkVirtualMachineRequest) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *ForkVirtualMachineRequest) GetWaitFor() WaitFor {
+	if x != nil {
+		return x.WaitFor
+	}
+	return WaitFor_WAIT_FOR_UNSPECIFIED
+}
+
+type ForkVirtualMachineResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Vms   []*VirtualMachine      `protobuf:"bytes,1,rep,name=vms,proto3" json:"vms,omitempty"`
+	// How long the parent's vCPUs were stopped for its snapshot.
+	PauseSeconds  float64 `protobuf:"fixed64,2,opt,name=pause_seconds,json=pauseSeconds,proto3" json:"pause_seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkVirtualMachineResponse) Reset() {
+	*x = ForkVirtualMachineResponse{}
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkVirtualMachineResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkVirtualMachineResponse) ProtoMessage() {}
+
+func (x *ForkVirtualMachineResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkVirtualMachineResponse.ProtoReflect.Descriptor instead.
+func (*ForkVirtualMachineResponse) Descriptor() ([]byte, []int) {
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ForkVirtualMachineResponse) GetVms() []*VirtualMachine {
+	if x != nil {
+		return x.Vms
+	}
+	return nil
+}
+
+func (x *ForkVirtualMachineResponse) GetPauseSeconds() float64 {
+	if x != nil {
+		return x.PauseSeconds
+	}
+	return 0
+}
+
 type DeleteVirtualMachineRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -1258,7 +1374,7 @@ type DeleteVirtualMachineRequest struct {
 
 func (x *DeleteVirtualMachineRequest) Reset() {
 	*x = DeleteVirtualMachineRequest{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[16]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1270,7 +1386,7 @@ func (x *DeleteVirtualMachineRequest) String() string {
 func (*DeleteVirtualMachineRequest) ProtoMessage() {}
 
 func (x *DeleteVirtualMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[16]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1283,7 +1399,7 @@ func (x *DeleteVirtualMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVirtualMachineRequest.ProtoReflect.Descriptor instead.
 func (*DeleteVirtualMachineRequest) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{16}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DeleteVirtualMachineRequest) GetId() string {
@@ -1303,7 +1419,7 @@ type DeleteVirtualMachineResponse struct {
 
 func (x *DeleteVirtualMachineResponse) Reset() {
 	*x = DeleteVirtualMachineResponse{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[17]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1315,7 +1431,7 @@ func (x *DeleteVirtualMachineResponse) String() string {
 func (*DeleteVirtualMachineResponse) ProtoMessage() {}
 
 func (x *DeleteVirtualMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[17]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1328,7 +1444,7 @@ func (x *DeleteVirtualMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVirtualMachineResponse.ProtoReflect.Descriptor instead.
 func (*DeleteVirtualMachineResponse) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{17}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DeleteVirtualMachineResponse) GetId() string {
@@ -1354,7 +1470,7 @@ type StartVirtualMachineRequest struct {
 
 func (x *StartVirtualMachineRequest) Reset() {
 	*x = StartVirtualMachineRequest{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[18]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1366,7 +1482,7 @@ func (x *StartVirtualMachineRequest) String() string {
 func (*StartVirtualMachineRequest) ProtoMessage() {}
 
 func (x *StartVirtualMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[18]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1379,7 +1495,7 @@ func (x *StartVirtualMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartVirtualMachineRequest.ProtoReflect.Descriptor instead.
 func (*StartVirtualMachineRequest) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{18}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *StartVirtualMachineRequest) GetId() string {
@@ -1398,7 +1514,7 @@ type StopVirtualMachineRequest struct {
 
 func (x *StopVirtualMachineRequest) Reset() {
 	*x = StopVirtualMachineRequest{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[19]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1410,7 +1526,7 @@ func (x *StopVirtualMachineRequest) String() string {
 func (*StopVirtualMachineRequest) ProtoMessage() {}
 
 func (x *StopVirtualMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[19]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1423,7 +1539,7 @@ func (x *StopVirtualMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopVirtualMachineRequest.ProtoReflect.Descriptor instead.
 func (*StopVirtualMachineRequest) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{19}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *StopVirtualMachineRequest) GetId() string {
@@ -1442,7 +1558,7 @@ type RebootVirtualMachineRequest struct {
 
 func (x *RebootVirtualMachineRequest) Reset() {
 	*x = RebootVirtualMachineRequest{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[20]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1454,7 +1570,7 @@ func (x *RebootVirtualMachineRequest) String() string {
 func (*RebootVirtualMachineRequest) ProtoMessage() {}
 
 func (x *RebootVirtualMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[20]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1467,7 +1583,7 @@ func (x *RebootVirtualMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebootVirtualMachineRequest.ProtoReflect.Descriptor instead.
 func (*RebootVirtualMachineRequest) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{20}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RebootVirtualMachineRequest) GetId() string {
@@ -1488,7 +1604,7 @@ type ExecVirtualMachineRequest struct {
 
 func (x *ExecVirtualMachineRequest) Reset() {
 	*x = ExecVirtualMachineRequest{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[21]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1500,7 +1616,7 @@ func (x *ExecVirtualMachineRequest) String() string {
 func (*ExecVirtualMachineRequest) ProtoMessage() {}
 
 func (x *ExecVirtualMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[21]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1513,7 +1629,7 @@ func (x *ExecVirtualMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecVirtualMachineRequest.ProtoReflect.Descriptor instead.
 func (*ExecVirtualMachineRequest) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{21}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ExecVirtualMachineRequest) GetId() string {
@@ -1543,7 +1659,7 @@ type ExecVirtualMachineResponse struct {
 
 func (x *ExecVirtualMachineResponse) Reset() {
 	*x = ExecVirtualMachineResponse{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[22]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1555,7 +1671,7 @@ func (x *ExecVirtualMachineResponse) String() string {
 func (*ExecVirtualMachineResponse) ProtoMessage() {}
 
 func (x *ExecVirtualMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[22]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1568,7 +1684,7 @@ func (x *ExecVirtualMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecVirtualMachineResponse.ProtoReflect.Descriptor instead.
 func (*ExecVirtualMachineResponse) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{22}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ExecVirtualMachineResponse) GetStdout() string {
@@ -1610,7 +1726,7 @@ type ForwardVirtualMachinePortRequest struct {
 
 func (x *ForwardVirtualMachinePortRequest) Reset() {
 	*x = ForwardVirtualMachinePortRequest{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[23]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1622,7 +1738,7 @@ func (x *ForwardVirtualMachinePortRequest) String() string {
 func (*ForwardVirtualMachinePortRequest) ProtoMessage() {}
 
 func (x *ForwardVirtualMachinePortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[23]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1635,7 +1751,7 @@ func (x *ForwardVirtualMachinePortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardVirtualMachinePortRequest.ProtoReflect.Descriptor instead.
 func (*ForwardVirtualMachinePortRequest) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{23}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ForwardVirtualMachinePortRequest) GetId() string {
@@ -1665,7 +1781,7 @@ type ForwardVirtualMachinePortResponse struct {
 
 func (x *ForwardVirtualMachinePortResponse) Reset() {
 	*x = ForwardVirtualMachinePortResponse{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[24]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1677,7 +1793,7 @@ func (x *ForwardVirtualMachinePortResponse) String() string {
 func (*ForwardVirtualMachinePortResponse) ProtoMessage() {}
 
 func (x *ForwardVirtualMachinePortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[24]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1690,7 +1806,7 @@ func (x *ForwardVirtualMachinePortResponse) ProtoReflect() protoreflect.Message 
 
 // Deprecated: Use ForwardVirtualMachinePortResponse.ProtoReflect.Descriptor instead.
 func (*ForwardVirtualMachinePortResponse) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{24}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ForwardVirtualMachinePortResponse) GetId() string {
@@ -1725,7 +1841,7 @@ type GetVirtualMachineConsoleRequest struct {
 
 func (x *GetVirtualMachineConsoleRequest) Reset() {
 	*x = GetVirtualMachineConsoleRequest{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[25]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1737,7 +1853,7 @@ func (x *GetVirtualMachineConsoleRequest) String() string {
 func (*GetVirtualMachineConsoleRequest) ProtoMessage() {}
 
 func (x *GetVirtualMachineConsoleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[25]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1750,7 +1866,7 @@ func (x *GetVirtualMachineConsoleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVirtualMachineConsoleRequest.ProtoReflect.Descriptor instead.
 func (*GetVirtualMachineConsoleRequest) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{25}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GetVirtualMachineConsoleRequest) GetId() string {
@@ -1778,7 +1894,7 @@ type GetVirtualMachineConsoleResponse struct {
 
 func (x *GetVirtualMachineConsoleResponse) Reset() {
 	*x = GetVirtualMachineConsoleResponse{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[26]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1790,7 +1906,7 @@ func (x *GetVirtualMachineConsoleResponse) String() string {
 func (*GetVirtualMachineConsoleResponse) ProtoMessage() {}
 
 func (x *GetVirtualMachineConsoleResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[26]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1803,7 +1919,7 @@ func (x *GetVirtualMachineConsoleResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVirtualMachineConsoleResponse.ProtoReflect.Descriptor instead.
 func (*GetVirtualMachineConsoleResponse) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{26}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetVirtualMachineConsoleResponse) GetId() string {
@@ -1836,7 +1952,7 @@ type GetVirtualMachineMetricsRequest struct {
 
 func (x *GetVirtualMachineMetricsRequest) Reset() {
 	*x = GetVirtualMachineMetricsRequest{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[27]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1848,7 +1964,7 @@ func (x *GetVirtualMachineMetricsRequest) String() string {
 func (*GetVirtualMachineMetricsRequest) ProtoMessage() {}
 
 func (x *GetVirtualMachineMetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[27]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1861,7 +1977,7 @@ func (x *GetVirtualMachineMetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVirtualMachineMetricsRequest.ProtoReflect.Descriptor instead.
 func (*GetVirtualMachineMetricsRequest) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{27}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetVirtualMachineMetricsRequest) GetId() string {
@@ -1880,7 +1996,7 @@ type GetVirtualMachineReportRequest struct {
 
 func (x *GetVirtualMachineReportRequest) Reset() {
 	*x = GetVirtualMachineReportRequest{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[28]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1892,7 +2008,7 @@ func (x *GetVirtualMachineReportRequest) String() string {
 func (*GetVirtualMachineReportRequest) ProtoMessage() {}
 
 func (x *GetVirtualMachineReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[28]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1905,7 +2021,7 @@ func (x *GetVirtualMachineReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVirtualMachineReportRequest.ProtoReflect.Descriptor instead.
 func (*GetVirtualMachineReportRequest) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{28}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetVirtualMachineReportRequest) GetId() string {
@@ -1926,7 +2042,7 @@ type GetVirtualMachineReportResponse struct {
 
 func (x *GetVirtualMachineReportResponse) Reset() {
 	*x = GetVirtualMachineReportResponse{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[29]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1938,7 +2054,7 @@ func (x *GetVirtualMachineReportResponse) String() string {
 func (*GetVirtualMachineReportResponse) ProtoMessage() {}
 
 func (x *GetVirtualMachineReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[29]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1951,7 +2067,7 @@ func (x *GetVirtualMachineReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVirtualMachineReportResponse.ProtoReflect.Descriptor instead.
 func (*GetVirtualMachineReportResponse) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{29}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetVirtualMachineReportResponse) GetReport() *structpb.Value {
@@ -1983,7 +2099,7 @@ type VirtualMachineMetrics struct {
 
 func (x *VirtualMachineMetrics) Reset() {
 	*x = VirtualMachineMetrics{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[30]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1995,7 +2111,7 @@ func (x *VirtualMachineMetrics) String() string {
 func (*VirtualMachineMetrics) ProtoMessage() {}
 
 func (x *VirtualMachineMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[30]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2008,7 +2124,7 @@ func (x *VirtualMachineMetrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VirtualMachineMetrics.ProtoReflect.Descriptor instead.
 func (*VirtualMachineMetrics) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{30}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *VirtualMachineMetrics) GetId() string {
@@ -2066,7 +2182,7 @@ type HostMetrics struct {
 
 func (x *HostMetrics) Reset() {
 	*x = HostMetrics{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[31]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2078,7 +2194,7 @@ func (x *HostMetrics) String() string {
 func (*HostMetrics) ProtoMessage() {}
 
 func (x *HostMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[31]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2091,7 +2207,7 @@ func (x *HostMetrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostMetrics.ProtoReflect.Descriptor instead.
 func (*HostMetrics) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{31}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *HostMetrics) GetState() State {
@@ -2195,7 +2311,7 @@ type BootPhases struct {
 
 func (x *BootPhases) Reset() {
 	*x = BootPhases{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[32]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2207,7 +2323,7 @@ func (x *BootPhases) String() string {
 func (*BootPhases) ProtoMessage() {}
 
 func (x *BootPhases) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[32]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2220,7 +2336,7 @@ func (x *BootPhases) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootPhases.ProtoReflect.Descriptor instead.
 func (*BootPhases) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{32}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *BootPhases) GetProvisionSeconds() float64 {
@@ -2319,7 +2435,7 @@ type NetworkMetrics struct {
 
 func (x *NetworkMetrics) Reset() {
 	*x = NetworkMetrics{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[33]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2331,7 +2447,7 @@ func (x *NetworkMetrics) String() string {
 func (*NetworkMetrics) ProtoMessage() {}
 
 func (x *NetworkMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[33]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2344,7 +2460,7 @@ func (x *NetworkMetrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkMetrics.ProtoReflect.Descriptor instead.
 func (*NetworkMetrics) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{33}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *NetworkMetrics) GetName() string {
@@ -2461,7 +2577,7 @@ type GuestMetrics struct {
 
 func (x *GuestMetrics) Reset() {
 	*x = GuestMetrics{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[34]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2473,7 +2589,7 @@ func (x *GuestMetrics) String() string {
 func (*GuestMetrics) ProtoMessage() {}
 
 func (x *GuestMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[34]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2486,7 +2602,7 @@ func (x *GuestMetrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GuestMetrics.ProtoReflect.Descriptor instead.
 func (*GuestMetrics) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{34}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GuestMetrics) GetReceivedAt() *timestamppb.Timestamp {
@@ -2557,7 +2673,7 @@ type MetricSample struct {
 
 func (x *MetricSample) Reset() {
 	*x = MetricSample{}
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[35]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2569,7 +2685,7 @@ func (x *MetricSample) String() string {
 func (*MetricSample) ProtoMessage() {}
 
 func (x *MetricSample) ProtoReflect() protoreflect.Message {
-	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[35]
+	mi := &file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2582,7 +2698,7 @@ func (x *MetricSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricSample.ProtoReflect.Descriptor instead.
 func (*MetricSample) Descriptor() ([]byte, []int) {
-	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{35}
+	return file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *MetricSample) GetName() string {
@@ -2705,7 +2821,14 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\x05_cpusB\r\n" +
 	"\v_memory_mibB\v\n" +
 	"\t_disk_gibB\x16\n" +
-	"\x14_require_attestation\"2\n" +
+	"\x14_require_attestation\"\x8d\x01\n" +
+	"\x19ForkVirtualMachineRequest\x12\x13\n" +
+	"\x02id\x18\x01 \x01(\tB\x03\xe0A\x02R\x02id\x12\x19\n" +
+	"\x05count\x18\x02 \x01(\x05B\x03\xe0A\x01R\x05count\x12@\n" +
+	"\bwait_for\x18\x03 \x01(\x0e2 .vmmanager.hypervisor.v1.WaitForB\x03\xe0A\x01R\awaitFor\"|\n" +
+	"\x1aForkVirtualMachineResponse\x129\n" +
+	"\x03vms\x18\x01 \x03(\v2'.vmmanager.hypervisor.v1.VirtualMachineR\x03vms\x12#\n" +
+	"\rpause_seconds\x18\x02 \x01(\x01R\fpauseSeconds\"2\n" +
 	"\x1bDeleteVirtualMachineRequest\x12\x13\n" +
 	"\x02id\x18\x01 \x01(\tB\x03\xe0A\x02R\x02id\"H\n" +
 	"\x1cDeleteVirtualMachineResponse\x12\x0e\n" +
@@ -2843,7 +2966,7 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\x1aATTESTATION_STATE_DISABLED\x10\x01\x12\x1d\n" +
 	"\x19ATTESTATION_STATE_PENDING\x10\x02\x12\x1e\n" +
 	"\x1aATTESTATION_STATE_RELEASED\x10\x03\x12\x1c\n" +
-	"\x18ATTESTATION_STATE_FAILED\x10\x042\xbd\"\n" +
+	"\x18ATTESTATION_STATE_FAILED\x10\x042\xdf#\n" +
 	"\x11HypervisorService\x12g\n" +
 	"\aGetHost\x12'.vmmanager.hypervisor.v1.GetHostRequest\x1a\x1d.vmmanager.hypervisor.v1.Host\"\x14\x82\xd3\xe4\x93\x02\x0e\x12\f/api/v1/host\x12\x85\x01\n" +
 	"\n" +
@@ -2871,7 +2994,8 @@ const file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc = "" +
 	"\x14WatchVirtualMachines\x124.vmmanager.hypervisor.v1.WatchVirtualMachinesRequest\x1a5.vmmanager.hypervisor.v1.WatchVirtualMachinesResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/api/v1/vms:watch0\x01\x12\x93\x01\n" +
 	"\x18ExecVirtualMachineStream\x128.vmmanager.hypervisor.v1.ExecVirtualMachineStreamRequest\x1a9.vmmanager.hypervisor.v1.ExecVirtualMachineStreamResponse(\x010\x01\x12\x99\x01\n" +
 	"\x15SuspendVirtualMachine\x125.vmmanager.hypervisor.v1.SuspendVirtualMachineRequest\x1a'.vmmanager.hypervisor.v1.VirtualMachine\" \x82\xd3\xe4\x93\x02\x1a\"\x18/api/v1/vms/{id}/suspend\x12\x96\x01\n" +
-	"\x14ResumeVirtualMachine\x124.vmmanager.hypervisor.v1.ResumeVirtualMachineRequest\x1a'.vmmanager.hypervisor.v1.VirtualMachine\"\x1f\x82\xd3\xe4\x93\x02\x19\"\x17/api/v1/vms/{id}/resume\x12q\n" +
+	"\x14ResumeVirtualMachine\x124.vmmanager.hypervisor.v1.ResumeVirtualMachineRequest\x1a'.vmmanager.hypervisor.v1.VirtualMachine\"\x1f\x82\xd3\xe4\x93\x02\x19\"\x17/api/v1/vms/{id}/resume\x12\x9f\x01\n" +
+	"\x12ForkVirtualMachine\x122.vmmanager.hypervisor.v1.ForkVirtualMachineRequest\x1a3.vmmanager.hypervisor.v1.ForkVirtualMachineResponse\" \x82\xd3\xe4\x93\x02\x1a:\x01*\"\x15/api/v1/vms/{id}/fork\x12q\n" +
 	"\n" +
 	"CreatePool\x12*.vmmanager.hypervisor.v1.CreatePoolRequest\x1a\x1d.vmmanager.hypervisor.v1.Pool\"\x18\x82\xd3\xe4\x93\x02\x12:\x01*\"\r/api/v1/pools\x12\x80\x01\n" +
 	"\tListPools\x12).vmmanager.hypervisor.v1.ListPoolsRequest\x1a*.vmmanager.hypervisor.v1.ListPoolsResponse\"\x1c\x82\xd3\xe4\x93\x02\x16b\x05pools\x12\r/api/v1/pools\x12o\n" +
@@ -2894,7 +3018,7 @@ func file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDescGZIP() []byte 
 }
 
 var file_vmmanager_hypervisor_v1_hypervisor_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_vmmanager_hypervisor_v1_hypervisor_service_proto_goTypes = []any{
 	(WaitFor)(0),                                // 0: vmmanager.hypervisor.v1.WaitFor
 	(AttestationState)(0),                       // 1: vmmanager.hypervisor.v1.AttestationState
@@ -2914,155 +3038,161 @@ var file_vmmanager_hypervisor_v1_hypervisor_service_proto_goTypes = []any{
 	(*ListVirtualMachinesResponse)(nil),         // 15: vmmanager.hypervisor.v1.ListVirtualMachinesResponse
 	(*GetVirtualMachineRequest)(nil),            // 16: vmmanager.hypervisor.v1.GetVirtualMachineRequest
 	(*CreateVirtualMachineRequest)(nil),         // 17: vmmanager.hypervisor.v1.CreateVirtualMachineRequest
-	(*DeleteVirtualMachineRequest)(nil),         // 18: vmmanager.hypervisor.v1.DeleteVirtualMachineRequest
-	(*DeleteVirtualMachineResponse)(nil),        // 19: vmmanager.hypervisor.v1.DeleteVirtualMachineResponse
-	(*StartVirtualMachineRequest)(nil),          // 20: vmmanager.hypervisor.v1.StartVirtualMachineRequest
-	(*StopVirtualMachineRequest)(nil),           // 21: vmmanager.hypervisor.v1.StopVirtualMachineRequest
-	(*RebootVirtualMachineRequest)(nil),         // 22: vmmanager.hypervisor.v1.RebootVirtualMachineRequest
-	(*ExecVirtualMachineRequest)(nil),           // 23: vmmanager.hypervisor.v1.ExecVirtualMachineRequest
-	(*ExecVirtualMachineResponse)(nil),          // 24: vmmanager.hypervisor.v1.ExecVirtualMachineResponse
-	(*ForwardVirtualMachinePortRequest)(nil),    // 25: vmmanager.hypervisor.v1.ForwardVirtualMachinePortRequest
-	(*ForwardVirtualMachinePortResponse)(nil),   // 26: vmmanager.hypervisor.v1.ForwardVirtualMachinePortResponse
-	(*GetVirtualMachineConsoleRequest)(nil),     // 27: vmmanager.hypervisor.v1.GetVirtualMachineConsoleRequest
-	(*GetVirtualMachineConsoleResponse)(nil),    // 28: vmmanager.hypervisor.v1.GetVirtualMachineConsoleResponse
-	(*GetVirtualMachineMetricsRequest)(nil),     // 29: vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
-	(*GetVirtualMachineReportRequest)(nil),      // 30: vmmanager.hypervisor.v1.GetVirtualMachineReportRequest
-	(*GetVirtualMachineReportResponse)(nil),     // 31: vmmanager.hypervisor.v1.GetVirtualMachineReportResponse
-	(*VirtualMachineMetrics)(nil),               // 32: vmmanager.hypervisor.v1.VirtualMachineMetrics
-	(*HostMetrics)(nil),                         // 33: vmmanager.hypervisor.v1.HostMetrics
-	(*BootPhases)(nil),                          // 34: vmmanager.hypervisor.v1.BootPhases
-	(*NetworkMetrics)(nil),                      // 35: vmmanager.hypervisor.v1.NetworkMetrics
-	(*GuestMetrics)(nil),                        // 36: vmmanager.hypervisor.v1.GuestMetrics
-	(*MetricSample)(nil),                        // 37: vmmanager.hypervisor.v1.MetricSample
-	nil,                                         // 38: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.MetadataEntry
-	nil,                                         // 39: vmmanager.hypervisor.v1.NetworkMetrics.EgressDroppedByReasonEntry
-	nil,                                         // 40: vmmanager.hypervisor.v1.NetworkMetrics.NatRefusedEntry
-	nil,                                         // 41: vmmanager.hypervisor.v1.NetworkMetrics.DnsRefusedEntry
-	nil,                                         // 42: vmmanager.hypervisor.v1.MetricSample.FieldsEntry
-	(*Image)(nil),                               // 43: vmmanager.hypervisor.v1.Image
-	(ImportPhase)(0),                            // 44: vmmanager.hypervisor.v1.ImportPhase
-	(*Network)(nil),                             // 45: vmmanager.hypervisor.v1.Network
-	(*EgressRule)(nil),                          // 46: vmmanager.hypervisor.v1.EgressRule
-	(*DnsRecord)(nil),                           // 47: vmmanager.hypervisor.v1.DnsRecord
-	(DnsPolicy)(0),                              // 48: vmmanager.hypervisor.v1.DnsPolicy
-	(*VirtualMachine)(nil),                      // 49: vmmanager.hypervisor.v1.VirtualMachine
-	(*timestamppb.Timestamp)(nil),               // 50: google.protobuf.Timestamp
-	(OnExpire)(0),                               // 51: vmmanager.hypervisor.v1.OnExpire
-	(OnIdle)(0),                                 // 52: vmmanager.hypervisor.v1.OnIdle
-	(*structpb.Value)(nil),                      // 53: google.protobuf.Value
-	(State)(0),                                  // 54: vmmanager.hypervisor.v1.State
-	(*UpdateVirtualMachineLifetimeRequest)(nil), // 55: vmmanager.hypervisor.v1.UpdateVirtualMachineLifetimeRequest
-	(*WatchVirtualMachinesRequest)(nil),         // 56: vmmanager.hypervisor.v1.WatchVirtualMachinesRequest
-	(*ExecVirtualMachineStreamRequest)(nil),     // 57: vmmanager.hypervisor.v1.ExecVirtualMachineStreamRequest
-	(*SuspendVirtualMachineRequest)(nil),        // 58: vmmanager.hypervisor.v1.SuspendVirtualMachineRequest
-	(*ResumeVirtualMachineRequest)(nil),         // 59: vmmanager.hypervisor.v1.ResumeVirtualMachineRequest
-	(*CreatePoolRequest)(nil),                   // 60: vmmanager.hypervisor.v1.CreatePoolRequest
-	(*ListPoolsRequest)(nil),                    // 61: vmmanager.hypervisor.v1.ListPoolsRequest
-	(*GetPoolRequest)(nil),                      // 62: vmmanager.hypervisor.v1.GetPoolRequest
-	(*ResizePoolRequest)(nil),                   // 63: vmmanager.hypervisor.v1.ResizePoolRequest
-	(*DeletePoolRequest)(nil),                   // 64: vmmanager.hypervisor.v1.DeletePoolRequest
-	(*Host)(nil),                                // 65: vmmanager.hypervisor.v1.Host
-	(*WatchVirtualMachinesResponse)(nil),        // 66: vmmanager.hypervisor.v1.WatchVirtualMachinesResponse
-	(*ExecVirtualMachineStreamResponse)(nil),    // 67: vmmanager.hypervisor.v1.ExecVirtualMachineStreamResponse
-	(*Pool)(nil),                                // 68: vmmanager.hypervisor.v1.Pool
-	(*ListPoolsResponse)(nil),                   // 69: vmmanager.hypervisor.v1.ListPoolsResponse
-	(*DeletePoolResponse)(nil),                  // 70: vmmanager.hypervisor.v1.DeletePoolResponse
+	(*ForkVirtualMachineRequest)(nil),           // 18: vmmanager.hypervisor.v1.ForkVirtualMachineRequest
+	(*ForkVirtualMachineResponse)(nil),          // 19: vmmanager.hypervisor.v1.ForkVirtualMachineResponse
+	(*DeleteVirtualMachineRequest)(nil),         // 20: vmmanager.hypervisor.v1.DeleteVirtualMachineRequest
+	(*DeleteVirtualMachineResponse)(nil),        // 21: vmmanager.hypervisor.v1.DeleteVirtualMachineResponse
+	(*StartVirtualMachineRequest)(nil),          // 22: vmmanager.hypervisor.v1.StartVirtualMachineRequest
+	(*StopVirtualMachineRequest)(nil),           // 23: vmmanager.hypervisor.v1.StopVirtualMachineRequest
+	(*RebootVirtualMachineRequest)(nil),         // 24: vmmanager.hypervisor.v1.RebootVirtualMachineRequest
+	(*ExecVirtualMachineRequest)(nil),           // 25: vmmanager.hypervisor.v1.ExecVirtualMachineRequest
+	(*ExecVirtualMachineResponse)(nil),          // 26: vmmanager.hypervisor.v1.ExecVirtualMachineResponse
+	(*ForwardVirtualMachinePortRequest)(nil),    // 27: vmmanager.hypervisor.v1.ForwardVirtualMachinePortRequest
+	(*ForwardVirtualMachinePortResponse)(nil),   // 28: vmmanager.hypervisor.v1.ForwardVirtualMachinePortResponse
+	(*GetVirtualMachineConsoleRequest)(nil),     // 29: vmmanager.hypervisor.v1.GetVirtualMachineConsoleRequest
+	(*GetVirtualMachineConsoleResponse)(nil),    // 30: vmmanager.hypervisor.v1.GetVirtualMachineConsoleResponse
+	(*GetVirtualMachineMetricsRequest)(nil),     // 31: vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
+	(*GetVirtualMachineReportRequest)(nil),      // 32: vmmanager.hypervisor.v1.GetVirtualMachineReportRequest
+	(*GetVirtualMachineReportResponse)(nil),     // 33: vmmanager.hypervisor.v1.GetVirtualMachineReportResponse
+	(*VirtualMachineMetrics)(nil),               // 34: vmmanager.hypervisor.v1.VirtualMachineMetrics
+	(*HostMetrics)(nil),                         // 35: vmmanager.hypervisor.v1.HostMetrics
+	(*BootPhases)(nil),                          // 36: vmmanager.hypervisor.v1.BootPhases
+	(*NetworkMetrics)(nil),                      // 37: vmmanager.hypervisor.v1.NetworkMetrics
+	(*GuestMetrics)(nil),                        // 38: vmmanager.hypervisor.v1.GuestMetrics
+	(*MetricSample)(nil),                        // 39: vmmanager.hypervisor.v1.MetricSample
+	nil,                                         // 40: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.MetadataEntry
+	nil,                                         // 41: vmmanager.hypervisor.v1.NetworkMetrics.EgressDroppedByReasonEntry
+	nil,                                         // 42: vmmanager.hypervisor.v1.NetworkMetrics.NatRefusedEntry
+	nil,                                         // 43: vmmanager.hypervisor.v1.NetworkMetrics.DnsRefusedEntry
+	nil,                                         // 44: vmmanager.hypervisor.v1.MetricSample.FieldsEntry
+	(*Image)(nil),                               // 45: vmmanager.hypervisor.v1.Image
+	(ImportPhase)(0),                            // 46: vmmanager.hypervisor.v1.ImportPhase
+	(*Network)(nil),                             // 47: vmmanager.hypervisor.v1.Network
+	(*EgressRule)(nil),                          // 48: vmmanager.hypervisor.v1.EgressRule
+	(*DnsRecord)(nil),                           // 49: vmmanager.hypervisor.v1.DnsRecord
+	(DnsPolicy)(0),                              // 50: vmmanager.hypervisor.v1.DnsPolicy
+	(*VirtualMachine)(nil),                      // 51: vmmanager.hypervisor.v1.VirtualMachine
+	(*timestamppb.Timestamp)(nil),               // 52: google.protobuf.Timestamp
+	(OnExpire)(0),                               // 53: vmmanager.hypervisor.v1.OnExpire
+	(OnIdle)(0),                                 // 54: vmmanager.hypervisor.v1.OnIdle
+	(*structpb.Value)(nil),                      // 55: google.protobuf.Value
+	(State)(0),                                  // 56: vmmanager.hypervisor.v1.State
+	(*UpdateVirtualMachineLifetimeRequest)(nil), // 57: vmmanager.hypervisor.v1.UpdateVirtualMachineLifetimeRequest
+	(*WatchVirtualMachinesRequest)(nil),         // 58: vmmanager.hypervisor.v1.WatchVirtualMachinesRequest
+	(*ExecVirtualMachineStreamRequest)(nil),     // 59: vmmanager.hypervisor.v1.ExecVirtualMachineStreamRequest
+	(*SuspendVirtualMachineRequest)(nil),        // 60: vmmanager.hypervisor.v1.SuspendVirtualMachineRequest
+	(*ResumeVirtualMachineRequest)(nil),         // 61: vmmanager.hypervisor.v1.ResumeVirtualMachineRequest
+	(*CreatePoolRequest)(nil),                   // 62: vmmanager.hypervisor.v1.CreatePoolRequest
+	(*ListPoolsRequest)(nil),                    // 63: vmmanager.hypervisor.v1.ListPoolsRequest
+	(*GetPoolRequest)(nil),                      // 64: vmmanager.hypervisor.v1.GetPoolRequest
+	(*ResizePoolRequest)(nil),                   // 65: vmmanager.hypervisor.v1.ResizePoolRequest
+	(*DeletePoolRequest)(nil),                   // 66: vmmanager.hypervisor.v1.DeletePoolRequest
+	(*Host)(nil),                                // 67: vmmanager.hypervisor.v1.Host
+	(*WatchVirtualMachinesResponse)(nil),        // 68: vmmanager.hypervisor.v1.WatchVirtualMachinesResponse
+	(*ExecVirtualMachineStreamResponse)(nil),    // 69: vmmanager.hypervisor.v1.ExecVirtualMachineStreamResponse
+	(*Pool)(nil),                                // 70: vmmanager.hypervisor.v1.Pool
+	(*ListPoolsResponse)(nil),                   // 71: vmmanager.hypervisor.v1.ListPoolsResponse
+	(*DeletePoolResponse)(nil),                  // 72: vmmanager.hypervisor.v1.DeletePoolResponse
 }
 var file_vmmanager_hypervisor_v1_hypervisor_service_proto_depIdxs = []int32{
-	43, // 0: vmmanager.hypervisor.v1.ListImagesResponse.images:type_name -> vmmanager.hypervisor.v1.Image
-	44, // 1: vmmanager.hypervisor.v1.ImportImageResponse.phase:type_name -> vmmanager.hypervisor.v1.ImportPhase
-	43, // 2: vmmanager.hypervisor.v1.ImportImageResponse.image:type_name -> vmmanager.hypervisor.v1.Image
-	45, // 3: vmmanager.hypervisor.v1.ListNetworksResponse.networks:type_name -> vmmanager.hypervisor.v1.Network
-	46, // 4: vmmanager.hypervisor.v1.CreateNetworkRequest.egress:type_name -> vmmanager.hypervisor.v1.EgressRule
-	47, // 5: vmmanager.hypervisor.v1.CreateNetworkRequest.dns_records:type_name -> vmmanager.hypervisor.v1.DnsRecord
-	48, // 6: vmmanager.hypervisor.v1.CreateNetworkRequest.dns_policy:type_name -> vmmanager.hypervisor.v1.DnsPolicy
-	49, // 7: vmmanager.hypervisor.v1.ListVirtualMachinesResponse.vms:type_name -> vmmanager.hypervisor.v1.VirtualMachine
-	38, // 8: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.metadata:type_name -> vmmanager.hypervisor.v1.CreateVirtualMachineRequest.MetadataEntry
+	45, // 0: vmmanager.hypervisor.v1.ListImagesResponse.images:type_name -> vmmanager.hypervisor.v1.Image
+	46, // 1: vmmanager.hypervisor.v1.ImportImageResponse.phase:type_name -> vmmanager.hypervisor.v1.ImportPhase
+	45, // 2: vmmanager.hypervisor.v1.ImportImageResponse.image:type_name -> vmmanager.hypervisor.v1.Image
+	47, // 3: vmmanager.hypervisor.v1.ListNetworksResponse.networks:type_name -> vmmanager.hypervisor.v1.Network
+	48, // 4: vmmanager.hypervisor.v1.CreateNetworkRequest.egress:type_name -> vmmanager.hypervisor.v1.EgressRule
+	49, // 5: vmmanager.hypervisor.v1.CreateNetworkRequest.dns_records:type_name -> vmmanager.hypervisor.v1.DnsRecord
+	50, // 6: vmmanager.hypervisor.v1.CreateNetworkRequest.dns_policy:type_name -> vmmanager.hypervisor.v1.DnsPolicy
+	51, // 7: vmmanager.hypervisor.v1.ListVirtualMachinesResponse.vms:type_name -> vmmanager.hypervisor.v1.VirtualMachine
+	40, // 8: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.metadata:type_name -> vmmanager.hypervisor.v1.CreateVirtualMachineRequest.MetadataEntry
 	0,  // 9: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.wait_for:type_name -> vmmanager.hypervisor.v1.WaitFor
-	50, // 10: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.expire_at:type_name -> google.protobuf.Timestamp
-	51, // 11: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.on_expire:type_name -> vmmanager.hypervisor.v1.OnExpire
-	52, // 12: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.on_idle:type_name -> vmmanager.hypervisor.v1.OnIdle
-	53, // 13: vmmanager.hypervisor.v1.GetVirtualMachineReportResponse.report:type_name -> google.protobuf.Value
-	50, // 14: vmmanager.hypervisor.v1.GetVirtualMachineReportResponse.received_at:type_name -> google.protobuf.Timestamp
-	33, // 15: vmmanager.hypervisor.v1.VirtualMachineMetrics.host:type_name -> vmmanager.hypervisor.v1.HostMetrics
-	36, // 16: vmmanager.hypervisor.v1.VirtualMachineMetrics.guest:type_name -> vmmanager.hypervisor.v1.GuestMetrics
-	54, // 17: vmmanager.hypervisor.v1.HostMetrics.state:type_name -> vmmanager.hypervisor.v1.State
-	1,  // 18: vmmanager.hypervisor.v1.HostMetrics.attestation:type_name -> vmmanager.hypervisor.v1.AttestationState
-	35, // 19: vmmanager.hypervisor.v1.HostMetrics.network:type_name -> vmmanager.hypervisor.v1.NetworkMetrics
-	34, // 20: vmmanager.hypervisor.v1.HostMetrics.boot_phases:type_name -> vmmanager.hypervisor.v1.BootPhases
-	39, // 21: vmmanager.hypervisor.v1.NetworkMetrics.egress_dropped_by_reason:type_name -> vmmanager.hypervisor.v1.NetworkMetrics.EgressDroppedByReasonEntry
-	40, // 22: vmmanager.hypervisor.v1.NetworkMetrics.nat_refused:type_name -> vmmanager.hypervisor.v1.NetworkMetrics.NatRefusedEntry
-	41, // 23: vmmanager.hypervisor.v1.NetworkMetrics.dns_refused:type_name -> vmmanager.hypervisor.v1.NetworkMetrics.DnsRefusedEntry
-	50, // 24: vmmanager.hypervisor.v1.GuestMetrics.received_at:type_name -> google.protobuf.Timestamp
-	50, // 25: vmmanager.hypervisor.v1.GuestMetrics.generated_at:type_name -> google.protobuf.Timestamp
-	37, // 26: vmmanager.hypervisor.v1.GuestMetrics.sample:type_name -> vmmanager.hypervisor.v1.MetricSample
-	42, // 27: vmmanager.hypervisor.v1.MetricSample.fields:type_name -> vmmanager.hypervisor.v1.MetricSample.FieldsEntry
-	53, // 28: vmmanager.hypervisor.v1.MetricSample.value:type_name -> google.protobuf.Value
-	2,  // 29: vmmanager.hypervisor.v1.HypervisorService.GetHost:input_type -> vmmanager.hypervisor.v1.GetHostRequest
-	3,  // 30: vmmanager.hypervisor.v1.HypervisorService.ListImages:input_type -> vmmanager.hypervisor.v1.ListImagesRequest
-	5,  // 31: vmmanager.hypervisor.v1.HypervisorService.GetImage:input_type -> vmmanager.hypervisor.v1.GetImageRequest
-	6,  // 32: vmmanager.hypervisor.v1.HypervisorService.ImportImage:input_type -> vmmanager.hypervisor.v1.ImportImageRequest
-	8,  // 33: vmmanager.hypervisor.v1.HypervisorService.ListNetworks:input_type -> vmmanager.hypervisor.v1.ListNetworksRequest
-	10, // 34: vmmanager.hypervisor.v1.HypervisorService.GetNetwork:input_type -> vmmanager.hypervisor.v1.GetNetworkRequest
-	11, // 35: vmmanager.hypervisor.v1.HypervisorService.CreateNetwork:input_type -> vmmanager.hypervisor.v1.CreateNetworkRequest
-	12, // 36: vmmanager.hypervisor.v1.HypervisorService.DeleteNetwork:input_type -> vmmanager.hypervisor.v1.DeleteNetworkRequest
-	14, // 37: vmmanager.hypervisor.v1.HypervisorService.ListVirtualMachines:input_type -> vmmanager.hypervisor.v1.ListVirtualMachinesRequest
-	16, // 38: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachine:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineRequest
-	17, // 39: vmmanager.hypervisor.v1.HypervisorService.CreateVirtualMachine:input_type -> vmmanager.hypervisor.v1.CreateVirtualMachineRequest
-	18, // 40: vmmanager.hypervisor.v1.HypervisorService.DeleteVirtualMachine:input_type -> vmmanager.hypervisor.v1.DeleteVirtualMachineRequest
-	20, // 41: vmmanager.hypervisor.v1.HypervisorService.StartVirtualMachine:input_type -> vmmanager.hypervisor.v1.StartVirtualMachineRequest
-	21, // 42: vmmanager.hypervisor.v1.HypervisorService.StopVirtualMachine:input_type -> vmmanager.hypervisor.v1.StopVirtualMachineRequest
-	22, // 43: vmmanager.hypervisor.v1.HypervisorService.RebootVirtualMachine:input_type -> vmmanager.hypervisor.v1.RebootVirtualMachineRequest
-	23, // 44: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachine:input_type -> vmmanager.hypervisor.v1.ExecVirtualMachineRequest
-	25, // 45: vmmanager.hypervisor.v1.HypervisorService.ForwardVirtualMachinePort:input_type -> vmmanager.hypervisor.v1.ForwardVirtualMachinePortRequest
-	27, // 46: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineConsole:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineConsoleRequest
-	29, // 47: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineMetrics:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
-	30, // 48: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineReport:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineReportRequest
-	55, // 49: vmmanager.hypervisor.v1.HypervisorService.UpdateVirtualMachineLifetime:input_type -> vmmanager.hypervisor.v1.UpdateVirtualMachineLifetimeRequest
-	56, // 50: vmmanager.hypervisor.v1.HypervisorService.WatchVirtualMachines:input_type -> vmmanager.hypervisor.v1.WatchVirtualMachinesRequest
-	57, // 51: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachineStream:input_type -> vmmanager.hypervisor.v1.ExecVirtualMachineStreamRequest
-	58, // 52: vmmanager.hypervisor.v1.HypervisorService.SuspendVirtualMachine:input_type -> vmmanager.hypervisor.v1.SuspendVirtualMachineRequest
-	59, // 53: vmmanager.hypervisor.v1.HypervisorService.ResumeVirtualMachine:input_type -> vmmanager.hypervisor.v1.ResumeVirtualMachineRequest
-	60, // 54: vmmanager.hypervisor.v1.HypervisorService.CreatePool:input_type -> vmmanager.hypervisor.v1.CreatePoolRequest
-	61, // 55: vmmanager.hypervisor.v1.HypervisorService.ListPools:input_type -> vmmanager.hypervisor.v1.ListPoolsRequest
-	62, // 56: vmmanager.hypervisor.v1.HypervisorService.GetPool:input_type -> vmmanager.hypervisor.v1.GetPoolRequest
-	63, // 57: vmmanager.hypervisor.v1.HypervisorService.ResizePool:input_type -> vmmanager.hypervisor.v1.ResizePoolRequest
-	64, // 58: vmmanager.hypervisor.v1.HypervisorService.DeletePool:input_type -> vmmanager.hypervisor.v1.DeletePoolRequest
-	65, // 59: vmmanager.hypervisor.v1.HypervisorService.GetHost:output_type -> vmmanager.hypervisor.v1.Host
-	4,  // 60: vmmanager.hypervisor.v1.HypervisorService.ListImages:output_type -> vmmanager.hypervisor.v1.ListImagesResponse
-	43, // 61: vmmanager.hypervisor.v1.HypervisorService.GetImage:output_type -> vmmanager.hypervisor.v1.Image
-	7,  // 62: vmmanager.hypervisor.v1.HypervisorService.ImportImage:output_type -> vmmanager.hypervisor.v1.ImportImageResponse
-	9,  // 63: vmmanager.hypervisor.v1.HypervisorService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
-	45, // 64: vmmanager.hypervisor.v1.HypervisorService.GetNetwork:output_type -> vmmanager.hypervisor.v1.Network
-	45, // 65: vmmanager.hypervisor.v1.HypervisorService.CreateNetwork:output_type -> vmmanager.hypervisor.v1.Network
-	13, // 66: vmmanager.hypervisor.v1.HypervisorService.DeleteNetwork:output_type -> vmmanager.hypervisor.v1.DeleteNetworkResponse
-	15, // 67: vmmanager.hypervisor.v1.HypervisorService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
-	49, // 68: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	49, // 69: vmmanager.hypervisor.v1.HypervisorService.CreateVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	19, // 70: vmmanager.hypervisor.v1.HypervisorService.DeleteVirtualMachine:output_type -> vmmanager.hypervisor.v1.DeleteVirtualMachineResponse
-	49, // 71: vmmanager.hypervisor.v1.HypervisorService.StartVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	49, // 72: vmmanager.hypervisor.v1.HypervisorService.StopVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	49, // 73: vmmanager.hypervisor.v1.HypervisorService.RebootVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	24, // 74: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachine:output_type -> vmmanager.hypervisor.v1.ExecVirtualMachineResponse
-	26, // 75: vmmanager.hypervisor.v1.HypervisorService.ForwardVirtualMachinePort:output_type -> vmmanager.hypervisor.v1.ForwardVirtualMachinePortResponse
-	28, // 76: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineConsole:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineConsoleResponse
-	32, // 77: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
-	31, // 78: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineReport:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineReportResponse
-	49, // 79: vmmanager.hypervisor.v1.HypervisorService.UpdateVirtualMachineLifetime:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	66, // 80: vmmanager.hypervisor.v1.HypervisorService.WatchVirtualMachines:output_type -> vmmanager.hypervisor.v1.WatchVirtualMachinesResponse
-	67, // 81: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachineStream:output_type -> vmmanager.hypervisor.v1.ExecVirtualMachineStreamResponse
-	49, // 82: vmmanager.hypervisor.v1.HypervisorService.SuspendVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	49, // 83: vmmanager.hypervisor.v1.HypervisorService.ResumeVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
-	68, // 84: vmmanager.hypervisor.v1.HypervisorService.CreatePool:output_type -> vmmanager.hypervisor.v1.Pool
-	69, // 85: vmmanager.hypervisor.v1.HypervisorService.ListPools:output_type -> vmmanager.hypervisor.v1.ListPoolsResponse
-	68, // 86: vmmanager.hypervisor.v1.HypervisorService.GetPool:output_type -> vmmanager.hypervisor.v1.Pool
-	68, // 87: vmmanager.hypervisor.v1.HypervisorService.ResizePool:output_type -> vmmanager.hypervisor.v1.Pool
-	70, // 88: vmmanager.hypervisor.v1.HypervisorService.DeletePool:output_type -> vmmanager.hypervisor.v1.DeletePoolResponse
-	59, // [59:89] is the sub-list for method output_type
-	29, // [29:59] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	52, // 10: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.expire_at:type_name -> google.protobuf.Timestamp
+	53, // 11: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.on_expire:type_name -> vmmanager.hypervisor.v1.OnExpire
+	54, // 12: vmmanager.hypervisor.v1.CreateVirtualMachineRequest.on_idle:type_name -> vmmanager.hypervisor.v1.OnIdle
+	0,  // 13: vmmanager.hypervisor.v1.ForkVirtualMachineRequest.wait_for:type_name -> vmmanager.hypervisor.v1.WaitFor
+	51, // 14: vmmanager.hypervisor.v1.ForkVirtualMachineResponse.vms:type_name -> vmmanager.hypervisor.v1.VirtualMachine
+	55, // 15: vmmanager.hypervisor.v1.GetVirtualMachineReportResponse.report:type_name -> google.protobuf.Value
+	52, // 16: vmmanager.hypervisor.v1.GetVirtualMachineReportResponse.received_at:type_name -> google.protobuf.Timestamp
+	35, // 17: vmmanager.hypervisor.v1.VirtualMachineMetrics.host:type_name -> vmmanager.hypervisor.v1.HostMetrics
+	38, // 18: vmmanager.hypervisor.v1.VirtualMachineMetrics.guest:type_name -> vmmanager.hypervisor.v1.GuestMetrics
+	56, // 19: vmmanager.hypervisor.v1.HostMetrics.state:type_name -> vmmanager.hypervisor.v1.State
+	1,  // 20: vmmanager.hypervisor.v1.HostMetrics.attestation:type_name -> vmmanager.hypervisor.v1.AttestationState
+	37, // 21: vmmanager.hypervisor.v1.HostMetrics.network:type_name -> vmmanager.hypervisor.v1.NetworkMetrics
+	36, // 22: vmmanager.hypervisor.v1.HostMetrics.boot_phases:type_name -> vmmanager.hypervisor.v1.BootPhases
+	41, // 23: vmmanager.hypervisor.v1.NetworkMetrics.egress_dropped_by_reason:type_name -> vmmanager.hypervisor.v1.NetworkMetrics.EgressDroppedByReasonEntry
+	42, // 24: vmmanager.hypervisor.v1.NetworkMetrics.nat_refused:type_name -> vmmanager.hypervisor.v1.NetworkMetrics.NatRefusedEntry
+	43, // 25: vmmanager.hypervisor.v1.NetworkMetrics.dns_refused:type_name -> vmmanager.hypervisor.v1.NetworkMetrics.DnsRefusedEntry
+	52, // 26: vmmanager.hypervisor.v1.GuestMetrics.received_at:type_name -> google.protobuf.Timestamp
+	52, // 27: vmmanager.hypervisor.v1.GuestMetrics.generated_at:type_name -> google.protobuf.Timestamp
+	39, // 28: vmmanager.hypervisor.v1.GuestMetrics.sample:type_name -> vmmanager.hypervisor.v1.MetricSample
+	44, // 29: vmmanager.hypervisor.v1.MetricSample.fields:type_name -> vmmanager.hypervisor.v1.MetricSample.FieldsEntry
+	55, // 30: vmmanager.hypervisor.v1.MetricSample.value:type_name -> google.protobuf.Value
+	2,  // 31: vmmanager.hypervisor.v1.HypervisorService.GetHost:input_type -> vmmanager.hypervisor.v1.GetHostRequest
+	3,  // 32: vmmanager.hypervisor.v1.HypervisorService.ListImages:input_type -> vmmanager.hypervisor.v1.ListImagesRequest
+	5,  // 33: vmmanager.hypervisor.v1.HypervisorService.GetImage:input_type -> vmmanager.hypervisor.v1.GetImageRequest
+	6,  // 34: vmmanager.hypervisor.v1.HypervisorService.ImportImage:input_type -> vmmanager.hypervisor.v1.ImportImageRequest
+	8,  // 35: vmmanager.hypervisor.v1.HypervisorService.ListNetworks:input_type -> vmmanager.hypervisor.v1.ListNetworksRequest
+	10, // 36: vmmanager.hypervisor.v1.HypervisorService.GetNetwork:input_type -> vmmanager.hypervisor.v1.GetNetworkRequest
+	11, // 37: vmmanager.hypervisor.v1.HypervisorService.CreateNetwork:input_type -> vmmanager.hypervisor.v1.CreateNetworkRequest
+	12, // 38: vmmanager.hypervisor.v1.HypervisorService.DeleteNetwork:input_type -> vmmanager.hypervisor.v1.DeleteNetworkRequest
+	14, // 39: vmmanager.hypervisor.v1.HypervisorService.ListVirtualMachines:input_type -> vmmanager.hypervisor.v1.ListVirtualMachinesRequest
+	16, // 40: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachine:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineRequest
+	17, // 41: vmmanager.hypervisor.v1.HypervisorService.CreateVirtualMachine:input_type -> vmmanager.hypervisor.v1.CreateVirtualMachineRequest
+	20, // 42: vmmanager.hypervisor.v1.HypervisorService.DeleteVirtualMachine:input_type -> vmmanager.hypervisor.v1.DeleteVirtualMachineRequest
+	22, // 43: vmmanager.hypervisor.v1.HypervisorService.StartVirtualMachine:input_type -> vmmanager.hypervisor.v1.StartVirtualMachineRequest
+	23, // 44: vmmanager.hypervisor.v1.HypervisorService.StopVirtualMachine:input_type -> vmmanager.hypervisor.v1.StopVirtualMachineRequest
+	24, // 45: vmmanager.hypervisor.v1.HypervisorService.RebootVirtualMachine:input_type -> vmmanager.hypervisor.v1.RebootVirtualMachineRequest
+	25, // 46: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachine:input_type -> vmmanager.hypervisor.v1.ExecVirtualMachineRequest
+	27, // 47: vmmanager.hypervisor.v1.HypervisorService.ForwardVirtualMachinePort:input_type -> vmmanager.hypervisor.v1.ForwardVirtualMachinePortRequest
+	29, // 48: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineConsole:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineConsoleRequest
+	31, // 49: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineMetrics:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineMetricsRequest
+	32, // 50: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineReport:input_type -> vmmanager.hypervisor.v1.GetVirtualMachineReportRequest
+	57, // 51: vmmanager.hypervisor.v1.HypervisorService.UpdateVirtualMachineLifetime:input_type -> vmmanager.hypervisor.v1.UpdateVirtualMachineLifetimeRequest
+	58, // 52: vmmanager.hypervisor.v1.HypervisorService.WatchVirtualMachines:input_type -> vmmanager.hypervisor.v1.WatchVirtualMachinesRequest
+	59, // 53: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachineStream:input_type -> vmmanager.hypervisor.v1.ExecVirtualMachineStreamRequest
+	60, // 54: vmmanager.hypervisor.v1.HypervisorService.SuspendVirtualMachine:input_type -> vmmanager.hypervisor.v1.SuspendVirtualMachineRequest
+	61, // 55: vmmanager.hypervisor.v1.HypervisorService.ResumeVirtualMachine:input_type -> vmmanager.hypervisor.v1.ResumeVirtualMachineRequest
+	18, // 56: vmmanager.hypervisor.v1.HypervisorService.ForkVirtualMachine:input_type -> vmmanager.hypervisor.v1.ForkVirtualMachineRequest
+	62, // 57: vmmanager.hypervisor.v1.HypervisorService.CreatePool:input_type -> vmmanager.hypervisor.v1.CreatePoolRequest
+	63, // 58: vmmanager.hypervisor.v1.HypervisorService.ListPools:input_type -> vmmanager.hypervisor.v1.ListPoolsRequest
+	64, // 59: vmmanager.hypervisor.v1.HypervisorService.GetPool:input_type -> vmmanager.hypervisor.v1.GetPoolRequest
+	65, // 60: vmmanager.hypervisor.v1.HypervisorService.ResizePool:input_type -> vmmanager.hypervisor.v1.ResizePoolRequest
+	66, // 61: vmmanager.hypervisor.v1.HypervisorService.DeletePool:input_type -> vmmanager.hypervisor.v1.DeletePoolRequest
+	67, // 62: vmmanager.hypervisor.v1.HypervisorService.GetHost:output_type -> vmmanager.hypervisor.v1.Host
+	4,  // 63: vmmanager.hypervisor.v1.HypervisorService.ListImages:output_type -> vmmanager.hypervisor.v1.ListImagesResponse
+	45, // 64: vmmanager.hypervisor.v1.HypervisorService.GetImage:output_type -> vmmanager.hypervisor.v1.Image
+	7,  // 65: vmmanager.hypervisor.v1.HypervisorService.ImportImage:output_type -> vmmanager.hypervisor.v1.ImportImageResponse
+	9,  // 66: vmmanager.hypervisor.v1.HypervisorService.ListNetworks:output_type -> vmmanager.hypervisor.v1.ListNetworksResponse
+	47, // 67: vmmanager.hypervisor.v1.HypervisorService.GetNetwork:output_type -> vmmanager.hypervisor.v1.Network
+	47, // 68: vmmanager.hypervisor.v1.HypervisorService.CreateNetwork:output_type -> vmmanager.hypervisor.v1.Network
+	13, // 69: vmmanager.hypervisor.v1.HypervisorService.DeleteNetwork:output_type -> vmmanager.hypervisor.v1.DeleteNetworkResponse
+	15, // 70: vmmanager.hypervisor.v1.HypervisorService.ListVirtualMachines:output_type -> vmmanager.hypervisor.v1.ListVirtualMachinesResponse
+	51, // 71: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	51, // 72: vmmanager.hypervisor.v1.HypervisorService.CreateVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	21, // 73: vmmanager.hypervisor.v1.HypervisorService.DeleteVirtualMachine:output_type -> vmmanager.hypervisor.v1.DeleteVirtualMachineResponse
+	51, // 74: vmmanager.hypervisor.v1.HypervisorService.StartVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	51, // 75: vmmanager.hypervisor.v1.HypervisorService.StopVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	51, // 76: vmmanager.hypervisor.v1.HypervisorService.RebootVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	26, // 77: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachine:output_type -> vmmanager.hypervisor.v1.ExecVirtualMachineResponse
+	28, // 78: vmmanager.hypervisor.v1.HypervisorService.ForwardVirtualMachinePort:output_type -> vmmanager.hypervisor.v1.ForwardVirtualMachinePortResponse
+	30, // 79: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineConsole:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineConsoleResponse
+	34, // 80: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineMetrics:output_type -> vmmanager.hypervisor.v1.VirtualMachineMetrics
+	33, // 81: vmmanager.hypervisor.v1.HypervisorService.GetVirtualMachineReport:output_type -> vmmanager.hypervisor.v1.GetVirtualMachineReportResponse
+	51, // 82: vmmanager.hypervisor.v1.HypervisorService.UpdateVirtualMachineLifetime:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	68, // 83: vmmanager.hypervisor.v1.HypervisorService.WatchVirtualMachines:output_type -> vmmanager.hypervisor.v1.WatchVirtualMachinesResponse
+	69, // 84: vmmanager.hypervisor.v1.HypervisorService.ExecVirtualMachineStream:output_type -> vmmanager.hypervisor.v1.ExecVirtualMachineStreamResponse
+	51, // 85: vmmanager.hypervisor.v1.HypervisorService.SuspendVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	51, // 86: vmmanager.hypervisor.v1.HypervisorService.ResumeVirtualMachine:output_type -> vmmanager.hypervisor.v1.VirtualMachine
+	19, // 87: vmmanager.hypervisor.v1.HypervisorService.ForkVirtualMachine:output_type -> vmmanager.hypervisor.v1.ForkVirtualMachineResponse
+	70, // 88: vmmanager.hypervisor.v1.HypervisorService.CreatePool:output_type -> vmmanager.hypervisor.v1.Pool
+	71, // 89: vmmanager.hypervisor.v1.HypervisorService.ListPools:output_type -> vmmanager.hypervisor.v1.ListPoolsResponse
+	70, // 90: vmmanager.hypervisor.v1.HypervisorService.GetPool:output_type -> vmmanager.hypervisor.v1.Pool
+	70, // 91: vmmanager.hypervisor.v1.HypervisorService.ResizePool:output_type -> vmmanager.hypervisor.v1.Pool
+	72, // 92: vmmanager.hypervisor.v1.HypervisorService.DeletePool:output_type -> vmmanager.hypervisor.v1.DeletePoolResponse
+	62, // [62:93] is the sub-list for method output_type
+	31, // [31:62] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_vmmanager_hypervisor_v1_hypervisor_service_proto_init() }
@@ -3080,16 +3210,16 @@ func file_vmmanager_hypervisor_v1_hypervisor_service_proto_init() {
 	file_vmmanager_hypervisor_v1_virtual_machine_proto_init()
 	file_vmmanager_hypervisor_v1_watch_proto_init()
 	file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[15].OneofWrappers = []any{}
-	file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[30].OneofWrappers = []any{}
-	file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[31].OneofWrappers = []any{}
 	file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[32].OneofWrappers = []any{}
+	file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[33].OneofWrappers = []any{}
+	file_vmmanager_hypervisor_v1_hypervisor_service_proto_msgTypes[34].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc), len(file_vmmanager_hypervisor_v1_hypervisor_service_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   41,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -44,6 +44,7 @@ const (
 	HypervisorService_ExecVirtualMachineStream_FullMethodName     = "/vmmanager.hypervisor.v1.HypervisorService/ExecVirtualMachineStream"
 	HypervisorService_SuspendVirtualMachine_FullMethodName        = "/vmmanager.hypervisor.v1.HypervisorService/SuspendVirtualMachine"
 	HypervisorService_ResumeVirtualMachine_FullMethodName         = "/vmmanager.hypervisor.v1.HypervisorService/ResumeVirtualMachine"
+	HypervisorService_ForkVirtualMachine_FullMethodName           = "/vmmanager.hypervisor.v1.HypervisorService/ForkVirtualMachine"
 	HypervisorService_CreatePool_FullMethodName                   = "/vmmanager.hypervisor.v1.HypervisorService/CreatePool"
 	HypervisorService_ListPools_FullMethodName                    = "/vmmanager.hypervisor.v1.HypervisorService/ListPools"
 	HypervisorService_GetPool_FullMethodName                      = "/vmmanager.hypervisor.v1.HypervisorService/GetPool"
@@ -120,6 +121,13 @@ type HypervisorServiceClient interface {
 	// resume that fails keeps the state, and the VM stays suspended with
 	// last_error.
 	ResumeVirtualMachine(ctx context.Context, in *ResumeVirtualMachineRequest, opts ...grpc.CallOption) (*VirtualMachine, error)
+	// Fork a running VM into count new VMs from its memory and devices
+	// (docs/api.md "Forks"; VMs with a disk are not supported yet): each
+	// with its own id, name, MAC and address, and
+	// a vTPM of its own (fresh EK and AK, the parent's verified measurements
+	// replayed), registered with attestation as a fork of the parent. The
+	// parent is paused only while its state is saved.
+	ForkVirtualMachine(ctx context.Context, in *ForkVirtualMachineRequest, opts ...grpc.CallOption) (*ForkVirtualMachineResponse, error)
 	// Warm pools (docs/api.md "Warm pools"): VMs of one shape booted,
 	// attested and suspended, claimed by a create of that shape.
 	CreatePool(ctx context.Context, in *CreatePoolRequest, opts ...grpc.CallOption) (*Pool, error)
@@ -412,6 +420,16 @@ func (c *hypervisorServiceClient) ResumeVirtualMachine(ctx context.Context, in *
 	return out, nil
 }
 
+func (c *hypervisorServiceClient) ForkVirtualMachine(ctx context.Context, in *ForkVirtualMachineRequest, opts ...grpc.CallOption) (*ForkVirtualMachineResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ForkVirtualMachineResponse)
+	err := c.cc.Invoke(ctx, HypervisorService_ForkVirtualMachine_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *hypervisorServiceClient) CreatePool(ctx context.Context, in *CreatePoolRequest, opts ...grpc.CallOption) (*Pool, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Pool)
@@ -531,6 +549,13 @@ type HypervisorServiceServer interface {
 	// resume that fails keeps the state, and the VM stays suspended with
 	// last_error.
 	ResumeVirtualMachine(context.Context, *ResumeVirtualMachineRequest) (*VirtualMachine, error)
+	// Fork a running VM into count new VMs from its memory and devices
+	// (docs/api.md "Forks"; VMs with a disk are not supported yet): each
+	// with its own id, name, MAC and address, and
+	// a vTPM of its own (fresh EK and AK, the parent's verified measurements
+	// replayed), registered with attestation as a fork of the parent. The
+	// parent is paused only while its state is saved.
+	ForkVirtualMachine(context.Context, *ForkVirtualMachineRequest) (*ForkVirtualMachineResponse, error)
 	// Warm pools (docs/api.md "Warm pools"): VMs of one shape booted,
 	// attested and suspended, claimed by a create of that shape.
 	CreatePool(context.Context, *CreatePoolRequest) (*Pool, error)
@@ -626,6 +651,9 @@ func (UnimplementedHypervisorServiceServer) SuspendVirtualMachine(context.Contex
 }
 func (UnimplementedHypervisorServiceServer) ResumeVirtualMachine(context.Context, *ResumeVirtualMachineRequest) (*VirtualMachine, error) {
 	return nil, status.Error(codes.Unimplemented, "method ResumeVirtualMachine not implemented")
+}
+func (UnimplementedHypervisorServiceServer) ForkVirtualMachine(context.Context, *ForkVirtualMachineRequest) (*ForkVirtualMachineResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ForkVirtualMachine not implemented")
 }
 func (UnimplementedHypervisorServiceServer) CreatePool(context.Context, *CreatePoolRequest) (*Pool, error) {
 	return nil, status.Error(codes.Unimplemented, "method CreatePool not implemented")
@@ -1088,6 +1116,24 @@ func _HypervisorService_ResumeVirtualMachine_Handler(srv interface{}, ctx contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _HypervisorService_ForkVirtualMachine_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ForkVirtualMachineRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HypervisorServiceServer).ForkVirtualMachine(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: HypervisorService_ForkVirtualMachine_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HypervisorServiceServer).ForkVirtualMachine(ctx, req.(*ForkVirtualMachineRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _HypervisorService_CreatePool_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(CreatePoolRequest)
 	if err := dec(in); err != nil {
@@ -1272,6 +1318,10 @@ var HypervisorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ResumeVirtualMachine",
 			Handler:    _HypervisorService_ResumeVirtualMachine_Handler,
+		},
+		{
+			MethodName: "ForkVirtualMachine",
+			Handler:    _HypervisorService_ForkVirtualMachine_Handler,
 		},
 		{
 			MethodName: "CreatePool",

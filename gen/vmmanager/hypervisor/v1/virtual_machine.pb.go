@@ -241,8 +241,10 @@ type VirtualMachine struct {
 	OciImage *OciImageRef `protobuf:"bytes,39,opt,name=oci_image,json=ociImage,proto3" json:"oci_image,omitempty"`
 	// The warm pool this VM was claimed from; empty for a VM that booted for
 	// its create. claimed_at is when the claim gave it its identity.
-	FromPool      string                 `protobuf:"bytes,40,opt,name=from_pool,json=fromPool,proto3" json:"from_pool,omitempty"`
-	ClaimedAt     *timestamppb.Timestamp `protobuf:"bytes,41,opt,name=claimed_at,json=claimedAt,proto3" json:"claimed_at,omitempty"`
+	FromPool  string                 `protobuf:"bytes,40,opt,name=from_pool,json=fromPool,proto3" json:"from_pool,omitempty"`
+	ClaimedAt *timestamppb.Timestamp `protobuf:"bytes,41,opt,name=claimed_at,json=claimedAt,proto3" json:"claimed_at,omitempty"`
+	// The VM this one was forked from (ForkVirtualMachine); empty otherwise.
+	ForkedFrom    string `protobuf:"bytes,42,opt,name=forked_from,json=forkedFrom,proto3" json:"forked_from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -562,6 +564,13 @@ func (x *VirtualMachine) GetClaimedAt() *timestamppb.Timestamp {
 		return x.ClaimedAt
 	}
 	return nil
+}
+
+func (x *VirtualMachine) GetForkedFrom() string {
+	if x != nil {
+		return x.ForkedFrom
+	}
+	return ""
 }
 
 // TpmIdentity is a VM's vTPM identity, in the manner of a cloud's shielded-VM
@@ -1052,7 +1061,7 @@ var File_vmmanager_hypervisor_v1_virtual_machine_proto protoreflect.FileDescript
 
 const file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDesc = "" +
 	"\n" +
-	"-vmmanager/hypervisor/v1/virtual_machine.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\"\xbd\x10\n" +
+	"-vmmanager/hypervisor/v1/virtual_machine.proto\x12\x17vmmanager.hypervisor.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\"\xe3\x10\n" +
 	"\x0eVirtualMachine\x12\x16\n" +
 	"\x02id\x18\x01 \x01(\tB\x06\xe0A\x02\xe0A\bR\x02id\x12\x1a\n" +
 	"\x04name\x18\x02 \x01(\tB\x06\xe0A\x02\xe0A\x03R\x04name\x12\x1c\n" +
@@ -1102,7 +1111,9 @@ const file_vmmanager_hypervisor_v1_virtual_machine_proto_rawDesc = "" +
 	"\toci_image\x18' \x01(\v2$.vmmanager.hypervisor.v1.OciImageRefB\x03\xe0A\x03R\bociImage\x12 \n" +
 	"\tfrom_pool\x18( \x01(\tB\x03\xe0A\x03R\bfromPool\x12>\n" +
 	"\n" +
-	"claimed_at\x18) \x01(\v2\x1a.google.protobuf.TimestampB\x03\xe0A\x03R\tclaimedAt\x1a;\n" +
+	"claimed_at\x18) \x01(\v2\x1a.google.protobuf.TimestampB\x03\xe0A\x03R\tclaimedAt\x12$\n" +
+	"\vforked_from\x18* \x01(\tB\x03\xe0A\x03R\n" +
+	"forkedFrom\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01:W\xeaAT\n" +

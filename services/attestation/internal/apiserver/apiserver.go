@@ -272,6 +272,13 @@ func (s *Server) BeginBoot(_ context.Context, req *attestationv1.BeginBootReques
 	}
 	next := gate.NewBoot(req.GetRequired())
 	next.Boot = att.GetBoot() + 1
+	if p := req.GetForkedFrom(); p != "" {
+		if !vmID.MatchString(p) {
+			return nil, apierr.Invalidf("forked_from", "vm id %q is not 8 hex characters", p)
+		}
+		next.ForkedFrom = p
+		s.log.Info("boot registered as a fork", "vm", req.GetVmId(), "parent", p)
+	}
 	s.aks.forget(vm.ID)
 	if err := s.store.PutVM(vm, next); err != nil {
 		return nil, err

@@ -91,6 +91,7 @@ var errorCodes = map[protoreflect.Name][]apierr.Code{
 	"WatchVirtualMachines":         {apierr.InvalidRequest, apierr.NotFound, apierr.OutOfRange, apierr.ResourceExhausted},
 	"SuspendVirtualMachine":        {apierr.NotFound, apierr.Conflict, apierr.VMFailed},
 	"ResumeVirtualMachine":         {apierr.NotFound, apierr.Conflict, apierr.VMFailed},
+	"ForkVirtualMachine":           {apierr.InvalidRequest, apierr.NotFound, apierr.Conflict, apierr.Unsupported, apierr.ResourceExhausted, apierr.VMFailed, apierr.Timeout},
 	"CreatePool":                   {apierr.InvalidRequest, apierr.Conflict, apierr.ResourceExhausted},
 	"ListPools":                    nil,
 	"GetPool":                      {apierr.NotFound},

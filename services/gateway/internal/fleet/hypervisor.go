@@ -81,6 +81,19 @@ func (h *Hypervisor) ResumeVirtualMachine(ctx context.Context, req *hypervisorv1
 	})
 }
 
+// ForkVirtualMachine forks on the parent's node: a fork is made from the
+// parent's memory on its host, so it stays there (its id carries that
+// node's index, which routes later calls to it).
+func (h *Hypervisor) ForkVirtualMachine(ctx context.Context, req *hypervisorv1.ForkVirtualMachineRequest) (*hypervisorv1.ForkVirtualMachineResponse, error) {
+	return onVM(ctx, h.r, req.GetId(), func(ctx context.Context, n *node) (*hypervisorv1.ForkVirtualMachineResponse, error) {
+		resp, err := n.hv.ForkVirtualMachine(ctx, req)
+		for _, vm := range resp.GetVms() {
+			vm.Node = n.Name
+		}
+		return resp, err
+	})
+}
+
 func (h *Hypervisor) ExecVirtualMachine(ctx context.Context, req *hypervisorv1.ExecVirtualMachineRequest) (*hypervisorv1.ExecVirtualMachineResponse, error) {
 	return onVM(ctx, h.r, req.GetId(), func(ctx context.Context, n *node) (*hypervisorv1.ExecVirtualMachineResponse, error) {
 		return n.hv.ExecVirtualMachine(ctx, req)

@@ -53,8 +53,8 @@ func TestListTools(t *testing.T) {
 	if want := slices.Sorted(slices.Values(ToolNames)); !slices.Equal(names, want) {
 		t.Fatalf("tools = %v\nwant   %v", names, want)
 	}
-	if len(ToolNames) != 29 { // the original's 20, update_vm_lifetime, suspend_vm, resume_vm, import_image and the five pool tools
-		t.Errorf("%d tools, want 29", len(ToolNames))
+	if len(ToolNames) != 30 { // the original's 20, update_vm_lifetime, suspend_vm, resume_vm, import_image, the five pool tools and fork_vm
+		t.Errorf("%d tools, want 30", len(ToolNames))
 	}
 
 	type hints struct{ readOnly, destructive, idempotent, openWorld bool }
@@ -74,6 +74,7 @@ func TestListTools(t *testing.T) {
 		"suspend_vm": "idempotent", "resume_vm": "idempotent",
 		"exec_vm": "exec", "update_vm_lifetime": "lifetime", "import_image": "import",
 		"create_pool": "create", "resize_pool": "idempotent", "delete_pool": "destructive",
+		"fork_vm": "create",
 	}
 	required := map[string][]string{
 		"get_image":          {"ref"},
@@ -99,6 +100,7 @@ func TestListTools(t *testing.T) {
 		"create_pool":        {"name", "size"},
 		"resize_pool":        {"name", "size"},
 		"delete_pool":        {"name"},
+		"fork_vm":            {"id"},
 	}
 	nameRE := regexp.MustCompile(`^[a-z_]+$`)
 	for _, tool := range res.Tools {

@@ -197,6 +197,7 @@ var validArgs = map[string]map[string]any{
 	"create_pool":        {"name": "p", "size": 1},
 	"resize_pool":        {"name": "p", "size": 2},
 	"delete_pool":        {"name": "p"},
+	"fork_vm":            {"id": "0a1b2c3d"},
 }
 
 // connect is an MCP SDK client session with h.

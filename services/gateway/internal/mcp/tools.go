@@ -236,6 +236,8 @@ var toolDefs = []toolDef{
 		call(hv, hvc.DeletePool, func(in *poolArgs) *hypervisorv1.DeletePoolRequest {
 			return &hypervisorv1.DeletePoolRequest{Name: in.Name}
 		})},
+	// Forks (fork.go): create_vm's class, as each call makes new VMs.
+	{"fork_vm", hintCreate, forkVMDescription, call(hv, hvc.ForkVirtualMachine, forkRequest)},
 }
 
 // none is the request of a call that takes no arguments.

@@ -33,6 +33,7 @@ type VMs interface {
 // Lifecycle is the VM verbs (vm.Manager).
 type Lifecycle interface {
 	Create(ctx context.Context, req *hypervisorv1.CreateVirtualMachineRequest, createdBy string) (*hypervisorv1.VirtualMachine, error)
+	Fork(ctx context.Context, req *hypervisorv1.ForkVirtualMachineRequest, createdBy string) (*hypervisorv1.ForkVirtualMachineResponse, error)
 	Start(ctx context.Context, id string) (*hypervisorv1.VirtualMachine, error)
 	Stop(ctx context.Context, id string) (*hypervisorv1.VirtualMachine, error)
 	Reboot(ctx context.Context, id string) (*hypervisorv1.VirtualMachine, error)
@@ -182,6 +183,10 @@ func (s *Server) GetVirtualMachine(_ context.Context, req *hypervisorv1.GetVirtu
 
 func (s *Server) CreateVirtualMachine(ctx context.Context, req *hypervisorv1.CreateVirtualMachineRequest) (*hypervisorv1.VirtualMachine, error) {
 	return s.Lifecycle.Create(ctx, req, identity.FromContext(ctx).String())
+}
+
+func (s *Server) ForkVirtualMachine(ctx context.Context, req *hypervisorv1.ForkVirtualMachineRequest) (*hypervisorv1.ForkVirtualMachineResponse, error) {
+	return s.Lifecycle.Fork(ctx, req, identity.FromContext(ctx).String())
 }
 
 func (s *Server) DeleteVirtualMachine(ctx context.Context, req *hypervisorv1.DeleteVirtualMachineRequest) (*hypervisorv1.DeleteVirtualMachineResponse, error) {

@@ -24,6 +24,9 @@ type run struct {
 	cid   uint32
 	grace time.Duration
 	marks bootphase.Processes // zero for adopted runs
+	// proxy relays a fork's first run's vTPM control channel (fork.go);
+	// nil otherwise.
+	proxy interface{ Close() error }
 
 	once      sync.Once
 	shutdowns chan vm.Shutdown
@@ -93,6 +96,9 @@ func (r *run) Reap() {
 		_ = r.mon.Close()
 	}
 	r.tpm.Terminate(r.grace)
+	if r.proxy != nil {
+		_ = r.proxy.Close()
+	}
 }
 
 // Adopt re-attaches to a VM's processes through the handles in its record.

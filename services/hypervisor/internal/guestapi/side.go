@@ -201,6 +201,9 @@ func (s *Side) SubmitQuote(ctx context.Context, vmID string, q *attestationv1.Ve
 	if err != nil {
 		return nil, err
 	}
+	if resp.GetVerified() {
+		s.keepVerifiedLogs(vmID, q)
+	}
 	err = s.records.Update(vmID, func(r *storepb.VirtualMachine) {
 		r.Attestation = resp.GetAttestation() // the cache takes attestation's verdict as it is
 		if q.GetStage() != attestationv1.Stage_STAGE_INITRD {

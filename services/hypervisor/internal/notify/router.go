@@ -1,6 +1,7 @@
 package notify
 
 import (
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,7 +27,8 @@ type Router struct {
 	subs    map[string]map[*subscription]struct{}
 	dropped map[string]uint64
 	cids    map[uint32]string
-	open    map[uint32]int // open vsock connections per CID
+	open    map[uint32]int      // open vsock connections per CID
+	serial  map[string]net.Conn // the attached virtio-serial connection per VM (SendSerial)
 
 	delivered, droppedAll, unrouted, malformed, oversize, refused atomic.Uint64
 

@@ -6,8 +6,6 @@ import (
 	_ "crypto/sha1"
 	_ "crypto/sha256"
 	_ "crypto/sha512"
-	"encoding/binary"
-	"errors"
 
 	"github.com/google/go-tpm/tpm2"
 )
@@ -18,16 +16,8 @@ import (
 // the firmware's TCG2 event log in a dump of the guest's RAM and keeps the
 // PCRs whose replay gives the parent's real values (the verification).
 
-const evNoAction = 3
-
 // specIDSignature opens the first event of a crypto-agile log.
 var specIDSignature = []byte("Spec ID Event03\x00")
-
-type logEvent struct {
-	PCR     uint32
-	Type    uint32
-	Digests []Extend // one per bank
-}
 
 // findEventLogs parses every crypto-agile log in mem (the firmware's log
 // area and the EFI stub's copy are both there) and returns the longest.
@@ -46,78 +36,13 @@ func findEventLogs(mem []byte) []logEvent {
 	}
 }
 
-var algHash = map[uint16]crypto.Hash{
-	uint16(tpm2.TPMAlgSHA1): crypto.SHA1, uint16(tpm2.TPMAlgSHA256): crypto.SHA256,
-	uint16(tpm2.TPMAlgSHA384): crypto.SHA384, uint16(tpm2.TPMAlgSHA512): crypto.SHA512,
-}
-
-// parseLog reads a TCG PC Client crypto-agile log (little-endian) starting at
-// its TCG_PCR_EVENT header, until the first zeroed or implausible event.
+// parseLog reads the log found in memory at start (replay.go's parser, up
+// to the first zeroed or implausible event).
 func parseLog(mem []byte, start int) ([]logEvent, error) {
-	bad := errors.New("not an event log")
-	if start < 0 || start+32 > len(mem) {
-		return nil, bad
+	if start < 0 || start > len(mem) {
+		return nil, errNotLog
 	}
-	le := binary.LittleEndian
-	p := mem[start:]
-	if le.Uint32(p[0:]) != 0 || le.Uint32(p[4:]) != evNoAction || !bytes.Equal(p[8:28], make([]byte, 20)) {
-		return nil, bad
-	}
-	size := int(le.Uint32(p[28:]))
-	if size < 29 || 32+size > len(p) {
-		return nil, bad
-	}
-	spec := p[32 : 32+size]
-	n := int(le.Uint32(spec[24:]))
-	if n == 0 || n > 8 || 28+4*n > len(spec) {
-		return nil, bad
-	}
-	sizes := map[uint16]int{}
-	for i := range n {
-		alg, sz := le.Uint16(spec[28+4*i:]), int(le.Uint16(spec[30+4*i:]))
-		if h, ok := algHash[alg]; !ok || h.Size() != sz {
-			return nil, bad
-		}
-		sizes[alg] = sz
-	}
-	p = p[32+size:]
-	var evs []logEvent
-	for len(p) >= 12 && len(evs) < 10000 {
-		pcr, typ, count := le.Uint32(p[0:]), le.Uint32(p[4:]), int(le.Uint32(p[8:]))
-		if (pcr == 0 && typ == 0) || pcr > 23 || count != n {
-			break
-		}
-		q := p[12:]
-		ev := logEvent{PCR: pcr, Type: typ}
-		ok := true
-		for range count {
-			if len(q) < 2 {
-				ok = false
-				break
-			}
-			alg := le.Uint16(q)
-			sz, known := sizes[alg]
-			if !known || len(q) < 2+sz {
-				ok = false
-				break
-			}
-			ev.Digests = append(ev.Digests, Extend{PCR: pcr, Bank: tpm2.TPMAlgID(alg), Digest: bytes.Clone(q[2 : 2+sz])})
-			q = q[2+sz:]
-		}
-		if !ok || len(q) < 4 {
-			break
-		}
-		esz := int(le.Uint32(q))
-		if esz > 1<<20 || 4+esz > len(q) {
-			break
-		}
-		evs = append(evs, ev)
-		p = q[4+esz:]
-	}
-	if len(evs) == 0 {
-		return nil, bad
-	}
-	return evs, nil
+	return parseEvents(mem[start:], false)
 }
 
 // replayLog folds the log's sha256 digests per PCR.

@@ -91,18 +91,19 @@ func (m *Manager) Create(ctx context.Context, req *hypervisorv1.CreateVirtualMac
 	return m.create(ctx, r, netName, lifetime, createdBy, "")
 }
 
-// create allocates and boots a VM of r, then waits per wait_for. pool names
-// the warm pool of a member being made (pool.go): its record is hidden and
-// named after it.
-func (m *Manager) create(ctx context.Context, r *request, netName string, lifetime *hypervisorv1.Lifetime, createdBy, pool string) (*hypervisorv1.VirtualMachine, error) {
+// allocate makes a VM's record, lease and directory for r and returns it
+// with its op lock held, not yet prepared or launched (create's first half;
+// a fork's too, whose tweak makes it its parent's copy before it is stored).
+// pool names the warm pool of a member being made (pool.go).
+func (m *Manager) allocate(ctx context.Context, r *request, netName string, lifetime *hypervisorv1.Lifetime, createdBy, pool string, tweak func(*storepb.VirtualMachine)) (*machine, *storepb.VirtualMachine, []byte, error) {
 	m.table.mu.Lock()
 	if m.table.closing {
 		m.table.mu.Unlock()
-		return nil, apierr.Errorf(apierr.Conflict, "vm-manager is shutting down")
+		return nil, nil, nil, apierr.Errorf(apierr.Conflict, "vm-manager is shutting down")
 	}
 	if n, max := len(m.table.machines), m.cfg.Limits.MaxVMs; n >= max {
 		m.table.mu.Unlock()
-		return nil, m.refused.refuse(limitVMs, "this host has %d VMs, the maximum is %d (--max-vms): delete one first", n, max)
+		return nil, nil, nil, m.refused.refuse(limitVMs, "this host has %d VMs, the maximum is %d (--max-vms): delete one first", n, max)
 	}
 	for _, other := range m.table.machines {
 		other.mu.Lock()
@@ -110,7 +111,7 @@ func (m *Manager) create(ctx context.Context, r *request, netName string, lifeti
 		other.mu.Unlock()
 		if name == r.name {
 			m.table.mu.Unlock()
-			return nil, apierr.Errorf(apierr.Conflict, "vm name %q is in use by %s", r.name, id)
+			return nil, nil, nil, apierr.Errorf(apierr.Conflict, "vm name %q is in use by %s", r.name, id)
 		}
 	}
 	id := m.table.freeIDLocked()
@@ -146,7 +147,7 @@ func (m *Manager) create(ctx context.Context, r *request, netName string, lifeti
 	sshKey, err := newSSHKey(rec)
 	if err != nil {
 		m.table.mu.Unlock()
-		return nil, apierr.Errorf(apierr.Internal, "per-VM SSH key: %v", err)
+		return nil, nil, nil, apierr.Errorf(apierr.Internal, "per-VM SSH key: %v", err)
 	}
 	if r.userData != "" {
 		rec.Paths.UserData = filepath.Join(dir, "user-data")
@@ -160,6 +161,9 @@ func (m *Manager) create(ctx context.Context, r *request, netName string, lifeti
 		o := r.image.GetOci()
 		rec.OciImage = &hypervisorv1.OciImageRef{Reference: o.GetReference(), ManifestDigest: o.GetManifestDigest(), RootHash: o.GetRootHash()}
 	}
+	if tweak != nil {
+		tweak(rec)
+	}
 	mc := &machine{id: id, rec: rec, changed: make(chan struct{}), trace: trace.SpanContextFromContext(ctx)}
 	mc.op.Lock()
 	m.table.machines[id] = mc
@@ -169,7 +173,7 @@ func (m *Manager) create(ctx context.Context, r *request, netName string, lifeti
 		if err != nil {
 			m.discard(mc)
 			mc.op.Unlock()
-			return nil, err
+			return nil, nil, nil, err
 		}
 		mc.mu.Lock()
 		rec.Network, rec.Ip, rec.Mac, rec.Zone = netName, ip.String(), mac, netName
@@ -183,15 +187,27 @@ func (m *Manager) create(ctx context.Context, r *request, netName string, lifeti
 	if err := m.table.makeDir(id); err != nil {
 		m.discard(mc)
 		mc.op.Unlock()
-		return nil, apierr.Errorf(apierr.Internal, "vm directory: %v", err)
+		return nil, nil, nil, apierr.Errorf(apierr.Internal, "vm directory: %v", err)
 	}
 	if err := m.store.PutVM(rec); err != nil {
 		m.discard(mc)
 		mc.op.Unlock()
-		return nil, err
+		return nil, nil, nil, err
 	}
 	m.table.events.Publish(lifecycle.Event{VMID: id, To: hypervisorv1.State_STATE_CREATING, Record: proto.Clone(rec).(*storepb.VirtualMachine)})
 	m.table.unmark(id)
+	return mc, rec, sshKey, nil
+}
+
+// create allocates and boots a VM of r, then waits per wait_for. pool names
+// the warm pool of a member being made (pool.go): its record is hidden and
+// named after it.
+func (m *Manager) create(ctx context.Context, r *request, netName string, lifetime *hypervisorv1.Lifetime, createdBy, pool string) (*hypervisorv1.VirtualMachine, error) {
+	mc, rec, sshKey, err := m.allocate(ctx, r, netName, lifetime, createdBy, pool, nil)
+	if err != nil {
+		return nil, err
+	}
+	id := mc.id
 	err = m.prepare(rec, r, sshKey)
 	if err == nil {
 		phase := hypervisorv1.Phase_PHASE_BOOT

@@ -93,7 +93,16 @@ func (bt *Boots) BeginBootRequest(rec *storepb.VirtualMachine) *attestationv1.Be
 		// The driver passes ignition.firstboot to a UKI image's boots until
 		// one was ready (qemu.Spec.FirstBoot); systemd-stub measures it.
 		KernelCmdlineExtra: bt.cmdlineExtra(rec),
+		// A fork's first boot is its parent's, continued in a vTPM of its own.
+		ForkedFrom: forkedFrom(rec),
 	}
+}
+
+func forkedFrom(rec *storepb.VirtualMachine) string {
+	if rec.GetBootCount() == 0 {
+		return rec.GetForkedFrom()
+	}
+	return ""
 }
 
 // cmdlineExtra is what the next boot's systemd-stub appends from SMBIOS.

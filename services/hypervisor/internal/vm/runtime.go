@@ -103,6 +103,12 @@ const consolePhaseLines = 4000
 // starts swtpm, then QEMU, for one phase, and the supervisor. Called with
 // the op lock held.
 func (rn *Runner) launch(mc *machine, phase hypervisorv1.Phase) error {
+	return rn.start(mc, phase, rn.provisionTPM, rn.driver.Launch)
+}
+
+// start is launch with the vTPM's keys from identity and the processes
+// from run: the driver's provisioning and Launch, or a fork's (fork.go).
+func (rn *Runner) start(mc *machine, phase hypervisorv1.Phase, identity func(context.Context, *storepb.VirtualMachine) (*storepb.TpmKeys, error), run func(context.Context, Launch) (Run, error)) error {
 	rec, _ := mc.snapshot()
 	img, err := rn.images.Get(rec.GetImage())
 	if err != nil {
@@ -113,13 +119,13 @@ func (rn *Runner) launch(mc *machine, phase hypervisorv1.Phase) error {
 	ctx, span := rn.startLaunch(ctx, mc, phase)
 	defer span.End()
 	marks := bootphase.Marks{Start: time.Now()}
-	identity, err := rn.provisionTPM(ctx, rec)
+	keys, err := identity(ctx, rec)
 	if err != nil {
 		return err
 	}
 	marks.Provisioned = time.Now()
 	rec = rn.table.update(mc, func(r *storepb.VirtualMachine) {
-		r.Tpm = identity
+		r.Tpm = keys
 		if phase == hypervisorv1.Phase_PHASE_BOOT {
 			// The gate closes before anything of the new boot runs.
 			r.Attestation = gate.NewBoot(r.GetRequireAttestation())
@@ -131,13 +137,13 @@ func (rn *Runner) launch(mc *machine, phase hypervisorv1.Phase) error {
 		rn.table.update(mc, func(r *storepb.VirtualMachine) { r.Attestation = att })
 	}
 	marks.Registered = time.Now()
-	run, err := rn.driver.Launch(ctx, Launch{Record: rec, Image: img, Phase: phase, CIDTaken: rn.table.cidTaken(mc.id)})
+	proc, err := run(ctx, Launch{Record: rec, Image: img, Phase: phase, CIDTaken: rn.table.cidTaken(mc.id)})
 	if err != nil {
 		return err
 	}
-	rt := &runtime{phase: phase, proc: run, settled: make(chan struct{})}
+	rt := &runtime{phase: phase, proc: proc, settled: make(chan struct{})}
 	var phases *hypervisorv1.BootPhases
-	if t, ok := run.(launchTimed); ok && phase == hypervisorv1.Phase_PHASE_BOOT {
+	if t, ok := proc.(launchTimed); ok && phase == hypervisorv1.Phase_PHASE_BOOT {
 		marks.Processes = t.Launched()
 		if phases = bootphase.Host(marks); phases != nil {
 			rt.marks = marks
@@ -145,9 +151,9 @@ func (rn *Runner) launch(mc *machine, phase hypervisorv1.Phase) error {
 	}
 	rn.table.update(mc, func(r *storepb.VirtualMachine) {
 		r.Phase = phase
-		r.Cid = run.CID()
+		r.Cid = proc.CID()
 		r.Accelerator = rn.cfg.Accelerator
-		r.Processes = run.Processes()
+		r.Processes = proc.Processes()
 		r.Status, r.LastError, r.ReadyAt = "", "", nil
 		if phase == hypervisorv1.Phase_PHASE_INSTALL {
 			r.State = hypervisorv1.State_STATE_INSTALLING

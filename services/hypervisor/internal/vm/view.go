@@ -55,6 +55,7 @@ func View(rec *storepb.VirtualMachine) *hypervisorv1.VirtualMachine {
 		Tpm:                tpmIdentity(rec.GetTpm()),
 		FromPool:           rec.GetFromPool(),
 		ClaimedAt:          rec.GetClaimedAt(),
+		ForkedFrom:         rec.GetForkedFrom(),
 	}
 	if lt := rec.GetLifetime(); lt != nil {
 		v.Lifetime = clone(lt).(*hypervisorv1.Lifetime)

@@ -93,9 +93,11 @@ type VirtualMachine struct {
 	// watches; its user-data answer is 503 until a claim); set to "" by the
 	// claim, in the same write that gives it the claimer's identity, which
 	// sets from_pool and claimed_at.
-	Pool          string                 `protobuf:"bytes,80,opt,name=pool,proto3" json:"pool,omitempty"`
-	FromPool      string                 `protobuf:"bytes,81,opt,name=from_pool,json=fromPool,proto3" json:"from_pool,omitempty"`
-	ClaimedAt     *timestamppb.Timestamp `protobuf:"bytes,82,opt,name=claimed_at,json=claimedAt,proto3" json:"claimed_at,omitempty"`
+	Pool      string                 `protobuf:"bytes,80,opt,name=pool,proto3" json:"pool,omitempty"`
+	FromPool  string                 `protobuf:"bytes,81,opt,name=from_pool,json=fromPool,proto3" json:"from_pool,omitempty"`
+	ClaimedAt *timestamppb.Timestamp `protobuf:"bytes,82,opt,name=claimed_at,json=claimedAt,proto3" json:"claimed_at,omitempty"`
+	// A fork's parent (ForkVirtualMachine).
+	ForkedFrom    string `protobuf:"bytes,83,opt,name=forked_from,json=forkedFrom,proto3" json:"forked_from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -438,6 +440,13 @@ func (x *VirtualMachine) GetClaimedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *VirtualMachine) GetForkedFrom() string {
+	if x != nil {
+		return x.ForkedFrom
+	}
+	return ""
+}
+
 // Pool is a warm pool's definition (hypervisorv1.Pool without its status,
 // which is counted in memory and read from the members).
 type Pool struct {
@@ -718,7 +727,7 @@ var File_vmmanager_hypervisor_store_v1_record_proto protoreflect.FileDescriptor
 
 const file_vmmanager_hypervisor_store_v1_record_proto_rawDesc = "" +
 	"\n" +
-	"*vmmanager/hypervisor/store/v1/record.proto\x12\x1dvmmanager.hypervisor.store.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a0vmmanager/hypervisor/v1/hypervisor_service.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\x1a\"vmmanager/hypervisor/v1/pool.proto\x1a-vmmanager/hypervisor/v1/virtual_machine.proto\"\xc1\x0f\n" +
+	"*vmmanager/hypervisor/store/v1/record.proto\x12\x1dvmmanager.hypervisor.store.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a*vmmanager/attestation/v1/attestation.proto\x1a\"vmmanager/hypervisor/v1/host.proto\x1a0vmmanager/hypervisor/v1/hypervisor_service.proto\x1a&vmmanager/hypervisor/v1/lifetime.proto\x1a\"vmmanager/hypervisor/v1/pool.proto\x1a-vmmanager/hypervisor/v1/virtual_machine.proto\"\xe2\x0f\n" +
 	"\x0eVirtualMachine\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
@@ -772,7 +781,9 @@ const file_vmmanager_hypervisor_store_v1_record_proto_rawDesc = "" +
 	"\x04pool\x18P \x01(\tR\x04pool\x12\x1b\n" +
 	"\tfrom_pool\x18Q \x01(\tR\bfromPool\x129\n" +
 	"\n" +
-	"claimed_at\x18R \x01(\v2\x1a.google.protobuf.TimestampR\tclaimedAt\x1a;\n" +
+	"claimed_at\x18R \x01(\v2\x1a.google.protobuf.TimestampR\tclaimedAt\x12\x1f\n" +
+	"\vforked_from\x18S \x01(\tR\n" +
+	"forkedFrom\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa3\x01\n" +

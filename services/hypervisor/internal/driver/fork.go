@@ -1,0 +1,182 @@
+package driver
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/swtpm"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/tpmfork"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vm"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore/storepb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// A fork starts from its parent's snapshot (RAM, devices, the migration
+// stream's vTPM blobs) with a vTPM of its own: QEMU's incoming migration
+// hands swtpm the parent's permanent and volatile state over the control
+// channel, and tpmfork's proxy, between the two, replaces them with the
+// fork's, made on a host swtpm (fresh EK and AK, the parent's verified
+// measurements replayed). The fork never holds the parent's keys.
+
+// forkBlobs are the fork's prepared vTPM state, below its directory until
+// its launch.
+const (
+	forkBlobDir      = "fork-tpm"
+	forkPermanent    = "permanent"
+	forkVolatile     = "volatile"
+	forkProxySocket  = "tpm-fork.sock"
+	snapshotFileName = "state.bin"
+)
+
+// Snapshot pauses the VM of vr, writes its state to dir/state.bin and
+// continues it; it returns the pause (the guest's vCPUs stopped).
+func (d *Driver) Snapshot(ctx context.Context, rec *storepb.VirtualMachine, vr vm.Run, dir string) (time.Duration, error) {
+	r, ok := vr.(*run)
+	if !ok || r.mon == nil {
+		return 0, fmt.Errorf("this run cannot be snapshotted (no QMP connection)")
+	}
+	if d.cfg.NotifyVsockPort != 0 {
+		// The fork learns it is one over the virtio-serial notify port.
+		return 0, fmt.Errorf("forks need the virtio-serial notify port; this host reports readiness over vsock")
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return 0, err
+	}
+	state := filepath.Join(dir, snapshotFileName)
+	rc := state + ".rc"
+	if err := r.mon.SetMaxBandwidth(ctx, maxBandwidth); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	if err := r.mon.Stop(ctx); err != nil {
+		return 0, err
+	}
+	err := r.mon.Migrate(ctx, "exec:cat > "+shellQuote(state)+"; echo $? > "+shellQuote(rc))
+	if err == nil {
+		err = waitWriter(ctx, rc)
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err != nil {
+		_ = r.mon.MigrateCancel(cctx)
+	}
+	if cerr := r.mon.Cont(cctx); cerr != nil && err == nil {
+		err = fmt.Errorf("continue the parent: %w", cerr)
+	}
+	paused := time.Since(start)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return paused, fmt.Errorf("snapshot: %w", err)
+	}
+	return paused, nil
+}
+
+// PrepareFork makes child's vTPM state (kept below its directory for
+// LaunchFork) from the parent's verified logs, and returns its keys.
+func (d *Driver) PrepareFork(ctx context.Context, child *storepb.VirtualMachine, firmwareLog, userspaceLog []byte) (*storepb.TpmKeys, error) {
+	replay, err := tpmfork.Replay(firmwareLog, userspaceLog)
+	if err != nil {
+		return nil, fmt.Errorf("the parent's verified measurements: %w", err)
+	}
+	tmp, err := os.MkdirTemp(child.GetPaths().GetDir(), "tpm-prep-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	p, err := tpmfork.Prepare(ctx, swtpm.Config{Binary: d.cfg.SwtpmBinary, StateDir: tmp}, d.cfg.VTPMCA, child.GetId(), replay, tpmfork.Options{})
+	if err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(child.GetPaths().GetDir(), forkBlobDir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	for name, b := range map[string][]byte{forkPermanent: p.Permanent, forkVolatile: p.Volatile} {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			return nil, err
+		}
+	}
+	now := timestamppb.Now()
+	return &storepb.TpmKeys{
+		AkPublic: bytes.Clone(p.Identity.AK.Public), EkPublic: bytes.Clone(p.Identity.EK.Public),
+		AkName: bytes.Clone(p.Identity.AK.Name.Buffer), EkCertificate: bytes.Clone(p.Identity.EKCertificate),
+		ProvisionTime: now, UpdateTime: now,
+	}, nil
+}
+
+// LaunchFork starts the child l from the parent's snapshot: swtpm on the
+// child's empty vTPM directory behind the proxy that gives QEMU's incoming
+// migration the child's blobs, QEMU with the child's command line and
+// -incoming, then cont once the proxy saw swtpm accept both blobs. The
+// proxy relays the control channel for this run (TPM commands use the
+// data channel, which QEMU hands swtpm directly); the prepared blobs are
+// removed.
+func (d *Driver) LaunchFork(ctx context.Context, l vm.Launch, snapshot string) (vm.Run, error) {
+	rec := l.Record
+	p := rec.GetPaths()
+	blobDir := filepath.Join(p.GetDir(), forkBlobDir)
+	var blobs tpmfork.Blobs
+	var err error
+	if blobs.Permanent, err = os.ReadFile(filepath.Join(blobDir, forkPermanent)); err != nil {
+		return nil, fmt.Errorf("the fork's vTPM state: %w", err)
+	}
+	if blobs.Volatile, err = os.ReadFile(filepath.Join(blobDir, forkVolatile)); err != nil {
+		return nil, fmt.Errorf("the fork's vTPM state: %w", err)
+	}
+	tcfg := swtpm.Config{Binary: d.cfg.SwtpmBinary, StateDir: p.GetTpmState()}.WithDefaults()
+	tpm, err := swtpm.Start(ctx, tcfg)
+	if err != nil {
+		return nil, err
+	}
+	proxy, err := tpmfork.Listen(filepath.Join(p.GetDir(), forkProxySocket), tcfg.CtrlSocket, blobs, nil)
+	if err != nil {
+		tpm.Terminate(d.cfg.KillGrace)
+		return nil, err
+	}
+	spec := d.spec(rec, l.Image, hypervisorv1.Phase_PHASE_BOOT)
+	spec.SwtpmSocket = filepath.Join(p.GetDir(), forkProxySocket)
+	if d.cfg.NotifyVsockPort != 0 { // the parent's device list, as Launch makes it
+		spec.NotifySocket = ""
+		spec.VsockCID = d.cid(rec.GetCid(), l.CIDTaken)
+		spec.Credentials["vmm.notify_socket"] = fmt.Sprintf("vsock-stream:2:%d", d.cfg.NotifyVsockPort)
+	}
+	args, err := spec.Args()
+	if err != nil {
+		_ = proxy.Close()
+		tpm.Terminate(d.cfg.KillGrace)
+		return nil, err
+	}
+	qp, mon, err := d.startQEMU(ctx, p, append(args, "-incoming", "defer"))
+	if err != nil {
+		_ = proxy.Close()
+		tpm.Terminate(d.cfg.KillGrace)
+		return nil, err
+	}
+	r := &run{qemu: qp, tpm: tpm, mon: mon, cid: spec.VsockCID, grace: d.cfg.KillGrace, proxy: proxy}
+	abort := func(err error) (vm.Run, error) {
+		_ = mon.Close()
+		qp.Terminate(d.cfg.KillGrace)
+		_ = proxy.Close()
+		tpm.Terminate(d.cfg.KillGrace)
+		return nil, err
+	}
+	qctx, cancel := qp.While(ctx)
+	defer cancel()
+	if err := mon.MigrateIncoming(qctx, "exec:cat "+shellQuote(snapshot)); err != nil {
+		return abort(fmt.Errorf("load the parent's snapshot: %w", err))
+	}
+	// Not one instruction of the fork runs before its vTPM is its own.
+	if err := proxy.Check(); err != nil {
+		return abort(err)
+	}
+	if err := mon.Cont(qctx); err != nil {
+		return abort(fmt.Errorf("continue the fork: %w", err))
+	}
+	_ = os.RemoveAll(blobDir)
+	return r, nil
+}

@@ -1,0 +1,214 @@
+package vm
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/sdk/apierr"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/guestapi"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/lifecycle"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/sshexec"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore/storepb"
+)
+
+// A fork is a new VM made from a running VM's snapshot (RAM, devices): the
+// parent pauses for the save only. Each fork has its own id, name, lease
+// (MAC and address) and directory, and a vTPM of its own made by the driver
+// (fresh EK and AK, the parent's verified measurements replayed), registered
+// with attestation as a fork of the parent before its first instruction
+// runs. The host then tells the guest over its notify port (vm-agent's
+// fork.go), which takes the new MAC and address, reseeds its random pool,
+// makes a new SSH host key, quotes with the fork's AK and sends READY=1.
+//
+// Not yet: VMs with a disk (their disk would need a copy-on-write snapshot
+// the parent keeps writing past), and hosts whose readiness travels over
+// vsock (the fork message goes over virtio-serial).
+
+// Forker is a Driver that can fork a running VM (driver/fork.go).
+type Forker interface {
+	// Snapshot pauses run, saves its state into dir and continues it,
+	// returning the pause.
+	Snapshot(ctx context.Context, rec *storepb.VirtualMachine, run Run, dir string) (time.Duration, error)
+	// PrepareFork makes child's vTPM state from the parent's verified logs
+	// and returns its keys.
+	PrepareFork(ctx context.Context, child *storepb.VirtualMachine, firmwareLog, userspaceLog []byte) (*storepb.TpmKeys, error)
+	// LaunchFork starts child from the snapshot with its prepared vTPM.
+	LaunchFork(ctx context.Context, l Launch, snapshot string) (Run, error)
+}
+
+// MaxForks bounds one ForkVirtualMachine call.
+const MaxForks = 16
+
+// forkMessage is what a fork's vm-agent reads on its notify port.
+func forkMessage(rec *storepb.VirtualMachine) []byte {
+	seed := make([]byte, 32)
+	_, _ = rand.Read(seed)
+	return fmt.Appendf(nil, "VMM_FORK=1\nVMM_FORK_MAC=%s\nVMM_FORK_SEED=%s\nVMM_FORK_PARENT=%s", rec.GetMac(), hex.EncodeToString(seed), rec.GetForkedFrom())
+}
+
+// Fork makes count VMs of the running VM id's snapshot and waits per
+// waitFor (none or ready).
+func (m *Manager) Fork(ctx context.Context, req *hypervisorv1.ForkVirtualMachineRequest, createdBy string) (*hypervisorv1.ForkVirtualMachineResponse, error) {
+	count := int(req.GetCount())
+	if count == 0 {
+		count = 1
+	}
+	if count < 1 || count > MaxForks {
+		return nil, apierr.Invalidf("count", "count %d is not within 1..%d", count, MaxForks)
+	}
+	waitFor := req.GetWaitFor()
+	if waitFor == hypervisorv1.WaitFor_WAIT_FOR_UNSPECIFIED {
+		waitFor = hypervisorv1.WaitFor_WAIT_FOR_READY
+	}
+	if waitFor != hypervisorv1.WaitFor_WAIT_FOR_READY && waitFor != hypervisorv1.WaitFor_WAIT_FOR_NONE {
+		return nil, apierr.Invalidf("wait_for", "a fork waits for none or ready")
+	}
+	f, ok := m.driver.(Forker)
+	if !ok {
+		return nil, apierr.Errorf(apierr.Conflict, "this host's driver cannot fork VMs")
+	}
+	parent, err := m.table.get(req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	m.table.mu.Lock()
+	n, max := len(m.table.machines), m.cfg.Limits.MaxVMs
+	m.table.mu.Unlock()
+	if n+count > max {
+		return nil, m.refused.refuse(limitVMs, "this host has %d VMs, %d forks would pass the maximum of %d (--max-vms)", n, count, max)
+	}
+
+	parent.op.Lock()
+	rec, _ := parent.snapshot()
+	parent.mu.Lock()
+	rt := parent.run
+	parent.mu.Unlock()
+	var fw, us []byte
+	switch st := rec.GetState(); {
+	case rt == nil || (st != hypervisorv1.State_STATE_READY && st != hypervisorv1.State_STATE_RUNNING) || rt.phase != hypervisorv1.Phase_PHASE_BOOT:
+		err = apierr.Errorf(apierr.Conflict, "vm %s is %s; only a ready or running vm can be forked", rec.GetId(), lifecycle.Name(st))
+	case isMember(rec):
+		err = apierr.Errorf(apierr.Conflict, "vm %s is a warm pool's member: claim it first", rec.GetId())
+	case rec.GetPaths().GetVolume() != "":
+		err = apierr.Errorf(apierr.Unsupported, "vm %s has a disk: forks of VMs with a disk are not supported yet", rec.GetId())
+	default:
+		if fw, us, err = guestapi.VerifiedLogs(rec.GetPaths().GetDir()); err != nil {
+			err = apierr.Errorf(apierr.Conflict, "vm %s has no verified quote whose measurements a fork could take: %v", rec.GetId(), err)
+		}
+	}
+	if err != nil {
+		parent.op.Unlock()
+		return nil, err
+	}
+	snapDir := filepath.Join(rec.GetPaths().GetDir(), "fork-"+newID())
+	sctx, cancel := context.WithTimeout(m.ctx, SuspendTimeout)
+	paused, err := f.Snapshot(sctx, rec, rt.proc, snapDir)
+	cancel()
+	parent.op.Unlock()
+	if err != nil {
+		return nil, apierr.Errorf(apierr.VMFailed, "vm %s could not be snapshotted (it runs on): %v", rec.GetId(), err)
+	}
+	defer os.RemoveAll(snapDir)
+	m.log.Info("vm snapshotted for forks", "vm", rec.GetId(), "forks", count, "paused_seconds", paused.Seconds())
+
+	out := &hypervisorv1.ForkVirtualMachineResponse{PauseSeconds: paused.Seconds()}
+	var forks []*machine
+	for i := range count {
+		mc, err := m.forkOne(ctx, f, rec, fw, us, filepath.Join(snapDir, "state.bin"), createdBy, i)
+		if err != nil {
+			return out, err
+		}
+		forks = append(forks, mc)
+	}
+	for _, mc := range forks {
+		got, err := m.wait(ctx, mc, waitFor, m.cfg.BootTimeout)
+		if err != nil {
+			return out, err
+		}
+		out.Vms = append(out.Vms, View(got))
+	}
+	return out, nil
+}
+
+// forkOne makes and starts one fork of parent.
+func (m *Manager) forkOne(ctx context.Context, f Forker, parent *storepb.VirtualMachine, fw, us []byte, snapshot, createdBy string, i int) (*machine, error) {
+	img, err := m.images.Get(parent.GetImage())
+	if err != nil {
+		return nil, apierr.Errorf(apierr.Conflict, "vm %s: its image %s is no longer in the catalog", parent.GetId(), parent.GetImage())
+	}
+	r := &request{
+		name: m.forkName(parent.GetName(), i), image: img, kubernetesVersion: parent.GetKubernetesVersion(),
+		cpus: parent.GetCpus(), memoryMiB: parent.GetMemoryMib(), diskGiB: parent.GetDiskGib(),
+		sshKeys: parent.GetSshAuthorizedKeys(), metadata: parent.GetMetadata(), requireAttestation: parent.GetRequireAttestation(),
+	}
+	r.hostname = r.name
+	mc, rec, _, err := m.allocate(ctx, r, parent.GetNetwork(), nil, createdBy, "", func(x *storepb.VirtualMachine) {
+		// The guest authorizes the parent's per-VM key: the fork's is a copy.
+		x.SshPublicKey, x.ForkedFrom, x.MachineId = parent.GetSshPublicKey(), parent.GetId(), parent.GetMachineId()
+	})
+	if err != nil {
+		return nil, err
+	}
+	err = m.prepareFork(rec, parent)
+	var keys *storepb.TpmKeys
+	if err == nil {
+		keys, err = f.PrepareFork(ctx, rec, fw, us)
+	}
+	if err == nil {
+		err = m.runner.start(mc, hypervisorv1.Phase_PHASE_BOOT,
+			func(context.Context, *storepb.VirtualMachine) (*storepb.TpmKeys, error) { return keys, nil },
+			func(ctx context.Context, l Launch) (Run, error) { return f.LaunchFork(ctx, l, snapshot) })
+	}
+	mc.op.Unlock()
+	if err != nil {
+		m.discard(mc)
+		return nil, apierr.Errorf(apierr.VMFailed, "fork %d of vm %s could not start: %v", i+1, parent.GetId(), err)
+	}
+	m.log.Info("vm forked", "vm", rec.GetId(), "parent", parent.GetId(), "ak", fmt.Sprintf("%x", keys.GetAkName())[:16])
+	m.wg.Go(func() {
+		sctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
+		defer cancel()
+		if err := m.runner.router.SendSerial(sctx, rec.GetId(), forkMessage(rec)); err != nil {
+			m.log.Warn("tell a fork it is one", "vm", rec.GetId(), "error", err)
+		}
+	})
+	return mc, nil
+}
+
+// prepareFork writes the fork's directory: the parent's per-VM SSH key
+// (the guest authorizes it) and what the driver needs.
+func (m *Manager) prepareFork(rec, parent *storepb.VirtualMachine) error {
+	if err := os.Chmod(rec.GetPaths().GetDir(), 0o700); err != nil {
+		return err
+	}
+	key, err := os.ReadFile(parent.GetPaths().GetSshKey())
+	if err != nil {
+		return fmt.Errorf("the parent's per-VM SSH key: %w", err)
+	}
+	if err := sshexec.WriteKey(rec.GetPaths().GetSshKey(), key); err != nil {
+		return err
+	}
+	return m.driver.Prepare(rec)
+}
+
+// forkName is a free "<parent>-fork-<n>" (cut to fit a DNS label).
+func (m *Manager) forkName(parent string, i int) string {
+	taken := map[string]bool{}
+	for _, r := range m.table.Records() {
+		taken[r.GetName()] = true
+	}
+	for n := i + 1; ; n++ {
+		suffix := fmt.Sprintf("-fork-%d", n)
+		name := strings.TrimRight(parent[:min(len(parent), 63-len(suffix))], "-") + suffix
+		if !taken[name] {
+			return name
+		}
+	}
+}
