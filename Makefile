@@ -193,6 +193,7 @@ bench: build guest-image os-image ## benchmarks; ratios are printed side by side
 	cd tests && VMM_OS_IMAGE_DIR=$(OS_IMAGE_DIR) go test -run '^$$' -bench VMBaseCreateToReady -benchtime 2x -timeout 60m .
 	cd tests && VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -run '^$$' -bench SuspendResume -benchtime 3x .
 	cd tests && VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -run '^$$' -bench WarmPool -benchtime 5x -timeout 30m .
+	cd tests && VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -run '^$$' -bench 'Fork$$' -benchtime 2x -timeout 30m .
 	cd tests && VMM_TEST_IMAGE_DIR=$(IMAGE_DIR) go test -run '^$$' -bench OCIImage -benchtime 2x -timeout 30m .
 	cd tests && go test -run '^$$' -bench VerifyQuote -benchtime 500x .
 	cd services/attestation && GOMAXPROCS=1 go test -run '^$$' -bench VerifyQuoteInProcess -benchtime 2000x ./internal/apiserver/

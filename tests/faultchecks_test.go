@@ -84,6 +84,9 @@ func TestFaultChecksCatch(t *testing.T) {
 	for _, raw := range []string{
 		// Created by nobody, caught creating, without its directory or lease.
 		`{"id":"0b0b0b01","name":"stuck","state":"creating","network":"default","ip":"192.168.127.250","paths":{"dir":"` + vmDir("0b0b0b01") + `"}}`,
+		// Two running VMs with one AK (processes that do not run, counted above too).
+		`{"id":"0b0b0b08","name":"twin","state":"ready","processes":{"qemu":{"pid":999999997},"tpm":{"pid":999999996}},"tpm":{"akFingerprint":"feedc0de"},"paths":{"dir":"` + vmDir("0b0b0b08") + `"}}`,
+		`{"id":"0b0b0b09","name":"twin2","state":"ready","processes":{"qemu":{"pid":999999995},"tpm":{"pid":999999994}},"tpm":{"akFingerprint":"feedc0de"},"paths":{"dir":"` + vmDir("0b0b0b09") + `"}}`,
 		// Ready with processes that do not run, no exec, a dead forward,
 		// unknown to attestation and the ledger's AK pin; it requires
 		// attestation and its initrd quote was refused (user-data gated).

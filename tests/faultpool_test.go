@@ -76,9 +76,56 @@ func (f *faultRun) checkParked(inv *invariants, v vmJSONF) {
 	}
 }
 
+// fork forks e once (wait_for none) and enters the fork in the ledger.
+func (f *faultRun) fork(e *vmEntry) {
+	began := time.Now()
+	r := f.call("POST", "/vms/"+e.id+"/fork", `{"count":1,"wait_for":"none"}`, 90*time.Second)
+	ok := r.err == nil && r.code == 200
+	f.count("fork", ok, began)
+	if !ok {
+		f.t.Logf("fork of %s after %s: %d %v %s", e.name, time.Since(began).Round(time.Millisecond), r.code, r.err, firstLineOf(string(r.body)))
+		f.classify("fork "+e.name, r)
+		return
+	}
+	var resp struct{ Vms []vmJSONF }
+	if json.Unmarshal(r.body, &resp) != nil || len(resp.Vms) != 1 {
+		f.mu.Lock()
+		f.unexpect = append(f.unexpect, "fork of "+e.name+": "+firstLineOf(string(r.body)))
+		f.mu.Unlock()
+		return
+	}
+	v := resp.Vms[0]
+	f.mu.Lock()
+	f.ledger[v.Name] = &vmEntry{name: v.Name, id: v.ID, created: "acked", forwards: map[string]bool{}}
+	f.mu.Unlock()
+}
+
+// forkOfLedger says whether name is "<a ledger name>-fork-<n>": a fork a
+// fork call cut by a kill made without the test learning its name.
+func (f *faultRun) forkOfLedger(name string) bool {
+	parent, _, ok := strings.Cut(name, "-fork-")
+	return ok && f.ledger[parent] != nil
+}
+
+// checkAKs: no two running VMs have the same AK (a fork never holds its
+// parent's keys).
+func (f *faultRun) checkAKs(final []vmJSONF, inv *invariants) {
+	seen := map[string]string{}
+	for _, v := range final {
+		if v.Processes == nil || v.Identity == nil || v.Identity.AkFingerprint == "" {
+			continue
+		}
+		if other, dup := seen[v.Identity.AkFingerprint]; dup && other != v.ID {
+			inv.fail("running VMs sharing an AK", "%s and %s both have AK %s", other, v.ID, v.Identity.AkFingerprint)
+		}
+		seen[v.Identity.AkFingerprint] = v.ID
+	}
+}
+
 // checkPool: no member went to two creates, and no VM is both a member and
 // a claimed VM. Members are the records named pool.<pool>.<id>.
 func (f *faultRun) checkPool(final []vmJSONF, inv *invariants) {
+	f.checkAKs(final, inv)
 	for id, names := range f.claims {
 		if distinct := slices.Compact(slices.Sorted(slices.Values(names))); len(distinct) > 1 {
 			inv.fail("pool members handed to more than one claimer", "%s went to %s", id, strings.Join(names, ", "))

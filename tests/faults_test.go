@@ -209,7 +209,10 @@ type vmJSONF struct {
 	IP        string `json:"ip"`
 	LastError string `json:"lastError"`
 	FromPool  string `json:"fromPool"`
-	Paths     struct {
+	Identity  *struct {
+		AkFingerprint string `json:"akFingerprint"`
+	} `json:"tpm"`
+	Paths struct {
 		Dir string `json:"dir"`
 	} `json:"paths"`
 	Processes *struct {
@@ -453,6 +456,10 @@ func (f *faultRun) pickOp(victim string) func() {
 	if down := byState("stopped", "failed"); len(down) > 0 {
 		cs = append(cs, choice{2 * launch, func() { f.lifecycle("start", pick(down)) }})
 	}
+	// Forks (issue 28): of a ready VM, one at a time.
+	if up := byState("ready"); len(up) > 0 && len(vms) < faultsMaxVMs {
+		cs = append(cs, choice{2 * launch, func() { f.fork(pick(up)) }})
+	}
 	// Suspend and resume (issue 19), also as operations a kill is fired into.
 	if up := byState("ready", "running"); len(up) > 0 {
 		cs = append(cs, choice{2 * launch, func() { f.lifecycle("suspend", pick(up)) }})
@@ -476,6 +483,10 @@ func (f *faultRun) pickOp(victim string) func() {
 		}
 		if saved := byState("suspended"); len(saved) > 0 {
 			sr = append(sr, choice{1, func() { f.lifecycle("resume", pick(saved)) }})
+		}
+		// And into a fork: a fork whose record, vTPM or message a kill cut.
+		if up := byState("ready"); len(up) > 0 && len(vms) < faultsMaxVMs {
+			sr = append(sr, choice{1, func() { f.fork(pick(up)) }})
 		}
 		if len(sr) > 0 {
 			return sr[f.intn(len(sr))].fn
@@ -766,6 +777,7 @@ var invariantOrder = []string{
 	"sockets in the run dir besides the services'",
 	"golden values changed",
 	"AK pins lost or changed",
+	"running VMs sharing an AK",
 	"pool members handed to more than one claimer",
 	"pool members listed as claimed VMs",
 	"VMs whose boot attestation does not know",
@@ -825,7 +837,7 @@ func (f *faultRun) check(final []vmJSONF) *invariants {
 		}
 	}
 	for _, v := range final {
-		if f.ledger[v.Name] == nil && !strings.HasPrefix(v.Name, "pool.fp.") { // the pool makes its members
+		if f.ledger[v.Name] == nil && !strings.HasPrefix(v.Name, "pool.fp.") && !f.forkOfLedger(v.Name) { // the pool makes its members; a cut fork call its forks
 			inv.fail("vm records resurrected or duplicated", "record %s (%s) was never created by the test", v.ID, v.Name)
 		}
 	}

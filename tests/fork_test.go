@@ -108,6 +108,15 @@ func TestFork(t *testing.T) {
 			t.Errorf("fork %s has no EK", f.ID)
 		}
 
+		if code, _, b := cluster.Do(t, "GET", a.base+"/vms/"+f.ID+"/console?lines=40", ""); code == 200 {
+			var c struct{ Console string }
+			_ = json.Unmarshal(b, &c)
+			for _, l := range strings.Split(c.Console, "\n") {
+				if strings.Contains(l, "fork") {
+					t.Logf("fork %s console: %s", f.ID, l)
+				}
+			}
+		}
 		// The parent's memory: its files and a process it started.
 		if r := a.exec(f.ID, "cat", "/tmp/marker", "/etc/origin"); r.Stdout != "before-the-fork\nfrom the parent's user-data" {
 			t.Errorf("fork %s files: %+v", f.ID, r)

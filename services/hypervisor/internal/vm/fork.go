@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
@@ -119,13 +121,18 @@ func (m *Manager) Fork(ctx context.Context, req *hypervisorv1.ForkVirtualMachine
 	m.log.Info("vm snapshotted for forks", "vm", rec.GetId(), "forks", count, "paused_seconds", paused.Seconds())
 
 	out := &hypervisorv1.ForkVirtualMachineResponse{PauseSeconds: paused.Seconds()}
-	var forks []*machine
+	// The forks load the snapshot side by side: each QEMU reads it once.
+	forks := make([]*machine, count)
+	errs := make([]error, count)
+	var wg sync.WaitGroup
 	for i := range count {
-		mc, err := m.forkOne(ctx, f, rec, fw, us, filepath.Join(snapDir, "state.bin"), createdBy, i)
-		if err != nil {
-			return out, err
-		}
-		forks = append(forks, mc)
+		wg.Go(func() {
+			forks[i], errs[i] = m.forkOne(ctx, f, rec, fw, us, filepath.Join(snapDir, "state.bin"), createdBy, i)
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return out, err
 	}
 	for _, mc := range forks {
 		got, err := m.wait(ctx, mc, waitFor, m.cfg.BootTimeout)
@@ -144,12 +151,15 @@ func (m *Manager) forkOne(ctx context.Context, f Forker, parent *storepb.Virtual
 		return nil, apierr.Errorf(apierr.Conflict, "vm %s: its image %s is no longer in the catalog", parent.GetId(), parent.GetImage())
 	}
 	r := &request{
-		name: m.forkName(parent.GetName(), i), image: img, kubernetesVersion: parent.GetKubernetesVersion(),
+		// A placeholder that no DNS label equals: the name takes the id.
+		name: "fork." + parent.GetId(), image: img, kubernetesVersion: parent.GetKubernetesVersion(),
 		cpus: parent.GetCpus(), memoryMiB: parent.GetMemoryMib(), diskGiB: parent.GetDiskGib(),
 		sshKeys: parent.GetSshAuthorizedKeys(), metadata: parent.GetMetadata(), requireAttestation: parent.GetRequireAttestation(),
 	}
-	r.hostname = r.name
 	mc, rec, _, err := m.allocate(ctx, r, parent.GetNetwork(), nil, createdBy, "", func(x *storepb.VirtualMachine) {
+		// Named after its id: unique, and never a name a deleted VM had.
+		x.Name = forkName(parent.GetName(), x.GetId())
+		x.Hostname = x.Name
 		// The guest authorizes the parent's per-VM key: the fork's is a copy.
 		x.SshPublicKey, x.ForkedFrom, x.MachineId = parent.GetSshPublicKey(), parent.GetId(), parent.GetMachineId()
 	})
@@ -198,17 +208,31 @@ func (m *Manager) prepareFork(rec, parent *storepb.VirtualMachine) error {
 	return m.driver.Prepare(rec)
 }
 
-// forkName is a free "<parent>-fork-<n>" (cut to fit a DNS label).
-func (m *Manager) forkName(parent string, i int) string {
-	taken := map[string]bool{}
-	for _, r := range m.table.Records() {
-		taken[r.GetName()] = true
-	}
-	for n := i + 1; ; n++ {
-		suffix := fmt.Sprintf("-fork-%d", n)
-		name := strings.TrimRight(parent[:min(len(parent), 63-len(suffix))], "-") + suffix
-		if !taken[name] {
-			return name
+// forkName is "<parent>-fork-<id>", the parent's name cut to fit a DNS label.
+func forkName(parent, id string) string {
+	suffix := "-fork-" + id
+	return strings.TrimRight(parent[:min(len(parent), 63-len(suffix))], "-") + suffix
+}
+
+// resendForkMessages tells the forks a previous hypervisor started, and
+// that have not reported ready since, that they are forks: it may have
+// stopped before it told them (vm-agent handles the message again
+// harmlessly).
+func (m *Manager) resendForkMessages() {
+	for _, rec := range m.table.Records() {
+		if rec.GetForkedFrom() == "" || rec.GetReadyAt() != nil || rec.GetBootCount() != 1 || rec.GetProcesses() == nil {
+			continue
 		}
+		if s := rec.GetState(); s != hypervisorv1.State_STATE_BOOTING && s != hypervisorv1.State_STATE_ATTESTING && s != hypervisorv1.State_STATE_RUNNING {
+			continue
+		}
+		m.log.Info("telling a fork again that it is one (vm-manager restarted before it was ready)", "vm", rec.GetId(), "parent", rec.GetForkedFrom())
+		m.wg.Go(func() {
+			sctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
+			defer cancel()
+			if err := m.runner.router.SendSerial(sctx, rec.GetId(), forkMessage(rec)); err != nil {
+				m.log.Warn("tell a fork it is one", "vm", rec.GetId(), "error", err)
+			}
+		})
 	}
 }

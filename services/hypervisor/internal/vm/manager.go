@@ -249,6 +249,7 @@ func (m *Manager) RunLoops() {
 		m.wg.Go(m.forgetLoop)
 		m.wg.Go(m.lifetimeLoop)
 		m.wg.Go(m.resumeClaims)
+		m.wg.Go(m.resendForkMessages)
 	})
 }
 
