@@ -3,6 +3,8 @@ package tests
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -179,6 +181,30 @@ func TestFork(t *testing.T) {
 		if att := a.attestationOf(id); att.AkFingerprint != ak {
 			t.Errorf("%s's pinned AK changed to %s after a cross-signed quote", id, att.AkFingerprint)
 		}
+	}
+
+	// A fork suspends and resumes (the resume talks to its swtpm itself),
+	// and its vTPM control channel outlives the hypervisor (the proxy is a
+	// process of its own): after a SIGKILL and restart it suspends and
+	// resumes again, keeping its memory and its AK.
+	if code, _, b := cluster.Do(t, "POST", a.base+"/vms/"+fork.ID+"/suspend", ""); code != 200 {
+		pl, _ := os.ReadFile(filepath.Join(c.StateDir, "vms", fork.ID, "tpm-proxy.log"))
+		ql, _ := os.ReadFile(filepath.Join(c.StateDir, "vms", fork.ID, "qemu.log"))
+		t.Fatalf("suspend of a fork: %d %s\nproxy:\n%s\nqemu:\n%s", code, b, pl, ql)
+	}
+	a.vm("POST", "/vms/"+fork.ID+"/resume", "", 200)
+	c.StopService("hypervisor")
+	c.StartService("hypervisor")
+	c.WaitReady(30 * time.Second)
+	a.vm("POST", "/vms/"+fork.ID+"/suspend", "", 200)
+	if v := a.vm("POST", "/vms/"+fork.ID+"/resume", "", 200); v.State != "ready" {
+		t.Errorf("fork after resume: %+v", v)
+	}
+	if r := a.exec(fork.ID, "cat", "/tmp/marker"); strings.TrimSpace(r.Stdout) != "before-the-fork" {
+		t.Errorf("fork after a restart, suspend and resume: %+v", r)
+	}
+	if r := a.forkRecord(fork.ID); r.Tpm.AkFingerprint != fork.Tpm.AkFingerprint {
+		t.Errorf("fork's AK changed: %s, was %s", r.Tpm.AkFingerprint, fork.Tpm.AkFingerprint)
 	}
 
 	// Bad requests change nothing.

@@ -105,6 +105,10 @@ type Config struct {
 	// Pools bound the warm pools (--max-pools, --max-pool-size,
 	// --pool-disk-bytes, --pool-refill-concurrency).
 	Pools pool.Config
+	// TPMProxyBinary is the executable whose "tpm-proxy" command relays a
+	// fork's vTPM control channel (the hypervisor's own); empty relays it
+	// in this process (services run in one test process).
+	TPMProxyBinary string
 }
 
 // networkLimits turns the configuration into the networks' limits, keeping
@@ -228,6 +232,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		CPU:             cpu,
 		NotifyVsockPort: vsockPort,
 		VTPMCA:          ca,
+		TPMProxyBinary:  cfg.TPMProxyBinary,
 	}, log)
 	vms, err := wireVMs(vm.Config{
 		StateDir:           cfg.StateDir,

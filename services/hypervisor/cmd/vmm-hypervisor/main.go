@@ -37,7 +37,7 @@ func main() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	ia := &imageArgs{}
-	cmds := []cli.Command{serveCommand(), imagePushCommand(ia, stdout), imagePullCommand(ia, stdout), imageMeasureCommand(ia, stdout), imageImportCommand(ia, stdout)}
+	cmds := []cli.Command{serveCommand(), imagePushCommand(ia, stdout), imagePullCommand(ia, stdout), imageMeasureCommand(ia, stdout), imageImportCommand(ia, stdout), tpmProxyCommand()}
 	args = ia.split(args, cmds)
 	return cli.Main("vmm-hypervisor", "vm-manager's hypervisor (QEMU, swtpm, networks, IMDS, images)", args, stderr, cmds...)
 }
@@ -154,6 +154,10 @@ func serveCommand() cli.Command {
 				}
 				hostCfg := hostConfig()
 				hostCfg.ForceTCG, hostCfg.Node = *accel == "tcg", node
+				self, err := os.Executable() // its tpm-proxy command serves forks
+				if err != nil {
+					return fmt.Errorf("own executable: %w", err)
+				}
 				return server.Run(ctx, server.Config{
 					StateDir:         *stateDir,
 					ImageDir:         *imageDir,
@@ -186,7 +190,8 @@ func serveCommand() cli.Command {
 					Exec:               execstream.Config{MaxSessions: *maxExec, IdleTimeout: *execIdle, MaxDuration: *execMax},
 					Import: imageimport.Config{MaxImageBytes: int64(*maxImage), StoreQuota: int64(*storeQuota),
 						BootImage: *ociBoot, PlainHTTP: *plainRegistry},
-					Pools: pool.Config{MaxPools: *maxPools, MaxSize: *maxPoolSize, DiskBytes: int64(*poolDisk), Concurrency: *poolRefills},
+					Pools:          pool.Config{MaxPools: *maxPools, MaxSize: *maxPoolSize, DiskBytes: int64(*poolDisk), Concurrency: *poolRefills},
+					TPMProxyBinary: self,
 				}, log)
 			})
 		},

@@ -50,6 +50,11 @@ type Config struct {
 	VTPMCA *swtpm.CA
 	// KillGrace is the SIGTERM→SIGKILL grace of the driver's own cleanups.
 	KillGrace time.Duration
+	// TPMProxyBinary runs a fork's vTPM control-channel proxy as a process
+	// of its own ("<binary> tpm-proxy", the hypervisor's own executable),
+	// which outlives the hypervisor; empty runs it in the hypervisor (tests
+	// that run the services in one process).
+	TPMProxyBinary string
 }
 
 // Driver is the QEMU and swtpm driver.

@@ -5,10 +5,13 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"time"
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/logtail"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/proc"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/swtpm"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/tpmfork"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vm"
@@ -30,6 +33,8 @@ const (
 	forkPermanent    = "permanent"
 	forkVolatile     = "volatile"
 	forkProxySocket  = "tpm-fork.sock"
+	forkProxyReport  = "tpm-fork.json"
+	forkProxyLog     = "tpm-proxy.log"
 	snapshotFileName = "state.bin"
 )
 
@@ -133,13 +138,14 @@ func (d *Driver) LaunchFork(ctx context.Context, l vm.Launch, snapshot string) (
 	if err != nil {
 		return nil, err
 	}
-	proxy, err := tpmfork.Listen(filepath.Join(p.GetDir(), forkProxySocket), tcfg.CtrlSocket, blobs, nil)
+	sock := filepath.Join(p.GetDir(), forkProxySocket)
+	proxy, check, err := d.startProxy(ctx, p, sock, tcfg.CtrlSocket, blobDir, blobs)
 	if err != nil {
 		tpm.Terminate(d.cfg.KillGrace)
 		return nil, err
 	}
 	spec := d.spec(rec, l.Image, hypervisorv1.Phase_PHASE_BOOT)
-	spec.SwtpmSocket = filepath.Join(p.GetDir(), forkProxySocket)
+	spec.SwtpmSocket = sock
 	if d.cfg.NotifyVsockPort != 0 { // the parent's device list, as Launch makes it
 		spec.NotifySocket = ""
 		spec.VsockCID = d.cid(rec.GetCid(), l.CIDTaken)
@@ -171,7 +177,7 @@ func (d *Driver) LaunchFork(ctx context.Context, l vm.Launch, snapshot string) (
 		return abort(fmt.Errorf("load the parent's snapshot: %w", err))
 	}
 	// Not one instruction of the fork runs before its vTPM is its own.
-	if err := proxy.Check(); err != nil {
+	if err := check(qctx); err != nil {
 		return abort(err)
 	}
 	if err := mon.Cont(qctx); err != nil {
@@ -179,4 +185,58 @@ func (d *Driver) LaunchFork(ctx context.Context, l vm.Launch, snapshot string) (
 	}
 	_ = os.RemoveAll(blobDir)
 	return r, nil
+}
+
+// closer ends a proxy: the in-process one, or the process.
+type closer func() error
+
+func (c closer) Close() error { return c() }
+
+// startProxy starts the fork's control-channel proxy on sock: a process of
+// its own (it outlives the hypervisor: a suspend of the fork needs the
+// channel) or, without TPMProxyBinary, in the hypervisor. check says once
+// the incoming migration is loaded whether swtpm took the fork's state.
+func (d *Driver) startProxy(ctx context.Context, p *hypervisorv1.Paths, sock, ctrl, blobDir string, blobs tpmfork.Blobs) (interface{ Close() error }, func(context.Context) error, error) {
+	if d.cfg.TPMProxyBinary == "" {
+		px, err := tpmfork.Listen(sock, ctrl, blobs, nil)
+		if err != nil {
+			return nil, nil, err
+		}
+		return px, func(context.Context) error { return px.Check() }, nil
+	}
+	report := filepath.Join(p.GetDir(), forkProxyReport)
+	_ = os.Remove(report)
+	logf, err := os.OpenFile(filepath.Join(p.GetDir(), forkProxyLog), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, nil, err
+	}
+	cmd := exec.Command(d.cfg.TPMProxyBinary, "tpm-proxy", "--listen", sock, "--swtpm-ctrl", ctrl,
+		"--permanent", filepath.Join(blobDir, forkPermanent), "--volatile", filepath.Join(blobDir, forkVolatile), "--report", report)
+	cmd.Stdout, cmd.Stderr = logf, logf // a file: the hypervisor may be gone when it writes
+	pp, err := proc.Start(cmd)
+	logf.Close()
+	if err != nil {
+		return nil, nil, fmt.Errorf("start the fork's vTPM proxy: %w", err)
+	}
+	stop := closer(func() error { pp.Terminate(d.cfg.KillGrace); return nil })
+	// QEMU connects at once: the socket must be there.
+	for {
+		if fi, err := os.Stat(sock); err == nil && fi.Mode().Type() == os.ModeSocket {
+			break
+		}
+		select {
+		case <-pp.Done():
+			return nil, nil, fmt.Errorf("the fork's vTPM proxy exited%s", logtail.WithHeader(filepath.Join(p.GetDir(), forkProxyLog), 5, ": "))
+		case <-ctx.Done():
+			_ = stop.Close()
+			return nil, nil, ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	check := func(ctx context.Context) error {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		return tpmfork.ReadReport(rctx, report)
+	}
+	return stop, check, nil
 }

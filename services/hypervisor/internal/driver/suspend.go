@@ -289,7 +289,14 @@ func (d *Driver) Resume(ctx context.Context, l vm.Launch) (vm.Run, error) {
 		<-sumErr
 		return nil, err
 	}
-	args := append(slices.Clone(man.Argv), "-incoming", "defer")
+	// A fork's first run talked to its swtpm through a proxy (fork.go),
+	// which ended with that QEMU: the resumed one talks to swtpm itself.
+	proxy, ctrl := filepath.Join(p.GetDir(), forkProxySocket), swtpm.Config{StateDir: p.GetTpmState()}.WithDefaults().CtrlSocket
+	args := make([]string, 0, len(man.Argv)+2)
+	for _, a := range man.Argv {
+		args = append(args, strings.ReplaceAll(a, proxy, ctrl))
+	}
+	args = append(args, "-incoming", "defer")
 	qp, mon, err := d.startQEMU(ctx, p, args)
 	if err != nil {
 		<-sumErr

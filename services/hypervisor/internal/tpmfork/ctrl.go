@@ -82,7 +82,9 @@ func requestSize(cmd uint32) (int, bool) {
 	case CmdInit, CmdSetBufferSize:
 		return 4, true
 	case CmdSetLocality, CmdResetTPMEstablished:
-		return 1, true
+		// QEMU sends the whole ptm_loc / ptm_reset_est union (a u8 request
+		// in a u32 response's room), and swtpm reads the first byte.
+		return 4, true
 	case CmdGetStateBlob:
 		return 12, true // state_flags, type, offset
 	case CmdGetInfo:

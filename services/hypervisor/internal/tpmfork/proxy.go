@@ -51,6 +51,7 @@ type Proxy struct {
 	msgs    []Message
 	fatal   error
 	closed  bool
+	handled chan struct{} // closed when the first QEMU connection ended
 
 	wg sync.WaitGroup
 }
@@ -91,7 +92,7 @@ func Listen(path, swtpmCtrl string, blobs Blobs, logf func(string, ...any)) (*Pr
 		return nil, err
 	}
 	p := &Proxy{ln: ln, ctrl: swtpmCtrl, blobs: blobs, logf: logf,
-		conns: map[net.Conn]struct{}{}, subs: map[BlobType]*Substitution{}}
+		conns: map[net.Conn]struct{}{}, subs: map[BlobType]*Substitution{}, handled: make(chan struct{})}
 	p.wg.Add(1)
 	go p.serve()
 	return p, nil
@@ -226,8 +227,19 @@ func (p *Proxy) handle(qc *net.UnixConn) error {
 	err = p.relayRequests(qc, sc)
 	sc.Close()
 	<-done
+	p.mu.Lock()
+	select {
+	case <-p.handled:
+	default:
+		close(p.handled)
+	}
+	p.mu.Unlock()
 	return err
 }
+
+// Handled is closed once the first QEMU connection ended (QEMU exited):
+// a proxy process has served its fork then.
+func (p *Proxy) Handled() <-chan struct{} { return p.handled }
 
 // relayResponses copies swtpm's answers to QEMU as they come (their length
 // depends on the command and on success). After a substituted blob it takes

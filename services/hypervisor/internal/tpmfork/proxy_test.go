@@ -131,8 +131,10 @@ func (q *fakeQEMU) setBlob(t BlobType, blob []byte) {
 	h = binary.BigEndian.AppendUint32(h, uint32(t))
 	h = binary.BigEndian.AppendUint32(h, uint32(len(blob)))
 	q.send(CmdSetStateBlob, h)
+	// A proxy that refuses the header may have cut the connection by now:
+	// the caller looks at what it answers, not at this write.
 	if _, err := q.c.Write(blob); err != nil {
-		q.t.Fatal(err)
+		q.t.Logf("blob body: %v", err)
 	}
 }
 
