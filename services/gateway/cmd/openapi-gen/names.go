@@ -32,8 +32,9 @@ var schemaNames = map[protoreflect.FullName]string{
 	// Ours: "WatchVMsResponse" would be the type a generated client
 	// (oapi-codegen) names the watchVMs operation's response.
 	"vmmanager.hypervisor.v1.WatchVirtualMachinesResponse": "WatchEvent",
-	// Likewise for importImage.
-	"vmmanager.hypervisor.v1.ImportImageResponse": "ImportProgress",
+	// Likewise for importImage and forkVM.
+	"vmmanager.hypervisor.v1.ImportImageResponse":        "ImportProgress",
+	"vmmanager.hypervisor.v1.ForkVirtualMachineResponse": "Forks",
 }
 
 // operationIDs are the RPCs the original named otherwise.
