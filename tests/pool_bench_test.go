@@ -31,23 +31,20 @@ func BenchmarkWarmPool(b *testing.B) {
 	}
 	// The refills' mean time (boot, attest, park), and a parked member's disk.
 	waitReady := func() (time.Duration, int64) {
-		start := time.Now()
-		for {
+		var p poolJSON
+		cluster.Eventually(b, 4*time.Minute, "the pool refilled", func() error {
 			code, _, out := cluster.Do(b, "GET", base+"/pools/bench", "")
-			var p poolJSON
 			if code != 200 || json.Unmarshal(out, &p) != nil {
-				b.Fatalf("get pool: %d %s", code, out)
+				return fmt.Errorf("get pool: %d %s", code, out)
 			}
-			if p.Status.Ready == 1 && p.Status.Filling == 0 {
-				n, _ := p.Status.DiskBytes.Int64()
-				refills, _ := p.Status.RefillsTotal.Int64()
-				return time.Duration(p.Status.RefillSecondsTotal / float64(max(refills, 1)) * float64(time.Second)), n
+			if p.Status.Ready != 1 || p.Status.Filling != 0 {
+				return fmt.Errorf("%+v", p.Status)
 			}
-			if time.Since(start) > 4*time.Minute {
-				b.Fatalf("the pool did not refill: %+v", p.Status)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return nil
+		})
+		n, _ := p.Status.DiskBytes.Int64()
+		refills, _ := p.Status.RefillsTotal.Int64()
+		return time.Duration(p.Status.RefillSecondsTotal / float64(max(refills, 1)) * float64(time.Second)), n
 	}
 	waitReady()
 	create := func(name string, skip bool) (time.Duration, string) {

@@ -172,14 +172,23 @@ func TestWarmPool(t *testing.T) {
 	t.Run("a claim during a kill", func(t *testing.T) {
 		a.t = t
 		before := a.waitPoolReady("tg", 2, 4*time.Minute)
+		// The hypervisor is killed as the claim's write is published: the
+		// member is the caller's, its resume under way (~0.5 s) or just done.
+		w := watchSSE(t, a.base+"/vms:watch?name=killed", "")
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
 			cluster.Do(t, "POST", a.base+"/vms", `{"name":"killed","wait_for":"none",`+shape+`}`)
 		}()
-		// The hypervisor is killed while the claim may be anywhere: before
-		// its write, between the write and the resume, or after.
-		time.Sleep(150 * time.Millisecond)
+		cluster.Eventually(t, 30*time.Second, "the claim's write on the watch", func() error {
+			events, _, _ := w.seen()
+			for _, e := range events {
+				if e.Type == "changed" {
+					return nil
+				}
+			}
+			return fmt.Errorf("%d events", len(events))
+		})
 		c.StopService("hypervisor")
 		<-done
 		c.StartService("hypervisor")

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-qemu/qmp"
+	"github.com/giantswarm/vm-manager/pkg/poll"
 	"github.com/giantswarm/vm-manager/pkg/vtpm"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/proc"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
@@ -195,22 +196,16 @@ func TestForkGetsItsOwnTPM(t *testing.T) {
 
 	// The guest runs on: the power button reaches vm-agent, which prints
 	// and powers off (the kernel sends TPM2_Shutdown to the fork's TPM).
-	time.Sleep(2 * time.Second)
 	if st, err := fm.Status(ctxT(t, 10*time.Second)); err != nil || st != "running" {
 		t.Fatalf("fork status %q, %v", st, err)
 	}
 	must(t, fm.Powerdown(ctxT(t, 10*time.Second)))
 	waitConsole(t, fspec.ConsoleLog, "power button, powering off", 60*time.Second, fork)
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	poll.UntilWithin(t, 60*time.Second, "the fork's shutdown after the power button", func() bool {
 		st, err := fm.Status(ctxT(t, 10*time.Second))
 		must(t, err)
-		if st == "shutdown" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("fork status %q 60 s after the power button", st)
-		}
-	}
+		return st == "shutdown"
+	})
 	must(t, fork.Signal(syscall.SIGKILL))
 	waitExit(t, fork, 30*time.Second)
 	console, _ := os.ReadFile(fspec.ConsoleLog)
@@ -404,17 +399,16 @@ func rawQMP(t *testing.T, sock, cmd string) {
 
 func waitConsole(t *testing.T, path, want string, d time.Duration, pr *proc.Process) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
+	poll.UntilWithin(t, d, fmt.Sprintf("%q on the console", want), func() bool {
 		b, _ := os.ReadFile(path)
 		if bytes.Contains(b, []byte(want)) {
-			return
+			return true
 		}
-		if pr.Exited() || time.Now().After(deadline) {
-			t.Fatalf("no %q on the console (exited %v); console:\n%s", want, pr.Exited(), b)
+		if pr.Exited() {
+			t.Fatalf("no %q on the console and QEMU exited; console:\n%s", want, b)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return false
+	})
 }
 
 func waitExit(t *testing.T, pr *proc.Process, d time.Duration) {

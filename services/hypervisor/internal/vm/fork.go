@@ -182,6 +182,12 @@ func (m *Manager) forkOne(ctx context.Context, f Forker, parent *storepb.Virtual
 		return nil, apierr.Errorf(apierr.VMFailed, "fork %d of vm %s could not start: %v", i+1, parent.GetId(), err)
 	}
 	m.log.Info("vm forked", "vm", rec.GetId(), "parent", parent.GetId(), "ak", fmt.Sprintf("%x", keys.GetAkName())[:16])
+	m.tellFork(rec)
+	return mc, nil
+}
+
+// tellFork sends a fork its message once its notify port is attached.
+func (m *Manager) tellFork(rec *storepb.VirtualMachine) {
 	m.wg.Go(func() {
 		sctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
 		defer cancel()
@@ -189,7 +195,6 @@ func (m *Manager) forkOne(ctx context.Context, f Forker, parent *storepb.Virtual
 			m.log.Warn("tell a fork it is one", "vm", rec.GetId(), "error", err)
 		}
 	})
-	return mc, nil
 }
 
 // prepareFork writes the fork's directory: the parent's per-VM SSH key
@@ -227,12 +232,6 @@ func (m *Manager) resendForkMessages() {
 			continue
 		}
 		m.log.Info("telling a fork again that it is one (vm-manager restarted before it was ready)", "vm", rec.GetId(), "parent", rec.GetForkedFrom())
-		m.wg.Go(func() {
-			sctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
-			defer cancel()
-			if err := m.runner.router.SendSerial(sctx, rec.GetId(), forkMessage(rec)); err != nil {
-				m.log.Warn("tell a fork it is one", "vm", rec.GetId(), "error", err)
-			}
-		})
+		m.tellFork(rec)
 	}
 }

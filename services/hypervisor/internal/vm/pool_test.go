@@ -4,11 +4,13 @@ import (
 	"context"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	attestationv1 "github.com/giantswarm/vm-manager/gen/vmmanager/attestation/v1"
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
+	"github.com/giantswarm/vm-manager/pkg/poll"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vmstore/storepb"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -142,12 +144,23 @@ func TestPoolClaimGivesTheCallersIdentity(t *testing.T) {
 // Concurrent creates of the shape: each member goes to one of them, the
 // others boot cold.
 func TestPoolConcurrentClaimsNeverShareAMember(t *testing.T) {
-	h, sd, p := poolHarness(t)
+	h, _, p := poolHarness(t)
 	members := map[string]bool{h.parkedMember(p.shape): true, h.parkedMember(p.shape): true}
-	sd.mu.Lock()
-	sd.resumeDelay = 50 * time.Millisecond // the claims overlap
-	sd.mu.Unlock()
-	afterPick = func() { time.Sleep(20 * time.Millisecond) } // and race between choice and write
+	// Every claim that chose a member waits until both members are chosen:
+	// the choices all happen before any claim's write, the window two
+	// claims of one member would race in (with the marking removed, more
+	// claims choose, and some choose the same member).
+	var picked atomic.Int32
+	allPicked := make(chan struct{})
+	afterPick = func() {
+		if picked.Add(1) == int32(len(members)) {
+			close(allPicked)
+		}
+		select {
+		case <-allPicked:
+		case <-time.After(poll.Bound): // a bound, should a choice never come
+		}
+	}
 	t.Cleanup(func() { afterPick = nil })
 	const n = 6
 	var wg sync.WaitGroup

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/sdk/apierr"
@@ -22,7 +21,6 @@ type suspendDriver struct {
 	failSuspend error
 	failResume  error
 	aborted     []string
-	resumeDelay time.Duration // a slow resume: concurrent callers overlap
 }
 
 func withSuspend(d *fakeDriver) *suspendDriver {
@@ -52,10 +50,6 @@ func (d *suspendDriver) AbortSuspend(_ context.Context, rec *storepb.VirtualMach
 }
 
 func (d *suspendDriver) Resume(_ context.Context, l Launch) (Run, error) {
-	d.mu.Lock()
-	delay := d.resumeDelay
-	d.mu.Unlock()
-	time.Sleep(delay)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.failResume != nil {
