@@ -341,6 +341,24 @@ func qmp(t *testing.T, sock string, commands ...string) {
 	}
 }
 
+// powerDown presses the VM's power button and waits for QEMU to end. This
+// file's tests are about what a boot does, not about the button (TestBoot
+// is): a press the guest has not acted on within 30s is logged with the
+// console's end, and pressed once more, before the test fails.
+func powerDown(t *testing.T, qmpSock string, qemu *proc, consoleLog string) {
+	t.Helper()
+	qmp(t, qmpSock, "qmp_capabilities", "system_powerdown")
+	if qemu.wait(30*time.Second) == nil {
+		return
+	}
+	b, _ := os.ReadFile(consoleLog)
+	t.Logf("qemu still running 30s after system_powerdown; the console ends:\n%s", tail(b, 25))
+	qmp(t, qmpSock, "qmp_capabilities", "system_powerdown")
+	if err := qemu.wait(60 * time.Second); err != nil {
+		t.Errorf("qemu after a second system_powerdown: %v", err)
+	}
+}
+
 func tail(b []byte, lines int) string {
 	ls := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
 	if len(ls) > lines {

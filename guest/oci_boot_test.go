@@ -204,7 +204,7 @@ func bootWithOCIDisks(t *testing.T, img, words, rootImg, hashFile, upper, until 
 	defer func() {
 		if t.Failed() {
 			b, _ := os.ReadFile(consoleLog)
-			t.Logf("console.log:\n%s", tail(b, 120))
+			t.Logf("console.log:\n%s", tail(b, 40))
 		}
 	}()
 	vars, err := os.ReadFile(ovmfVars)
@@ -249,10 +249,7 @@ func bootWithOCIDisks(t *testing.T, img, words, rootImg, hashFile, upper, until 
 		b, _ := os.ReadFile(consoleLog)
 		return bytes.Contains(b, []byte(until))
 	})
-	qmp(t, p("qmp.sock"), "qmp_capabilities", "system_powerdown")
-	if err := qemu.wait(60 * time.Second); err != nil {
-		t.Errorf("qemu after system_powerdown: %v", err)
-	}
+	powerDown(t, p("qmp.sock"), qemu, consoleLog)
 	if err := swtpm.wait(10 * time.Second); err != nil {
 		t.Errorf("swtpm after qemu exit: %v", err)
 	}
