@@ -137,10 +137,10 @@ test: deps tools check-generated lint breaking build guest-image ## everything b
 
 # The longest guest suites (several minutes each, mostly TCG boots) run in
 # their own target so that make test stays near 20 minutes; .ci/run runs both.
-LONG_SUITES := ^(TestVMLifecycle|TestVMLifetimes|TestOCIImage|TestWarmPool|TestFork)$$
+LONG_SUITES := ^(TestVMLifecycle|TestVMLifetimes|TestOCIImage|TestWarmPool|TestFork|TestForkDisk)$$
 
 .PHONY: test-long
-test-long: build guest-image ## the long guest suites make test leaves out (full VM lifecycle, lifetimes, OCI images, warm pools, forks)
+test-long: build guest-image ## the long guest suites make test leaves out (full VM lifecycle, lifetimes, OCI images, warm pools, forks with and without a disk)
 	cd tests && VMM_TEST_IMAGE_DIR=$${VMM_TEST_IMAGE_DIR:-$(IMAGE_DIR)} go test -count=1 -timeout 30m -run '$(LONG_SUITES)' -v .
 
 # The fault suite (tests/faults_test.go): random VM operations with SIGKILL and

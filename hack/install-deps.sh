@@ -7,6 +7,7 @@
 set -euo pipefail
 need=()
 command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86 qemu-utils)
+command -v qemu-img >/dev/null || need+=(qemu-utils)
 command -v swtpm >/dev/null || need+=(swtpm swtpm-tools)
 [ -e /usr/share/OVMF/OVMF_CODE_4M.fd ] || need+=(ovmf)
 command -v npm >/dev/null || need+=(npm)

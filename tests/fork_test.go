@@ -59,6 +59,24 @@ func (a api) attestationOf(id string) forkAttestation {
 	return v
 }
 
+// forks is POST /vms/{id}/fork's answer.
+type forks struct {
+	Vms          []forkVM `json:"vms"`
+	PauseSeconds float64  `json:"pauseSeconds"`
+}
+
+// fork forks the VM id into count VMs, waiting for them to be ready.
+func (a api) fork(id string, count int) forks {
+	a.t.Helper()
+	code, _, b := cluster.Do(a.t, "POST", a.base+"/vms/"+id+"/fork", fmt.Sprintf(`{"count":%d}`, count))
+	var resp forks
+	if code != 200 || json.Unmarshal(b, &resp) != nil || len(resp.Vms) != count {
+		a.t.Fatalf("fork: %d %s", code, b)
+	}
+	a.t.Logf("parent paused %.3fs for the snapshot", resp.PauseSeconds)
+	return resp
+}
+
 // TestFork forks a running, attested test guest twice (issue 28): the
 // forks keep the parent's memory (a file in its tmpfs, a process started
 // before the fork still counting), take their own name, MAC, address and
@@ -84,15 +102,7 @@ func TestFork(t *testing.T) {
 	})
 	parentRec := a.forkRecord(parent.ID)
 
-	code, _, b := cluster.Do(t, "POST", a.base+"/vms/"+parent.ID+"/fork", `{"count":2}`)
-	var resp struct {
-		Vms          []forkVM `json:"vms"`
-		PauseSeconds float64  `json:"pauseSeconds"`
-	}
-	if code != 200 || json.Unmarshal(b, &resp) != nil || len(resp.Vms) != 2 {
-		t.Fatalf("fork: %d %s", code, b)
-	}
-	t.Logf("parent paused %.3fs for the snapshot", resp.PauseSeconds)
+	resp := a.fork(parent.ID, 2)
 	if resp.PauseSeconds <= 0 {
 		t.Errorf("pause %v", resp.PauseSeconds)
 	}

@@ -224,6 +224,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	drv := driver.New(driver.Config{
 		StateDir:        cfg.StateDir,
 		QEMUBinary:      qemuBin,
+		QEMUImgBinary:   cfg.Host.QEMUImgBinary,
 		SwtpmBinary:     cfg.Host.SwtpmBinary,
 		OVMFCode:        report.GetOvmfCode(),
 		OVMFVars:        report.GetOvmfVars(),

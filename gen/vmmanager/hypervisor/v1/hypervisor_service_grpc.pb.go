@@ -121,9 +121,9 @@ type HypervisorServiceClient interface {
 	// resume that fails keeps the state, and the VM stays suspended with
 	// last_error.
 	ResumeVirtualMachine(ctx context.Context, in *ResumeVirtualMachineRequest, opts ...grpc.CallOption) (*VirtualMachine, error)
-	// Fork a running VM into count new VMs from its memory and devices
-	// (docs/api.md "Forks"; VMs with a disk are not supported yet): each
-	// with its own id, name, MAC and address, and
+	// Fork a running VM into count new VMs from its memory, devices and disk
+	// (docs/api.md "Forks"; disks copy-on-write): each
+	// with its own id, name, MAC and address, disk, and
 	// a vTPM of its own (fresh EK and AK, the parent's verified measurements
 	// replayed), registered with attestation as a fork of the parent. The
 	// parent is paused only while its state is saved.
@@ -549,9 +549,9 @@ type HypervisorServiceServer interface {
 	// resume that fails keeps the state, and the VM stays suspended with
 	// last_error.
 	ResumeVirtualMachine(context.Context, *ResumeVirtualMachineRequest) (*VirtualMachine, error)
-	// Fork a running VM into count new VMs from its memory and devices
-	// (docs/api.md "Forks"; VMs with a disk are not supported yet): each
-	// with its own id, name, MAC and address, and
+	// Fork a running VM into count new VMs from its memory, devices and disk
+	// (docs/api.md "Forks"; disks copy-on-write): each
+	// with its own id, name, MAC and address, disk, and
 	// a vTPM of its own (fresh EK and AK, the parent's verified measurements
 	// replayed), registered with attestation as a fork of the parent. The
 	// parent is paused only while its state is saved.

@@ -277,6 +277,11 @@ func (s *Server) BeginBoot(_ context.Context, req *attestationv1.BeginBootReques
 			return nil, apierr.Invalidf("forked_from", "vm id %q is not 8 hex characters", p)
 		}
 		next.ForkedFrom = p
+		if pv, _, err := s.store.GetVM(p); err == nil {
+			// A fork continues its parent's boot: its PCRs hold that boot's
+			// chain, whatever the fork's own next cold boot would add.
+			vm.DirectKernel, vm.KernelCmdlineExtra = pv.DirectKernel, pv.KernelCmdlineExtra
+		}
 		s.log.Info("boot registered as a fork", "vm", req.GetVmId(), "parent", p)
 	}
 	s.aks.forget(vm.ID)

@@ -169,3 +169,39 @@ func TestGetAttestationStatus(t *testing.T) {
 		}
 	}
 }
+
+// A fork's boot is its parent's, continued: it is held to what the
+// parent's boot measured (a UKI's first-boot command-line extra), not to
+// what the fork's own next cold boot would add.
+func TestForkInheritsTheParentsBoot(t *testing.T) {
+	st, err := policystore.Open(tempDB(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	s := mustNew(t, st, Options{})
+	if _, err := s.BeginBoot(ctx, &attestationv1.BeginBootRequest{VmId: "0000abcd", Image: img, KernelCmdlineExtra: "ignition.firstboot"}); err != nil {
+		t.Fatal(err)
+	}
+	a, err := s.BeginBoot(ctx, &attestationv1.BeginBootRequest{VmId: "0000abce", Image: img, ForkedFrom: "0000abcd"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.GetForkedFrom() != "0000abcd" {
+		t.Errorf("forked_from %q", a.GetForkedFrom())
+	}
+	fork, _, err := st.GetVM("0000abce")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fork.KernelCmdlineExtra != "ignition.firstboot" {
+		t.Errorf("the fork's boot expects command-line extra %q, want the parent's", fork.KernelCmdlineExtra)
+	}
+	// Its next boot is its own.
+	if _, err := s.BeginBoot(ctx, &attestationv1.BeginBootRequest{VmId: "0000abce", Image: img}); err != nil {
+		t.Fatal(err)
+	}
+	if fork, _, _ = st.GetVM("0000abce"); fork.KernelCmdlineExtra != "" {
+		t.Errorf("the fork's own boot expects %q", fork.KernelCmdlineExtra)
+	}
+}

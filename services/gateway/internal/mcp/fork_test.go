@@ -42,7 +42,7 @@ func TestForkVM(t *testing.T) {
 	}
 	tool := res.Tools[i]
 	for _, w := range []string{"WRITES: ", "own vTPM with a fresh EK and AK", "names the parent in forkedFrom",
-		"with a disk are not supported yet", "paused only while its snapshot is taken", "pauseSeconds", "parent's node"} {
+		"Disks are copy-on-write", "paused only while its snapshot is taken", "pauseSeconds", "parent's node"} {
 		if !strings.Contains(tool.Description, w) {
 			t.Errorf("description does not say %q:\n%s", w, tool.Description)
 		}

@@ -32,11 +32,14 @@ import (
 type Config struct {
 	// StateDir holds vms/<id>/; processes naming a directory below it are
 	// the driver's.
-	StateDir    string
-	QEMUBinary  string // default qemu-system-x86_64
-	SwtpmBinary string // default swtpm
-	OVMFCode    string
-	OVMFVars    string // the template each VM gets a copy of
+	StateDir   string
+	QEMUBinary string // default qemu-system-x86_64
+	// QEMUImgBinary makes a fork's disk overlays; empty takes the qemu-img
+	// beside QEMUBinary, else the one on PATH.
+	QEMUImgBinary string
+	SwtpmBinary   string // default swtpm
+	OVMFCode      string
+	OVMFVars      string // the template each VM gets a copy of
 	// Accelerator is what the host report chose (kvm or tcg).
 	Accelerator hypervisorv1.Accelerator
 	QEMUVersion qemu.Version

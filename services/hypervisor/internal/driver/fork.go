@@ -12,6 +12,7 @@ import (
 	hypervisorv1 "github.com/giantswarm/vm-manager/gen/vmmanager/hypervisor/v1"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/logtail"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/proc"
+	"github.com/giantswarm/vm-manager/services/hypervisor/internal/qemu"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/swtpm"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/tpmfork"
 	"github.com/giantswarm/vm-manager/services/hypervisor/internal/vm"
@@ -38,30 +39,65 @@ const (
 	snapshotFileName = "state.bin"
 )
 
-// Snapshot pauses the VM of vr, writes its state to dir/state.bin and
-// continues it; it returns the pause (the guest's vCPUs stopped).
-func (d *Driver) Snapshot(ctx context.Context, rec *storepb.VirtualMachine, vr vm.Run, dir string) (time.Duration, error) {
+// Snapshot pauses the VM of vr, writes its state to dir/state.bin, makes
+// a new overlay its disk's active layer (the layer below, frozen, is what
+// forks start from) and continues it. persistVolume records the parent's
+// new active layer before QEMU switches to it: an empty overlay over the
+// layer QEMU writes reads the same, so a crash on either side of the switch
+// leaves a record that names the disk's content.
+func (d *Driver) Snapshot(ctx context.Context, rec *storepb.VirtualMachine, vr vm.Run, dir string, persistVolume func(string) error) (vm.ForkSnapshot, error) {
 	r, ok := vr.(*run)
 	if !ok || r.mon == nil {
-		return 0, fmt.Errorf("this run cannot be snapshotted (no QMP connection)")
+		return vm.ForkSnapshot{}, fmt.Errorf("this run cannot be snapshotted (no QMP connection)")
 	}
 	if d.cfg.NotifyVsockPort != 0 {
 		// The fork learns it is one over the virtio-serial notify port.
-		return 0, fmt.Errorf("forks need the virtio-serial notify port; this host reports readiness over vsock")
+		return vm.ForkSnapshot{}, fmt.Errorf("forks need the virtio-serial notify port; this host reports readiness over vsock")
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return 0, err
+		return vm.ForkSnapshot{}, err
 	}
-	state := filepath.Join(dir, snapshotFileName)
-	rc := state + ".rc"
+	snap := vm.ForkSnapshot{State: filepath.Join(dir, snapshotFileName), OVMFVars: filepath.Join(dir, "ovmf_vars.fd")}
+	active := rec.GetPaths().GetVolume()
+	var overlay string
+	if active != "" {
+		chain, err := diskChain(active)
+		if err != nil {
+			return snap, err
+		}
+		overlay = filepath.Join(filepath.Dir(active), newLayerName())
+		if err := d.createOverlay(ctx, overlay, active); err != nil {
+			return snap, err
+		}
+		if err := persistVolume(overlay); err != nil {
+			_ = os.Remove(overlay)
+			return snap, err
+		}
+		snap.Disk = chain
+	}
+	rc := snap.State + ".rc"
 	if err := r.mon.SetMaxBandwidth(ctx, maxBandwidth); err != nil {
-		return 0, err
+		return snap, err
 	}
 	start := time.Now()
-	if err := r.mon.Stop(ctx); err != nil {
-		return 0, err
+	err := r.mon.Stop(ctx)
+	if err == nil && overlay != "" {
+		if err = r.mon.SnapshotDrive(ctx, qemu.TargetDriveID, overlay); err != nil {
+			// QEMU still writes the layer it had: the record names it again.
+			if perr := persistVolume(active); perr == nil {
+				_ = os.Remove(overlay)
+			}
+			err = fmt.Errorf("freeze the disk: %w", err)
+		}
 	}
-	err := r.mon.Migrate(ctx, "exec:cat > "+shellQuote(state)+"; echo $? > "+shellQuote(rc))
+	if err == nil {
+		// The firmware's variables as the paused guest left them (pflash
+		// writes go to the file; the stream carries the flash's contents).
+		err = copyVars(rec.GetPaths().GetOvmfVars(), snap.OVMFVars)
+	}
+	if err == nil {
+		err = r.mon.Migrate(ctx, "exec:cat > "+shellQuote(snap.State)+"; echo $? > "+shellQuote(rc))
+	}
 	if err == nil {
 		err = waitWriter(ctx, rc)
 	}
@@ -73,22 +109,39 @@ func (d *Driver) Snapshot(ctx context.Context, rec *storepb.VirtualMachine, vr v
 	if cerr := r.mon.Cont(cctx); cerr != nil && err == nil {
 		err = fmt.Errorf("continue the parent: %w", cerr)
 	}
-	paused := time.Since(start)
+	snap.Pause = time.Since(start)
 	if err != nil {
 		_ = os.RemoveAll(dir)
-		return paused, fmt.Errorf("snapshot: %w", err)
+		return snap, fmt.Errorf("snapshot: %w", err)
 	}
-	return paused, nil
+	return snap, nil
 }
 
 // PrepareFork makes child's vTPM state (kept below its directory for
-// LaunchFork) from the parent's verified logs, and returns its keys.
-func (d *Driver) PrepareFork(ctx context.Context, child *storepb.VirtualMachine, firmwareLog, userspaceLog []byte) (*storepb.TpmKeys, error) {
+// LaunchFork) from the parent's verified logs, and returns its keys; with
+// a disk, it links the parent's frozen layers into the child's directory
+// and sets child's volume to an overlay of its own over them.
+func (d *Driver) PrepareFork(ctx context.Context, child *storepb.VirtualMachine, snap vm.ForkSnapshot, firmwareLog, userspaceLog []byte) (*storepb.TpmKeys, error) {
 	replay, err := tpmfork.Replay(firmwareLog, userspaceLog)
 	if err != nil {
 		return nil, fmt.Errorf("the parent's verified measurements: %w", err)
 	}
-	tmp, err := os.MkdirTemp(child.GetPaths().GetDir(), "tpm-prep-")
+	dir := child.GetPaths().GetDir()
+	if err := copyVars(snap.OVMFVars, child.GetPaths().GetOvmfVars()); err != nil {
+		return nil, fmt.Errorf("the parent's firmware variables: %w", err)
+	}
+	if len(snap.Disk) > 0 {
+		top, err := linkChain(snap.Disk, dir)
+		if err != nil {
+			return nil, err
+		}
+		own := filepath.Join(dir, newLayerName())
+		if err := d.createOverlay(ctx, own, top); err != nil {
+			return nil, err
+		}
+		child.Paths.Volume = own
+	}
+	tmp, err := os.MkdirTemp(dir, "tpm-prep-")
 	if err != nil {
 		return nil, err
 	}
@@ -97,12 +150,12 @@ func (d *Driver) PrepareFork(ctx context.Context, child *storepb.VirtualMachine,
 	if err != nil {
 		return nil, err
 	}
-	dir := filepath.Join(child.GetPaths().GetDir(), forkBlobDir)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	blobDir := filepath.Join(dir, forkBlobDir)
+	if err := os.MkdirAll(blobDir, 0o700); err != nil {
 		return nil, err
 	}
 	for name, b := range map[string][]byte{forkPermanent: p.Permanent, forkVolatile: p.Volatile} {
-		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(blobDir, name), b, 0o600); err != nil {
 			return nil, err
 		}
 	}

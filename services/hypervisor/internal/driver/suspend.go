@@ -102,6 +102,11 @@ func (d *Driver) Suspend(ctx context.Context, rec *storepb.VirtualMachine, vr vm
 	if err != nil {
 		return err
 	}
+	if v := rec.GetPaths().GetVolume(); v != "" {
+		// QEMU's argv names the disk it started with; a fork since may
+		// have frozen that layer below a new one, which the record names.
+		argv = qemu.ReplaceTargetDrive(argv, v)
+	}
 	dir := savedDir(rec)
 	if dir == "" {
 		return errNoDir

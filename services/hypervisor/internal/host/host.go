@@ -62,6 +62,7 @@ type Config struct {
 	KVMPath        string
 	VhostVsockPath string
 	QEMUBinary     string
+	QEMUImgBinary  string // used by the driver only (forks' disk overlays)
 	SwtpmBinary    string
 	// OVMFCode and OVMFVars override the probe of OVMFPairs.
 	OVMFCode string

@@ -120,3 +120,13 @@ func (m *Monitor) waitMigration(ctx context.Context) error {
 		}
 	}
 }
+
+// SnapshotDrive makes the qcow2 file at overlay, which must exist with the
+// drive's current image as its backing file, the drive's active layer: the
+// image below stops being written (blockdev-snapshot-sync, mode existing,
+// so the overlay's relative backing name stays as written).
+func (m *Monitor) SnapshotDrive(ctx context.Context, device, overlay string) error {
+	return m.runArgs(ctx, "blockdev-snapshot-sync", map[string]any{
+		"device": device, "snapshot-file": overlay, "format": "qcow2", "mode": "existing",
+	}, nil)
+}

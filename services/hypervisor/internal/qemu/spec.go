@@ -191,15 +191,11 @@ func (s Spec) Args() ([]string, error) {
 		}
 	}
 	if s.Volume != "" {
-		dev := "virtio-blk-pci,drive=target,serial=" + targetSerial
+		dev := "virtio-blk-pci,drive=" + TargetDriveID + ",serial=" + targetSerial
 		if s.Boot == BootDisk {
 			dev += ",bootindex=0"
 		}
-		// Default AIO on purpose: aio=io_uring breaks where io_uring is disabled.
-		a = append(a,
-			"-drive", "if=none,id=target,format=raw,file="+esc(s.Volume)+",discard=unmap",
-			"-device", dev,
-		)
+		a = append(a, "-drive", TargetDrive(s.Volume), "-device", dev)
 	}
 	for i, d := range s.ReadOnlyDisks {
 		id := "ro" + strconv.Itoa(i)
@@ -406,6 +402,38 @@ func (s Spec) validate() error {
 }
 
 // esc doubles commas: QEMU's option parser reads ",," as a literal comma.
+// TargetDrive is the -drive argument of the VM's disk at path: raw, or a
+// qcow2 overlay (a fork's, or a forked parent's: driver/forkdisk.go) whose
+// backing chain its header names.
+func TargetDrive(path string) string {
+	// Default AIO on purpose: aio=io_uring breaks where io_uring is disabled.
+	return "if=none,id=" + TargetDriveID + ",format=" + VolumeFormat(path) + ",file=" + esc(path) + ",discard=unmap"
+}
+
+// TargetDriveID is the VM disk's drive id (QMP's device name for it).
+const TargetDriveID = "target"
+
+// VolumeFormat is the image format of a VM disk file, by its name.
+func VolumeFormat(path string) string {
+	if strings.HasSuffix(path, ".qcow2") {
+		return "qcow2"
+	}
+	return "raw"
+}
+
+// ReplaceTargetDrive returns argv with the VM disk's -drive argument
+// naming path: a QEMU's argv names the disk it started with, which a fork's
+// snapshot has since made a backing file.
+func ReplaceTargetDrive(argv []string, path string) []string {
+	out := slices.Clone(argv)
+	for i := 0; i+1 < len(out); i++ {
+		if out[i] == "-drive" && strings.HasPrefix(out[i+1], "if=none,id="+TargetDriveID+",") {
+			out[i+1] = TargetDrive(path)
+		}
+	}
+	return out
+}
+
 func esc(v string) string { return strings.ReplaceAll(v, ",", ",,") }
 
 func orDefault(v, def string) string {

@@ -29,21 +29,40 @@ import (
 // fork.go), which takes the new MAC and address, reseeds its random pool,
 // makes a new SSH host key, quotes with the fork's AK and sends READY=1.
 //
-// Not yet: VMs with a disk (their disk would need a copy-on-write snapshot
-// the parent keeps writing past), and hosts whose readiness travels over
-// vsock (the fork message goes over virtio-serial).
+// A disk is forked copy-on-write: the parent's active layer is frozen in
+// the pause and each fork writes an overlay of its own over it
+// (driver/forkdisk.go).
+//
+// Not yet: hosts whose readiness travels over vsock (the fork message goes
+// over virtio-serial).
 
 // Forker is a Driver that can fork a running VM (driver/fork.go).
 type Forker interface {
-	// Snapshot pauses run, saves its state into dir and continues it,
-	// returning the pause.
-	Snapshot(ctx context.Context, rec *storepb.VirtualMachine, run Run, dir string) (time.Duration, error)
+	// Snapshot pauses run, saves its state into dir, freezes its disk (the
+	// parent goes on in a new layer, which persistVolume records before
+	// QEMU writes it) and continues it.
+	Snapshot(ctx context.Context, rec *storepb.VirtualMachine, run Run, dir string, persistVolume func(string) error) (ForkSnapshot, error)
 	// PrepareFork makes child's vTPM state from the parent's verified logs
+	// and its disk over the parent's frozen one (setting child's volume),
 	// and returns its keys.
-	PrepareFork(ctx context.Context, child *storepb.VirtualMachine, firmwareLog, userspaceLog []byte) (*storepb.TpmKeys, error)
+	PrepareFork(ctx context.Context, child *storepb.VirtualMachine, snap ForkSnapshot, firmwareLog, userspaceLog []byte) (*storepb.TpmKeys, error)
 	// LaunchFork starts child from the snapshot with its prepared vTPM.
 	LaunchFork(ctx context.Context, l Launch, snapshot string) (Run, error)
 }
+
+// ForkSnapshot is what a fork starts from.
+type ForkSnapshot struct {
+	Pause    time.Duration // the parent's vCPUs stopped
+	State    string        // the saved RAM and devices
+	OVMFVars string        // the firmware's variables as of the pause
+	// Disk is the parent's frozen disk, its layers base first (nil without
+	// a disk); they are never written again.
+	Disk []string
+}
+
+// forkSnapshotPrefix names a fork's snapshot directory in the parent's; it
+// lives for the call (sweepForkSnapshots removes what a crash left).
+const forkSnapshotPrefix = "fork-"
 
 // MaxForks bounds one ForkVirtualMachine call.
 const MaxForks = 16
@@ -98,8 +117,6 @@ func (m *Manager) Fork(ctx context.Context, req *hypervisorv1.ForkVirtualMachine
 		err = apierr.Errorf(apierr.Conflict, "vm %s is %s; only a ready or running vm can be forked", rec.GetId(), lifecycle.Name(st))
 	case isMember(rec):
 		err = apierr.Errorf(apierr.Conflict, "vm %s is a warm pool's member: claim it first", rec.GetId())
-	case rec.GetPaths().GetVolume() != "":
-		err = apierr.Errorf(apierr.Unsupported, "vm %s has a disk: forks of VMs with a disk are not supported yet", rec.GetId())
 	default:
 		if fw, us, err = guestapi.VerifiedLogs(rec.GetPaths().GetDir()); err != nil {
 			err = apierr.Errorf(apierr.Conflict, "vm %s has no verified quote whose measurements a fork could take: %v", rec.GetId(), err)
@@ -109,25 +126,28 @@ func (m *Manager) Fork(ctx context.Context, req *hypervisorv1.ForkVirtualMachine
 		parent.op.Unlock()
 		return nil, err
 	}
-	snapDir := filepath.Join(rec.GetPaths().GetDir(), "fork-"+newID())
+	snapDir := filepath.Join(rec.GetPaths().GetDir(), forkSnapshotPrefix+newID())
 	sctx, cancel := context.WithTimeout(m.ctx, SuspendTimeout)
-	paused, err := f.Snapshot(sctx, rec, rt.proc, snapDir)
+	snap, err := f.Snapshot(sctx, rec, rt.proc, snapDir, func(volume string) error {
+		m.table.update(parent, func(r *storepb.VirtualMachine) { r.Paths.Volume = volume })
+		return nil
+	})
 	cancel()
 	parent.op.Unlock()
 	if err != nil {
 		return nil, apierr.Errorf(apierr.VMFailed, "vm %s could not be snapshotted (it runs on): %v", rec.GetId(), err)
 	}
 	defer os.RemoveAll(snapDir)
-	m.log.Info("vm snapshotted for forks", "vm", rec.GetId(), "forks", count, "paused_seconds", paused.Seconds())
+	m.log.Info("vm snapshotted for forks", "vm", rec.GetId(), "forks", count, "paused_seconds", snap.Pause.Seconds(), "disk_layers", len(snap.Disk))
 
-	out := &hypervisorv1.ForkVirtualMachineResponse{PauseSeconds: paused.Seconds()}
+	out := &hypervisorv1.ForkVirtualMachineResponse{PauseSeconds: snap.Pause.Seconds()}
 	// The forks load the snapshot side by side: each QEMU reads it once.
 	forks := make([]*machine, count)
 	errs := make([]error, count)
 	var wg sync.WaitGroup
 	for i := range count {
 		wg.Go(func() {
-			forks[i], errs[i] = m.forkOne(ctx, f, rec, fw, us, filepath.Join(snapDir, "state.bin"), createdBy, i)
+			forks[i], errs[i] = m.forkOne(ctx, f, rec, fw, us, snap, createdBy, i)
 		})
 	}
 	wg.Wait()
@@ -145,7 +165,7 @@ func (m *Manager) Fork(ctx context.Context, req *hypervisorv1.ForkVirtualMachine
 }
 
 // forkOne makes and starts one fork of parent.
-func (m *Manager) forkOne(ctx context.Context, f Forker, parent *storepb.VirtualMachine, fw, us []byte, snapshot, createdBy string, i int) (*machine, error) {
+func (m *Manager) forkOne(ctx context.Context, f Forker, parent *storepb.VirtualMachine, fw, us []byte, snap ForkSnapshot, createdBy string, i int) (*machine, error) {
 	img, err := m.images.Get(parent.GetImage())
 	if err != nil {
 		return nil, apierr.Errorf(apierr.Conflict, "vm %s: its image %s is no longer in the catalog", parent.GetId(), parent.GetImage())
@@ -162,6 +182,11 @@ func (m *Manager) forkOne(ctx context.Context, f Forker, parent *storepb.Virtual
 		x.Hostname = x.Name
 		// The guest authorizes the parent's per-VM key: the fork's is a copy.
 		x.SshPublicKey, x.ForkedFrom, x.MachineId = parent.GetSshPublicKey(), parent.GetId(), parent.GetMachineId()
+		// Installed and booted as its parent: a later cold boot of the fork
+		// neither installs nor runs first-boot provisioning again.
+		x.InstalledAt, x.Booted = parent.GetInstalledAt(), parent.GetBooted()
+		// PrepareFork makes the disk, over the parent's.
+		x.Paths.Volume = ""
 	})
 	if err != nil {
 		return nil, err
@@ -169,12 +194,15 @@ func (m *Manager) forkOne(ctx context.Context, f Forker, parent *storepb.Virtual
 	err = m.prepareFork(rec, parent)
 	var keys *storepb.TpmKeys
 	if err == nil {
-		keys, err = f.PrepareFork(ctx, rec, fw, us)
+		keys, err = f.PrepareFork(ctx, rec, snap, fw, us)
+	}
+	if err == nil && rec.GetPaths().GetVolume() != "" {
+		m.table.update(mc, func(r *storepb.VirtualMachine) { r.Paths.Volume = rec.GetPaths().GetVolume() })
 	}
 	if err == nil {
 		err = m.runner.start(mc, hypervisorv1.Phase_PHASE_BOOT,
 			func(context.Context, *storepb.VirtualMachine) (*storepb.TpmKeys, error) { return keys, nil },
-			func(ctx context.Context, l Launch) (Run, error) { return f.LaunchFork(ctx, l, snapshot) })
+			func(ctx context.Context, l Launch) (Run, error) { return f.LaunchFork(ctx, l, snap.State) })
 	}
 	mc.op.Unlock()
 	if err != nil {

@@ -67,6 +67,9 @@ func (m *Manager) sweepDeleted() {
 	}
 	for _, e := range entries {
 		id := e.Name()
+		if known[id] {
+			m.sweepForkSnapshots(id)
+		}
 		if known[id] || !e.IsDir() {
 			continue
 		}
@@ -76,5 +79,18 @@ func (m *Manager) sweepDeleted() {
 		}
 		m.log.Warn("removing the files of a deleted vm (a create or delete cut short)", "vm", id)
 		m.table.removeDir(id)
+	}
+}
+
+// sweepForkSnapshots removes the fork snapshots (fork.go) a hypervisor
+// that stopped during a fork left in a VM's directory: they hold the
+// VM's RAM and vTPM state, and no fork can start from them any more.
+func (m *Manager) sweepForkSnapshots(id string) {
+	dirs, _ := filepath.Glob(filepath.Join(m.table.vmDir(id), forkSnapshotPrefix+"*"))
+	for _, d := range dirs {
+		m.log.Warn("removing a fork snapshot left by a fork cut short", "vm", id, "dir", d)
+		if err := os.RemoveAll(d); err != nil {
+			m.log.Error("remove a fork snapshot", "dir", d, "error", err)
+		}
 	}
 }

@@ -48,6 +48,18 @@ func TestSweepDeletedAtStart(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(vmDir(deleted), sweepMarker), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// A fork cut short left its snapshot of kept, which goes; kept's own
+	// files stay.
+	snapshot := filepath.Join(vmDir(kept), forkSnapshotPrefix+"0a0b0cff")
+	if err := os.MkdirAll(snapshot, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(snapshot, "state.bin"), []byte("ram"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(vmDir(kept), "disk.raw"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 
 	m, err := assemble(Config{StateDir: dir}, slog.New(slog.DiscardHandler), st, images2{}, nil, notify.NewRouter(), newFakeDriver())
 	if err != nil {
@@ -77,6 +89,13 @@ func TestSweepDeletedAtStart(t *testing.T) {
 		if _, err := os.Stat(vmDir(id)); (err == nil) != want {
 			t.Errorf("directory of %s exists=%v, want %v", id, err == nil, want)
 		}
+	}
+
+	if _, err := os.Stat(snapshot); !os.IsNotExist(err) {
+		t.Errorf("the fork snapshot left by a crash is still there: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(vmDir(kept), "disk.raw")); err != nil {
+		t.Errorf("the sweep of fork snapshots took the vm's disk: %v", err)
 	}
 
 	// A whole delete leaves none of the three behind.
