@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -28,7 +29,8 @@ import (
 //
 //   - the kernel's random pool reseeded with the host's seed (the fork's
 //     pool started as a copy of the parent's);
-//   - the NIC's new MAC, and DHCP for the fork's address;
+//   - the NIC's new MAC and the fork's address (the host's message names
+//     it; the network, gateway and DNS are the parent's), or DHCP for it;
 //   - a new SSH host key, kept in the fork's vTPM (the parent's was in the
 //     parent's);
 //   - the hostname and keys the IMDS serves the fork;
@@ -41,6 +43,7 @@ const (
 	ForkMACKey    = "VMM_FORK_MAC"
 	ForkSeedKey   = "VMM_FORK_SEED"
 	ForkParentKey = "VMM_FORK_PARENT"
+	ForkIPKey     = "VMM_FORK_IP"
 )
 
 // hostListener reads what the host sends on the notify port.
@@ -49,6 +52,7 @@ type hostListener struct {
 	q     *queue
 	sshd  func() *sshd.Server // nil server: none runs
 	forks chan map[string]string
+	lease atomic.Pointer[netcfg.Lease] // the network as this VM has it; nil: none
 }
 
 // receive runs until the port closes: forks are handled one at a time.
@@ -96,31 +100,62 @@ func (h *hostListener) fork(ctx context.Context, msg map[string]string) {
 	} else {
 		h.con.Printf("fork: random pool reseeded (%d bytes from the host)", len(seed))
 	}
+	// The SSH host key (made in the fork's vTPM, through the kernel's
+	// resource manager like the quote) while the network changes.
+	keyDone := make(chan struct{})
+	go func() {
+		defer close(keyDone)
+		if srv := h.sshd(); srv != nil {
+			t := time.Now()
+			if signer, err := ssh.NewSignerFromKey(loadHostKey(h.con)); err == nil {
+				srv.SetHostKey(signer)
+				h.con.Printf("fork: sshd host key %s (%s)", ssh.FingerprintSHA256(signer.PublicKey()), since(t))
+			}
+		}
+	}()
 	mac, err := net.ParseMAC(msg[ForkMACKey])
 	if err != nil {
 		h.con.Printf("warning: fork: MAC %q: %v; the network stays the parent's", msg[ForkMACKey], err)
 	} else {
-		lease, err := netcfg.Reidentify(ctx, mac, netcfg.Options{Logf: h.con.Printf})
+		t := time.Now()
+		var static *netcfg.Lease
+		if prev, ip := h.lease.Load(), net.ParseIP(msg[ForkIPKey]).To4(); prev != nil && ip != nil {
+			l := *prev
+			l.Addr = &net.IPNet{IP: ip, Mask: prev.Addr.Mask}
+			static = &l
+		}
+		lease, err := netcfg.Reidentify(ctx, mac, static, netcfg.Options{Logf: h.con.Printf})
 		if err != nil {
 			h.con.Printf("warning: fork: network: %v", err)
 		} else {
-			h.con.Printf("fork: MAC %s, address %s", mac, lease)
+			h.lease.Store(lease) // a fork of this fork starts from it
+			how := "by DHCP"
+			if static != nil {
+				how = "as the host said"
+			}
+			h.con.Printf("fork: MAC %s, address %s, %s (%s)", mac, lease, how, since(t))
 		}
 	}
-	if srv := h.sshd(); srv != nil {
-		if signer, err := ssh.NewSignerFromKey(loadHostKey(h.con)); err == nil {
-			srv.SetHostKey(signer)
-			h.con.Printf("fork: sshd host key %s", ssh.FingerprintSHA256(signer.PublicKey()))
-		}
-	}
-	p := &provisioner{con: h.con, imds: imdsclient.New(imdsclient.DefaultURL), root: "/", setHostname: initsys.SetHostname}
-	p.hostname(ctx)
-	p.publicKeys(ctx)
+	// Identity from the IMDS and the ready-stage quote side by side: both
+	// only read the IMDS.
+	idDone := make(chan struct{})
+	go func() {
+		defer close(idDone)
+		t := time.Now()
+		p := &provisioner{con: h.con, imds: imdsclient.New(imdsclient.DefaultURL), root: "/", setHostname: initsys.SetHostname}
+		p.hostname(ctx)
+		p.publicKeys(ctx)
+		h.con.Printf("fork: hostname and keys from the IMDS (%s)", since(t))
+	}()
+	t := time.Now()
 	res := tpmAttester(h.con, imdsclient.DefaultURL, attest.DefaultTPMPath)(ctx, attest.StageReady)
 	if res != attestVerified {
 		h.con.Printf("warning: fork: the ready-stage quote with the fork's key did not verify")
 	}
-	h.con.Printf("fork: ready (%s)", time.Since(start).Round(time.Millisecond))
+	h.con.Printf("fork: ready-stage quote (%s)", since(t))
+	<-idDone
+	<-keyDone // sshd has the fork's host key by READY=1
+	h.con.Printf("fork: ready (%s)", since(start))
 	h.q.Send("READY=1", "STATUS=ready (forked)")
 }
 
@@ -145,3 +180,5 @@ func reseed(seed []byte) error {
 	}
 	return nil
 }
+
+func since(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecond) }

@@ -146,6 +146,7 @@ func boot(con *Console, installing *bool) error {
 	// ready, it just gets nothing from the IMDS.
 	q.Send("STATUS=configuring network")
 	lease := configureNetwork(ctx, con)
+	host.lease.Store(lease)
 	oci.start(con, lease)
 	attested := bootResults{initrd: attestSkipped, ready: attestSkipped}
 	if lease != nil {

@@ -93,13 +93,22 @@ func Configure(ctx context.Context, opt Options) (*Lease, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dhcp on %s: %w", ifc.Name, err)
 	}
+	if err := apply(c, ifc, l); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// apply puts lease l on ifc: its address, the default route and the IMDS's
+// route.
+func apply(c *rtnl.Conn, ifc *net.Interface, l *Lease) error {
 	if err := c.AddrAdd(ifc, l.Addr); err != nil && !errors.Is(err, os.ErrExist) {
-		return nil, fmt.Errorf("address %s on %s: %w", l.Addr, ifc.Name, err)
+		return fmt.Errorf("address %s on %s: %w", l.Addr, ifc.Name, err)
 	}
 	if l.Gateway != nil {
 		def := net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
 		if err := c.RouteReplace(ifc, def, l.Gateway); err != nil {
-			return nil, fmt.Errorf("default route via %s: %w", l.Gateway, err)
+			return fmt.Errorf("default route via %s: %w", l.Gateway, err)
 		}
 	}
 	// The IMDS is a virtual IP of the gateway: the default route reaches it. Without
@@ -113,11 +122,11 @@ func Configure(ctx context.Context, opt Options) (*Lease, error) {
 	default:
 		host := net.IPNet{IP: IMDSAddr, Mask: net.CIDRMask(32, 32)}
 		if err := c.RouteReplace(ifc, host, nil); err != nil {
-			return nil, fmt.Errorf("route to %s: %w", IMDSAddr, err)
+			return fmt.Errorf("route to %s: %w", IMDSAddr, err)
 		}
 		l.IMDSRoute = "on-link /32 on " + ifc.Name
 	}
-	return l, nil
+	return nil
 }
 
 // dhcp runs DISCOVER/OFFER/REQUEST/ACK. nclient4 retransmits within ctx.
@@ -214,10 +223,12 @@ func pickEthernet(ifs []net.Interface) (*net.Interface, error) {
 }
 
 // Reidentify gives the first ethernet interface the MAC mac, drops its IPv4
-// addresses and configures it again (Configure): a fork of this VM, restored
-// on another port of the network, whose switch drops frames of the parent's
-// MAC and address there.
-func Reidentify(ctx context.Context, mac net.HardwareAddr, opt Options) (*Lease, error) {
+// addresses and configures it again: a fork of this VM, restored on another
+// port of the network, whose switch drops frames of the parent's MAC and
+// address there. With static (the host told the fork its address; the
+// network, gateway and DNS are the parent's) it applies that lease at once;
+// without, it runs DHCP (Configure).
+func Reidentify(ctx context.Context, mac net.HardwareAddr, static *Lease, opt Options) (*Lease, error) {
 	ifc, err := waitInterface(ctx, max(opt.LinkWait, 2*time.Second))
 	if err != nil {
 		return nil, err
@@ -226,12 +237,15 @@ func Reidentify(ctx context.Context, mac net.HardwareAddr, opt Options) (*Lease,
 	if err != nil {
 		return nil, fmt.Errorf("rtnetlink: %w", err)
 	}
+	defer c.Close()
 	addrs, err := c.Addrs(ifc, unix.AF_INET)
-	if err == nil {
+	// virtio-net takes a new MAC while up (IFF_LIVE_ADDR_CHANGE); a NIC that
+	// does not is taken down for it.
+	if err == nil && c.LinkSetHardwareAddr(ifc, mac) != nil {
 		err = c.LinkDown(ifc)
-	}
-	if err == nil {
-		err = c.LinkSetHardwareAddr(ifc, mac)
+		if err == nil {
+			err = c.LinkSetHardwareAddr(ifc, mac)
+		}
 	}
 	for _, a := range addrs {
 		if err == nil {
@@ -240,9 +254,20 @@ func Reidentify(ctx context.Context, mac net.HardwareAddr, opt Options) (*Lease,
 			}
 		}
 	}
-	c.Close()
 	if err != nil {
 		return nil, fmt.Errorf("%s: new MAC %s: %w", ifc.Name, mac, err)
 	}
-	return Configure(ctx, opt)
+	if static == nil {
+		// DHCP on a connection of its own.
+		return Configure(ctx, opt)
+	}
+	if err := c.LinkUp(ifc); err != nil {
+		return nil, fmt.Errorf("%s up: %w", ifc.Name, err)
+	}
+	l := *static
+	l.Interface = ifc.Name
+	if err := apply(c, ifc, &l); err != nil {
+		return nil, err
+	}
+	return &l, nil
 }

@@ -75,7 +75,6 @@ func (d *Driver) Snapshot(ctx context.Context, rec *storepb.VirtualMachine, vr v
 		}
 		snap.Disk = chain
 	}
-	rc := snap.State + ".rc"
 	if err := r.mon.SetMaxBandwidth(ctx, maxBandwidth); err != nil {
 		return snap, err
 	}
@@ -96,10 +95,7 @@ func (d *Driver) Snapshot(ctx context.Context, rec *storepb.VirtualMachine, vr v
 		err = copyVars(rec.GetPaths().GetOvmfVars(), snap.OVMFVars)
 	}
 	if err == nil {
-		err = r.mon.Migrate(ctx, "exec:cat > "+shellQuote(snap.State)+"; echo $? > "+shellQuote(rc))
-	}
-	if err == nil {
-		err = waitWriter(ctx, rc)
+		err = migrateToFile(ctx, r.mon, snap.State)
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
@@ -119,19 +115,23 @@ func (d *Driver) Snapshot(ctx context.Context, rec *storepb.VirtualMachine, vr v
 
 // PrepareFork makes child's vTPM state (kept below its directory for
 // LaunchFork) from the parent's verified logs, and returns its keys; with
-// a disk, it links the parent's frozen layers into the child's directory
-// and sets child's volume to an overlay of its own over them.
-func (d *Driver) PrepareFork(ctx context.Context, child *storepb.VirtualMachine, snap vm.ForkSnapshot, firmwareLog, userspaceLog []byte) (*storepb.TpmKeys, error) {
+// a disk, it links the parent's layers into the child's directory and
+// sets child's volume to an overlay of its own over them. It runs before
+// the parent's snapshot freezes the top one: the fork's QEMU opens the
+// chain inactive (-incoming) and reads it only once the state is loaded,
+// after the freeze.
+func (d *Driver) PrepareFork(ctx context.Context, child, parent *storepb.VirtualMachine, firmwareLog, userspaceLog []byte) (*storepb.TpmKeys, error) {
 	replay, err := tpmfork.Replay(firmwareLog, userspaceLog)
 	if err != nil {
 		return nil, fmt.Errorf("the parent's verified measurements: %w", err)
 	}
 	dir := child.GetPaths().GetDir()
-	if err := copyVars(snap.OVMFVars, child.GetPaths().GetOvmfVars()); err != nil {
-		return nil, fmt.Errorf("the parent's firmware variables: %w", err)
-	}
-	if len(snap.Disk) > 0 {
-		top, err := linkChain(snap.Disk, dir)
+	if v := parent.GetPaths().GetVolume(); v != "" {
+		chain, err := diskChain(v)
+		if err != nil {
+			return nil, err
+		}
+		top, err := linkChain(chain, dir)
 		if err != nil {
 			return nil, err
 		}
@@ -170,11 +170,12 @@ func (d *Driver) PrepareFork(ctx context.Context, child *storepb.VirtualMachine,
 // LaunchFork starts the child l from the parent's snapshot: swtpm on the
 // child's empty vTPM directory behind the proxy that gives QEMU's incoming
 // migration the child's blobs, QEMU with the child's command line and
-// -incoming, then cont once the proxy saw swtpm accept both blobs. The
+// -incoming (while the parent saves), the snapshot loaded once src has it,
+// then cont once the proxy saw swtpm accept both blobs. The
 // proxy relays the control channel for this run (TPM commands use the
 // data channel, which QEMU hands swtpm directly); the prepared blobs are
 // removed.
-func (d *Driver) LaunchFork(ctx context.Context, l vm.Launch, snapshot string) (vm.Run, error) {
+func (d *Driver) LaunchFork(ctx context.Context, l vm.Launch, src *vm.ForkSource) (vm.Run, error) {
 	rec := l.Record
 	p := rec.GetPaths()
 	blobDir := filepath.Join(p.GetDir(), forkBlobDir)
@@ -186,6 +187,7 @@ func (d *Driver) LaunchFork(ctx context.Context, l vm.Launch, snapshot string) (
 	if blobs.Volatile, err = os.ReadFile(filepath.Join(blobDir, forkVolatile)); err != nil {
 		return nil, fmt.Errorf("the fork's vTPM state: %w", err)
 	}
+	start := time.Now()
 	tcfg := swtpm.Config{Binary: d.cfg.SwtpmBinary, StateDir: p.GetTpmState()}.WithDefaults()
 	tpm, err := swtpm.Start(ctx, tcfg)
 	if err != nil {
@@ -226,8 +228,18 @@ func (d *Driver) LaunchFork(ctx context.Context, l vm.Launch, snapshot string) (
 	}
 	qctx, cancel := qp.While(ctx)
 	defer cancel()
-	if err := mon.MigrateIncoming(qctx, "exec:cat "+shellQuote(snapshot)); err != nil {
+	started := time.Now()
+	snap, err := src.Wait(qctx)
+	if err != nil {
+		return abort(err)
+	}
+	waited := time.Now()
+	if err := migrateFromFile(qctx, mon, snap.State); err != nil {
 		return abort(fmt.Errorf("load the parent's snapshot: %w", err))
+	}
+	loaded := time.Now()
+	if err := copyVars(snap.OVMFVars, p.GetOvmfVars()); err != nil {
+		return abort(fmt.Errorf("the parent's firmware variables: %w", err))
 	}
 	// Not one instruction of the fork runs before its vTPM is its own.
 	if err := check(qctx); err != nil {
@@ -237,6 +249,9 @@ func (d *Driver) LaunchFork(ctx context.Context, l vm.Launch, snapshot string) (
 		return abort(fmt.Errorf("continue the fork: %w", err))
 	}
 	_ = os.RemoveAll(blobDir)
+	d.log.Info("fork launched", "vm", rec.GetId(), "processes_seconds", started.Sub(start).Seconds(),
+		"snapshot_wait_seconds", waited.Sub(started).Seconds(), "load_seconds", loaded.Sub(waited).Seconds(),
+		"vtpm_check_seconds", time.Since(loaded).Seconds())
 	return r, nil
 }
 

@@ -88,9 +88,6 @@ func argvHash(argv []string) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// shellQuote quotes p for the shell QEMU's exec: transport runs.
-func shellQuote(p string) string { return "'" + strings.ReplaceAll(p, "'", `'\''`) + "'" }
-
 // Suspend saves the VM of run and ends its processes. On an error before
 // the state is complete, the guest's vCPUs run again and nothing is kept.
 func (d *Driver) Suspend(ctx context.Context, rec *storepb.VirtualMachine, vr vm.Run) error {
@@ -136,13 +133,8 @@ func (d *Driver) Suspend(ctx context.Context, rec *storepb.VirtualMachine, vr vm
 	if err := r.mon.Stop(ctx); err != nil {
 		return fail(err)
 	}
-	// QEMU reports completed before it has closed the pipe and reaped the
-	// writer: the writer's exit status in a file says the file is whole.
-	rc := tmp + ".rc"
-	if err := r.mon.Migrate(ctx, "exec:cat > "+shellQuote(tmp)+"; echo $? > "+shellQuote(rc)); err != nil {
-		return fail(fmt.Errorf("save the vm's state: %w", err))
-	}
-	if err := waitWriter(ctx, rc); err != nil {
+	// QEMU writes the file's descriptor itself: once completed, it is whole.
+	if err := migrateToFile(ctx, r.mon, tmp); err != nil {
 		return fail(fmt.Errorf("save the vm's state: %w", err))
 	}
 	size, sum, err := syncAndSum(tmp)
@@ -320,32 +312,13 @@ func (d *Driver) Resume(ctx context.Context, l vm.Launch) (vm.Run, error) {
 	}
 	qctx, cancel := qp.While(ctx)
 	defer cancel()
-	if err := mon.MigrateIncoming(qctx, "exec:cat "+shellQuote(state)); err != nil {
+	if err := migrateFromFile(qctx, mon, state); err != nil {
 		return abort(fmt.Errorf("load the saved state: %w", err))
 	}
 	if err := mon.Cont(qctx); err != nil {
 		return abort(fmt.Errorf("continue the guest: %w", err))
 	}
 	return r, nil
-}
-
-// waitWriter waits until the migration's writer has written its exit status
-// to rc, and wants 0.
-func waitWriter(ctx context.Context, rc string) error {
-	for {
-		b, err := os.ReadFile(rc)
-		if err == nil && strings.HasSuffix(string(b), "\n") {
-			if st := strings.TrimSpace(string(b)); st != "0" {
-				return fmt.Errorf("writing the state file failed (exit status %s)", st)
-			}
-			return os.Remove(rc)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("the state file's writer did not finish: %w", ctx.Err())
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
 }
 
 // cmdline is a process's argv.
@@ -419,4 +392,25 @@ func writeFileSync(path string, v any) error {
 	}
 	defer dirf.Close()
 	return dirf.Sync()
+}
+
+// migrateToFile saves the state of the VM mon runs into a new file at path;
+// QEMU writes the descriptor itself, which is then whole.
+func migrateToFile(ctx context.Context, mon *qemu.Monitor, path string) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return mon.MigrateToFile(ctx, f)
+}
+
+// migrateFromFile loads the state at path into the QEMU mon runs.
+func migrateFromFile(ctx context.Context, mon *qemu.Monitor, path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return mon.MigrateIncomingFile(ctx, f)
 }

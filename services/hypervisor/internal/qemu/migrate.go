@@ -3,6 +3,7 @@ package qemu
 import (
 	"context"
 	"fmt"
+	"os"
 	"time"
 )
 
@@ -129,4 +130,26 @@ func (m *Monitor) SnapshotDrive(ctx context.Context, device, overlay string) err
 	return m.runArgs(ctx, "blockdev-snapshot-sync", map[string]any{
 		"device": device, "snapshot-file": overlay, "format": "qcow2", "mode": "existing",
 	}, nil)
+}
+
+// migrationFD is the name the migration's file descriptor has in QEMU.
+const migrationFD = "migration"
+
+// MigrateToFile saves the VM's state into f (QEMU writes the descriptor
+// itself: no pipe, no writer process) and waits until it completed.
+func (m *Monitor) MigrateToFile(ctx context.Context, f *os.File) error {
+	if err := m.runFile(ctx, "getfd", map[string]any{"fdname": migrationFD}, f, nil); err != nil {
+		return err
+	}
+	return m.Migrate(ctx, "fd:"+migrationFD)
+}
+
+// MigrateIncomingFile loads the state in f into a QEMU started with
+// -incoming defer, reading the descriptor itself, and waits until it is
+// loaded.
+func (m *Monitor) MigrateIncomingFile(ctx context.Context, f *os.File) error {
+	if err := m.runFile(ctx, "getfd", map[string]any{"fdname": migrationFD}, f, nil); err != nil {
+		return err
+	}
+	return m.MigrateIncoming(ctx, "fd:"+migrationFD)
 }

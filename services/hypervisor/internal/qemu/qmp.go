@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -198,6 +199,12 @@ func (m *Monitor) run(ctx context.Context, cmd string, out any) error {
 
 // runArgs is run with the command's arguments.
 func (m *Monitor) runArgs(ctx context.Context, cmd string, args map[string]any, out any) error {
+	return m.runFile(ctx, cmd, args, nil, out)
+}
+
+// runFile is runArgs passing file's descriptor along (SCM_RIGHTS), for
+// getfd; nil passes none.
+func (m *Monitor) runFile(ctx context.Context, cmd string, args map[string]any, file *os.File, out any) error {
 	if m.closed() {
 		return fmt.Errorf("qmp %s: %w", cmd, ErrDisconnected)
 	}
@@ -217,7 +224,13 @@ func (m *Monitor) runArgs(ctx context.Context, cmd string, args map[string]any, 
 	// go-qemu's Run has no context; on ctx expiry it finishes in the
 	// background (it serialises commands, so replies never get mixed up).
 	go func() {
-		raw, err := m.mon.Run(req)
+		var raw []byte
+		var err error
+		if file != nil {
+			raw, err = m.mon.RunWithFile(req, file)
+		} else {
+			raw, err = m.mon.Run(req)
+		}
 		ch <- result{raw, err}
 	}()
 	var r result

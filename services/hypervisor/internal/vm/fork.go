@@ -38,16 +38,18 @@ import (
 
 // Forker is a Driver that can fork a running VM (driver/fork.go).
 type Forker interface {
-	// Snapshot pauses run, saves its state into dir, freezes its disk (the
-	// parent goes on in a new layer, which persistVolume records before
-	// QEMU writes it) and continues it.
+	// Snapshot pauses run, freezes its disk (the parent goes on in a new
+	// layer, which persistVolume records before QEMU writes it), saves its
+	// state into dir and continues it.
 	Snapshot(ctx context.Context, rec *storepb.VirtualMachine, run Run, dir string, persistVolume func(string) error) (ForkSnapshot, error)
 	// PrepareFork makes child's vTPM state from the parent's verified logs
-	// and its disk over the parent's frozen one (setting child's volume),
-	// and returns its keys.
-	PrepareFork(ctx context.Context, child *storepb.VirtualMachine, snap ForkSnapshot, firmwareLog, userspaceLog []byte) (*storepb.TpmKeys, error)
-	// LaunchFork starts child from the snapshot with its prepared vTPM.
-	LaunchFork(ctx context.Context, l Launch, snapshot string) (Run, error)
+	// and its disk over the parent's (setting child's volume), and returns
+	// its keys. It runs before the parent's snapshot: the layers it reads
+	// are the ones the snapshot freezes.
+	PrepareFork(ctx context.Context, child, parent *storepb.VirtualMachine, firmwareLog, userspaceLog []byte) (*storepb.TpmKeys, error)
+	// LaunchFork starts child with its prepared vTPM and loads src's
+	// snapshot into it once there is one.
+	LaunchFork(ctx context.Context, l Launch, src *ForkSource) (Run, error)
 }
 
 // ForkSnapshot is what a fork starts from.
@@ -71,7 +73,13 @@ const MaxForks = 16
 func forkMessage(rec *storepb.VirtualMachine) []byte {
 	seed := make([]byte, 32)
 	_, _ = rand.Read(seed)
-	return fmt.Appendf(nil, "VMM_FORK=1\nVMM_FORK_MAC=%s\nVMM_FORK_SEED=%s\nVMM_FORK_PARENT=%s", rec.GetMac(), hex.EncodeToString(seed), rec.GetForkedFrom())
+	msg := fmt.Appendf(nil, "VMM_FORK=1\nVMM_FORK_MAC=%s\nVMM_FORK_SEED=%s\nVMM_FORK_PARENT=%s", rec.GetMac(), hex.EncodeToString(seed), rec.GetForkedFrom())
+	if rec.GetIp() != "" {
+		// The fork's lease: the guest applies it at once instead of asking
+		// DHCP (the network, its gateway and DNS are the parent's).
+		msg = fmt.Appendf(msg, "\nVMM_FORK_IP=%s", rec.GetIp())
+	}
+	return msg
 }
 
 // Fork makes count VMs of the running VM id's snapshot and waits per
@@ -127,30 +135,35 @@ func (m *Manager) Fork(ctx context.Context, req *hypervisorv1.ForkVirtualMachine
 		return nil, err
 	}
 	snapDir := filepath.Join(rec.GetPaths().GetDir(), forkSnapshotPrefix+newID())
-	sctx, cancel := context.WithTimeout(m.ctx, SuspendTimeout)
-	snap, err := f.Snapshot(sctx, rec, rt.proc, snapDir, func(volume string) error {
-		m.table.update(parent, func(r *storepb.VirtualMachine) { r.Paths.Volume = volume })
-		return nil
-	})
-	cancel()
-	parent.op.Unlock()
-	if err != nil {
-		return nil, apierr.Errorf(apierr.VMFailed, "vm %s could not be snapshotted (it runs on): %v", rec.GetId(), err)
+	if err := os.MkdirAll(snapDir, 0o700); err != nil {
+		parent.op.Unlock()
+		return nil, apierr.Errorf(apierr.Internal, "fork snapshot directory: %v", err)
 	}
 	defer os.RemoveAll(snapDir)
-	m.log.Info("vm snapshotted for forks", "vm", rec.GetId(), "forks", count, "paused_seconds", snap.Pause.Seconds(), "disk_layers", len(snap.Disk))
-
-	out := &hypervisorv1.ForkVirtualMachineResponse{PauseSeconds: snap.Pause.Seconds()}
-	// The forks load the snapshot side by side: each QEMU reads it once.
+	// The forks are made, and their processes started, while the parent
+	// saves: each waits for the snapshot only to load it.
+	src := newForkSource()
 	forks := make([]*machine, count)
 	errs := make([]error, count)
 	var wg sync.WaitGroup
 	for i := range count {
 		wg.Go(func() {
-			forks[i], errs[i] = m.forkOne(ctx, f, rec, fw, us, snap, createdBy, i)
+			forks[i], errs[i] = m.forkOne(ctx, f, rec, fw, us, src, createdBy, i)
 		})
 	}
+	snap, err := src.snapshot(m.ctx, func(ctx context.Context) (ForkSnapshot, error) {
+		return f.Snapshot(ctx, rec, rt.proc, snapDir, func(volume string) error {
+			m.table.update(parent, func(r *storepb.VirtualMachine) { r.Paths.Volume = volume })
+			return nil
+		})
+	})
+	parent.op.Unlock()
 	wg.Wait()
+	out := &hypervisorv1.ForkVirtualMachineResponse{PauseSeconds: snap.Pause.Seconds()}
+	if err != nil {
+		return out, apierr.Errorf(apierr.VMFailed, "vm %s could not be snapshotted (it runs on): %v", rec.GetId(), err)
+	}
+	m.log.Info("vm snapshotted for forks", "vm", rec.GetId(), "forks", count, "paused_seconds", snap.Pause.Seconds(), "disk_layers", len(snap.Disk))
 	if err := errors.Join(errs...); err != nil {
 		return out, err
 	}
@@ -164,8 +177,8 @@ func (m *Manager) Fork(ctx context.Context, req *hypervisorv1.ForkVirtualMachine
 	return out, nil
 }
 
-// forkOne makes and starts one fork of parent.
-func (m *Manager) forkOne(ctx context.Context, f Forker, parent *storepb.VirtualMachine, fw, us []byte, snap ForkSnapshot, createdBy string, i int) (*machine, error) {
+// forkOne makes and starts one fork of parent from src.
+func (m *Manager) forkOne(ctx context.Context, f Forker, parent *storepb.VirtualMachine, fw, us []byte, src *ForkSource, createdBy string, i int) (*machine, error) {
 	img, err := m.images.Get(parent.GetImage())
 	if err != nil {
 		return nil, apierr.Errorf(apierr.Conflict, "vm %s: its image %s is no longer in the catalog", parent.GetId(), parent.GetImage())
@@ -194,7 +207,7 @@ func (m *Manager) forkOne(ctx context.Context, f Forker, parent *storepb.Virtual
 	err = m.prepareFork(rec, parent)
 	var keys *storepb.TpmKeys
 	if err == nil {
-		keys, err = f.PrepareFork(ctx, rec, snap, fw, us)
+		keys, err = f.PrepareFork(ctx, rec, parent, fw, us)
 	}
 	if err == nil && rec.GetPaths().GetVolume() != "" {
 		m.table.update(mc, func(r *storepb.VirtualMachine) { r.Paths.Volume = rec.GetPaths().GetVolume() })
@@ -202,7 +215,7 @@ func (m *Manager) forkOne(ctx context.Context, f Forker, parent *storepb.Virtual
 	if err == nil {
 		err = m.runner.start(mc, hypervisorv1.Phase_PHASE_BOOT,
 			func(context.Context, *storepb.VirtualMachine) (*storepb.TpmKeys, error) { return keys, nil },
-			func(ctx context.Context, l Launch) (Run, error) { return f.LaunchFork(ctx, l, snap.State) })
+			func(ctx context.Context, l Launch) (Run, error) { return f.LaunchFork(ctx, l, src) })
 	}
 	mc.op.Unlock()
 	if err != nil {
