@@ -359,3 +359,26 @@ func TestReadOnlyDisks(t *testing.T) {
 		t.Error("a relative read-only disk path was accepted")
 	}
 }
+
+// A VM's disk is raw or a qcow2 overlay, by name; a saved argv is made to
+// name the disk's active layer, and nothing else in it changes.
+func TestTargetDrive(t *testing.T) {
+	if got := VolumeFormat("/s/vms/x/disk.raw"); got != "raw" {
+		t.Errorf("raw disk: %s", got)
+	}
+	if got := VolumeFormat("/s/vms/x/disk-0a1b2c3d4e5f.qcow2"); got != "qcow2" {
+		t.Errorf("overlay: %s", got)
+	}
+	argv := []string{"-name", "guest=x", "-drive", "if=pflash,format=raw,unit=1,file=/s/vars.fd",
+		"-drive", TargetDrive("/s/vms/x/disk.raw"), "-device", "virtio-blk-pci,drive=target,serial=vm-target",
+		"-drive", "if=none,id=ro0,format=raw,file=/img/root.erofs,readonly=on"}
+	got := ReplaceTargetDrive(argv, "/s/vms/x/disk-0a1b.qcow2")
+	want := slices.Clone(argv)
+	want[5] = "if=none,id=target,format=qcow2,file=/s/vms/x/disk-0a1b.qcow2,discard=unmap"
+	if !slices.Equal(got, want) {
+		t.Errorf("ReplaceTargetDrive:\n got %q\nwant %q", got, want)
+	}
+	if argv[5] != TargetDrive("/s/vms/x/disk.raw") {
+		t.Error("ReplaceTargetDrive changed its argument")
+	}
+}
