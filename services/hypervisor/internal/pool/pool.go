@@ -110,6 +110,10 @@ type Pools struct {
 	busy     int // refills running
 	diskUsed int64
 	refused  uint64 // refills refused at the disk quota
+	// deleting are pools whose Delete is deleting their members: the
+	// refill loop leaves those members to it (they are not orphans of a
+	// crash), so its count is whole.
+	deleting map[string]bool
 
 	kick chan struct{}
 	wg   sync.WaitGroup
@@ -259,8 +263,17 @@ func (p *Pools) Delete(ctx context.Context, pool string) (*hypervisorv1.DeletePo
 		return nil, err
 	}
 	delete(p.defs, pool)
+	if p.deleting == nil {
+		p.deleting = map[string]bool{}
+	}
+	p.deleting[pool] = true
 	vms := p.vms
 	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		delete(p.deleting, pool)
+		p.mu.Unlock()
+	}()
 	n := 0
 	if vms != nil {
 		for _, mb := range vms.Members(pool) {

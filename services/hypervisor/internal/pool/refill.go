@@ -3,6 +3,7 @@ package pool
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -43,11 +44,12 @@ func (p *Pools) pass(ctx context.Context) {
 	for n := range p.defs {
 		names = append(names, n)
 	}
+	deleting := maps.Clone(p.deleting)
 	vms := p.vms
 	p.mu.Unlock()
 	slices.Sort(names)
 	for _, mb := range vms.Members("") {
-		if !slices.Contains(names, mb.Pool) {
+		if !slices.Contains(names, mb.Pool) && !deleting[mb.Pool] {
 			// Its pool was deleted by a hypervisor killed before it deleted
 			// the members.
 			p.log.Info("deleting a member of a deleted pool", "pool", mb.Pool, "vm", mb.ID)
