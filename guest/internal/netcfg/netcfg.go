@@ -56,6 +56,16 @@ type Options struct {
 // Configure finds the first ethernet interface, brings it (and lo) up, runs DHCPv4
 // and applies the lease. It returns ErrNoInterface at once when the VM has no NIC.
 func Configure(ctx context.Context, opt Options) (*Lease, error) {
+	opt = opt.withDefaults()
+	ifc, c, err := open(ctx, opt)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	return configure(ctx, c, ifc, opt)
+}
+
+func (opt Options) withDefaults() Options {
 	if opt.Timeout <= 0 {
 		opt.Timeout = 10 * time.Second
 	}
@@ -65,15 +75,24 @@ func Configure(ctx context.Context, opt Options) (*Lease, error) {
 	if opt.Logf == nil {
 		opt.Logf = func(string, ...any) {}
 	}
+	return opt
+}
+
+// open waits for the first ethernet interface and dials rtnetlink.
+func open(ctx context.Context, opt Options) (*net.Interface, *rtnl.Conn, error) {
 	ifc, err := waitInterface(ctx, opt.LinkWait)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	c, err := rtnl.Dial(nil)
 	if err != nil {
-		return nil, fmt.Errorf("rtnetlink: %w", err)
+		return nil, nil, fmt.Errorf("rtnetlink: %w", err)
 	}
-	defer c.Close()
+	return ifc, c, nil
+}
+
+// configure brings lo and ifc up, runs DHCPv4 on ifc and applies the lease.
+func configure(ctx context.Context, c *rtnl.Conn, ifc *net.Interface, opt Options) (*Lease, error) {
 	if lo, err := net.InterfaceByName("lo"); err == nil && lo.Flags&net.FlagUp == 0 {
 		if err := c.LinkUp(lo); err != nil {
 			opt.Logf("warning: lo up: %v", err)
@@ -229,13 +248,10 @@ func pickEthernet(ifs []net.Interface) (*net.Interface, error) {
 // network, gateway and DNS are the parent's) it applies that lease at once;
 // without, it runs DHCP (Configure).
 func Reidentify(ctx context.Context, mac net.HardwareAddr, static *Lease, opt Options) (*Lease, error) {
-	ifc, err := waitInterface(ctx, max(opt.LinkWait, 2*time.Second))
+	opt = opt.withDefaults()
+	ifc, c, err := open(ctx, opt)
 	if err != nil {
 		return nil, err
-	}
-	c, err := rtnl.Dial(nil)
-	if err != nil {
-		return nil, fmt.Errorf("rtnetlink: %w", err)
 	}
 	defer c.Close()
 	addrs, err := c.Addrs(ifc, unix.AF_INET)
@@ -258,8 +274,7 @@ func Reidentify(ctx context.Context, mac net.HardwareAddr, static *Lease, opt Op
 		return nil, fmt.Errorf("%s: new MAC %s: %w", ifc.Name, mac, err)
 	}
 	if static == nil {
-		// DHCP on a connection of its own.
-		return Configure(ctx, opt)
+		return configure(ctx, c, ifc, opt)
 	}
 	if err := c.LinkUp(ifc); err != nil {
 		return nil, fmt.Errorf("%s up: %w", ifc.Name, err)

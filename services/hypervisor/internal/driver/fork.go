@@ -61,8 +61,9 @@ func (d *Driver) Snapshot(ctx context.Context, rec *storepb.VirtualMachine, vr v
 	active := rec.GetPaths().GetVolume()
 	var overlay string
 	if active != "" {
-		chain, err := diskChain(active)
-		if err != nil {
+		// A chain the forks could not take (too long, a foreign layer)
+		// refuses the fork before the parent gets another layer.
+		if _, err := diskChain(active); err != nil {
 			return snap, err
 		}
 		overlay = filepath.Join(filepath.Dir(active), newLayerName())
@@ -73,7 +74,6 @@ func (d *Driver) Snapshot(ctx context.Context, rec *storepb.VirtualMachine, vr v
 			_ = os.Remove(overlay)
 			return snap, err
 		}
-		snap.Disk = chain
 	}
 	if err := r.mon.SetMaxBandwidth(ctx, maxBandwidth); err != nil {
 		return snap, err

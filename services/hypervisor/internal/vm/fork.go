@@ -57,9 +57,6 @@ type ForkSnapshot struct {
 	Pause    time.Duration // the parent's vCPUs stopped
 	State    string        // the saved RAM and devices
 	OVMFVars string        // the firmware's variables as of the pause
-	// Disk is the parent's frozen disk, its layers base first (nil without
-	// a disk); they are never written again.
-	Disk []string
 }
 
 // forkSnapshotPrefix names a fork's snapshot directory in the parent's; it
@@ -163,7 +160,7 @@ func (m *Manager) Fork(ctx context.Context, req *hypervisorv1.ForkVirtualMachine
 	if err != nil {
 		return out, apierr.Errorf(apierr.VMFailed, "vm %s could not be snapshotted (it runs on): %v", rec.GetId(), err)
 	}
-	m.log.Info("vm snapshotted for forks", "vm", rec.GetId(), "forks", count, "paused_seconds", snap.Pause.Seconds(), "disk_layers", len(snap.Disk))
+	m.log.Info("vm snapshotted for forks", "vm", rec.GetId(), "forks", count, "paused_seconds", snap.Pause.Seconds())
 	if err := errors.Join(errs...); err != nil {
 		return out, err
 	}

@@ -84,7 +84,9 @@ func (m *Manager) sweepDeleted() {
 
 // sweepForkSnapshots removes the fork snapshots (fork.go) a hypervisor
 // that stopped during a fork left in a VM's directory: they hold the
-// VM's RAM and vTPM state, and no fork can start from them any more.
+// VM's RAM and vTPM state, and no fork can start from them any more. The
+// pattern also takes a fork's prepared vTPM blobs (driver's fork-tpm),
+// left only by a fork cut short before its launch read them.
 func (m *Manager) sweepForkSnapshots(id string) {
 	dirs, _ := filepath.Glob(filepath.Join(m.table.vmDir(id), forkSnapshotPrefix+"*"))
 	for _, d := range dirs {
